@@ -1,0 +1,279 @@
+"""Float <-> integer maths of the simulator. PURE: numpy only, no I/O, no ONNX.
+
+Conventions (ONNX, not AIMET): ``q = clip(rint(x / scale) + zero_point, qmin, qmax)`` with ties to
+even, ``x' = (q - zero_point) * scale``, computed in float32 exactly as QuantizeLinear /
+DequantizeLinear do in onnxruntime. ``[qmin, qmax]`` is the grid inside the storage type: the full
+range of a native 4/8/16-bit type, or a narrower range (strict symmetric, 2..15-bit grids) that a Clip
+enforces in the graph.
+
+Range -> encoding follows AIMET 2.42's min-max rules (reference/aimet_onnx_api.md §6.1), computed in
+float64 with the scale kept as float64 and cast to float32 where it is applied:
+
+* the range always includes zero: ``mn = min(min, 0)``, ``mx = max(max, 0)``;
+* ``N = 2^b - 1`` steps (``N - 1`` when symmetric and strict);
+* symmetric (signed grid): ``P = floor(N/2)`` (2 when ``N == 3``), ``Nneg = N - P``,
+  ``scale = max(mx / P, -mn / Nneg)``, zero point 0, grid ``[-Nneg, N - Nneg]``;
+* unsigned symmetric (flag set and ``mn >= 0``) and asymmetric: ``scale = (mx - mn) / N``,
+  ``zero_point = clip(round_half_away(-mn / scale), 0, N)`` on the unsigned grid ``[0, N]``;
+* ``scale >= min(float32 eps, 0.01 / N)``; the zero point is recomputed from the floored scale.
+
+AIMET's file ``offset`` is ``qmin - zero_point`` (``<= 0``) and its ``min``/``max`` are
+``scale * (qmin - zp)`` and ``scale * (qmax - zp)``; see `aimet_offset` / `encoding_from_aimet`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "Encoding",
+    "grid_bounds",
+    "encoding_from_range",
+    "encoding_from_aimet",
+    "aimet_offset",
+    "broadcast_param",
+    "quantize",
+    "dequantize",
+    "fake_quantize",
+    "fp16_round_trip",
+    "reduce_min_max",
+    "round_half_away",
+    "SCALE_FLOOR_EPS",
+]
+
+SCALE_FLOOR_EPS = float(np.finfo(np.float32).eps)
+
+
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """Round to nearest, ties away from zero (C's ``round``), as AIMET's offset computation does."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def grid_bounds(bits: int, signed: bool, strict: bool = False) -> tuple[int, int]:
+    """Integer grid ``[qmin, qmax]`` of a ``bits``-bit grid (strict drops the most negative code)."""
+    if signed:
+        qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        return (qmin + 1 if strict else qmin), qmax
+    return 0, (1 << bits) - 1
+
+
+@dataclass(frozen=True, eq=False)
+class Encoding:
+    """A computed quantization grid.
+
+    ``scale`` (float64) and ``zero_point`` (int64) have shape ``()`` per tensor, ``(C,)`` per channel
+    along ``axis``, or ``(C, n_blocks)`` per block (blocks of ``block_size`` along ``block_axis``).
+    ``signed`` says whether the grid lives in a signed storage type.
+    """
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    bits: int
+    signed: bool
+    qmin: int
+    qmax: int
+    symmetric: bool = False
+    axis: int | None = None
+    block_axis: int | None = None
+    block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        scale = np.asarray(self.scale, dtype=np.float64)
+        zp = np.broadcast_to(np.asarray(self.zero_point, dtype=np.int64), scale.shape).copy()
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "zero_point", zp)
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            raise ValueError("encoding scales must be finite and positive")
+        if np.any(zp < self.qmin) or np.any(zp > self.qmax):
+            raise ValueError(f"zero point outside the grid [{self.qmin}, {self.qmax}]")
+
+    @property
+    def num_steps(self) -> int:
+        return self.qmax - self.qmin
+
+    @property
+    def is_per_tensor(self) -> bool:
+        return self.scale.ndim == 0
+
+    @property
+    def full_storage_range(self) -> bool:
+        """True when the grid fills its native 4/8/16-bit container (no Clip needed)."""
+        container = 4 if self.bits <= 4 else 8 if self.bits <= 8 else 16
+        return (self.qmin, self.qmax) == grid_bounds(container, self.signed)
+
+    @property
+    def min(self) -> np.ndarray:
+        return self.scale * (self.qmin - self.zero_point)
+
+    @property
+    def max(self) -> np.ndarray:
+        return self.scale * (self.qmax - self.zero_point)
+
+    def same_as(self, other: "Encoding") -> bool:
+        """Exact equality of grid and parameters."""
+        return (
+            isinstance(other, Encoding)
+            and (self.bits, self.signed, self.qmin, self.qmax, self.symmetric)
+            == (other.bits, other.signed, other.qmin, other.qmax, other.symmetric)
+            and (self.axis, self.block_axis, self.block_size) == (other.axis, other.block_axis, other.block_size)
+            and self.scale.shape == other.scale.shape
+            and np.array_equal(self.scale, other.scale)
+            and np.array_equal(self.zero_point, other.zero_point)
+        )
+
+
+def _symmetric_split(n_steps: int) -> tuple[int, int]:
+    """(positive divisor, negative code count) of AIMET's symmetric grid; 2-bit uses 2 for both."""
+    negative = n_steps - n_steps // 2
+    positive = 2 if n_steps == 3 else n_steps // 2
+    return positive, negative
+
+
+def encoding_from_range(
+    min_val,
+    max_val,
+    bits: int,
+    *,
+    symmetric: bool,
+    strict: bool = False,
+    unsigned_symmetric: bool = False,
+    axis: int | None = None,
+    block_axis: int | None = None,
+    block_size: int | None = None,
+) -> Encoding:
+    """AIMET 2.42 min-max encoding for observed ranges (scalars or arrays of equal shape)."""
+    mn = np.minimum(np.asarray(min_val, dtype=np.float64), 0.0)
+    mx = np.maximum(np.asarray(max_val, dtype=np.float64), 0.0)
+    if mn.shape != mx.shape:
+        raise ValueError(f"min and max shapes differ: {mn.shape} vs {mx.shape}")
+    if not (np.all(np.isfinite(mn)) and np.all(np.isfinite(mx))):
+        raise ValueError("cannot compute an encoding from a non-finite range")
+    strict = bool(strict and symmetric)
+    n_steps = (1 << bits) - 1 - (1 if strict else 0)
+    floor = min(SCALE_FLOOR_EPS, 0.01 / n_steps)
+    use_unsigned = symmetric and unsigned_symmetric and bool(np.all(mn >= 0))
+    if symmetric and not use_unsigned:
+        positive, negative = _symmetric_split(n_steps)
+        scale = np.maximum(np.maximum(mx / positive, -mn / negative), floor)
+        qmin = -negative
+        qmax = n_steps - negative
+        zero_point = np.zeros(scale.shape, dtype=np.int64)
+        signed = True
+    else:
+        scale = np.maximum((mx - mn) / n_steps, floor)
+        zero_point = np.clip(round_half_away(-mn / scale), 0, n_steps).astype(np.int64)
+        qmin, qmax = 0, n_steps
+        signed = False
+    return Encoding(scale, zero_point, bits, signed, qmin, qmax, symmetric, axis, block_axis, block_size)
+
+
+def aimet_offset(enc: Encoding) -> np.ndarray:
+    """AIMET's ``offset`` (unsigned-grid convention, ``<= 0``): ``qmin - zero_point``."""
+    return (enc.qmin - enc.zero_point).astype(np.int64)
+
+
+def encoding_from_aimet(
+    scale,
+    offset,
+    bits: int,
+    *,
+    symmetric: bool,
+    axis: int | None = None,
+    block_axis: int | None = None,
+    block_size: int | None = None,
+) -> Encoding:
+    """Rebuild an `Encoding` from AIMET's ``(scale, offset, bw, is_sym)`` description.
+
+    Symmetric encodings with offset ``-2^(b-1)`` are signed (zero point 0), with ``-(2^(b-1) - 1)``
+    strict signed, with ``0`` unsigned symmetric; anything else is an asymmetric unsigned grid with
+    zero point ``-offset``. Fractional offsets (AIMET's zero-point shift) are rejected.
+    """
+    scale = np.asarray(scale, dtype=np.float64)
+    off = np.broadcast_to(np.asarray(offset, dtype=np.float64), scale.shape)
+    if np.any(off != np.round(off)):
+        raise ValueError("fractional offsets (zero-point shift) are not supported")
+    off = off.astype(np.int64)
+    half = 1 << (bits - 1)
+    if symmetric and np.all(off == -half):
+        qmin, qmax = grid_bounds(bits, signed=True)
+        return Encoding(scale, 0, bits, True, qmin, qmax, True, axis, block_axis, block_size)
+    if symmetric and bits > 1 and np.all(off == -(half - 1)):
+        qmin, qmax = grid_bounds(bits, signed=True, strict=True)
+        return Encoding(scale, 0, bits, True, qmin, qmax, True, axis, block_axis, block_size)
+    qmin, qmax = grid_bounds(bits, signed=False)
+    if np.any(off > 0) or np.any(off < -qmax):
+        raise ValueError(f"offset outside [-{qmax}, 0] for a {bits}-bit grid")
+    return Encoding(scale, -off, bits, False, qmin, qmax, symmetric, axis, block_axis, block_size)
+
+
+def broadcast_param(enc: Encoding, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Expand a per-tensor/channel/block parameter array so it broadcasts against ``shape``."""
+    values = np.asarray(values)
+    if values.ndim == 0:
+        return values
+    rank = len(shape)
+    axis = enc.axis % rank
+    if enc.block_size is None:
+        view = [1] * rank
+        view[axis] = values.shape[0]
+        return values.reshape(view)
+    block_axis = enc.block_axis % rank
+    # (C, n_blocks) -> repeat each block along block_axis, broadcast over the remaining axes
+    expanded = np.repeat(values, enc.block_size, axis=1)[:, : shape[block_axis]]
+    view = [1] * rank
+    view[axis], view[block_axis] = shape[axis], shape[block_axis]
+    order = [axis, block_axis]
+    target = sorted(order)
+    if order != target:
+        expanded = expanded.T
+    return expanded.reshape(view)
+
+
+def quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
+    """ONNX QuantizeLinear on the grid: float32 division, ties to even, saturation. Returns int64."""
+    x = np.asarray(x, dtype=np.float32)
+    scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
+    zp = broadcast_param(enc, enc.zero_point, x.shape)
+    q = np.rint(x / scale).astype(np.float64) + zp
+    return np.clip(q, enc.qmin, enc.qmax).astype(np.int64)
+
+
+def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:
+    """ONNX DequantizeLinear: ``(q - zero_point) * scale`` in float32."""
+    q = np.asarray(q)
+    scale = broadcast_param(enc, enc.scale.astype(np.float32), q.shape)
+    zp = broadcast_param(enc, enc.zero_point, q.shape)
+    return (q.astype(np.int64) - zp).astype(np.float32) * scale
+
+
+def fake_quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
+    """Quantize then dequantize (what a Q->DQ pair in the sim computes)."""
+    return dequantize(quantize(x, enc), enc)
+
+
+def fp16_round_trip(x: np.ndarray) -> np.ndarray:
+    """float32 -> float16 -> float32 (round to nearest even; overflow to inf)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+def reduce_min_max(
+    x: np.ndarray, axis: int | None = None, block_axis: int | None = None, block_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max of ``x``: overall, per slice along ``axis``, or per (channel, block)."""
+    x = np.asarray(x, dtype=np.float64)
+    if axis is None:
+        return np.asarray(x.min()), np.asarray(x.max())
+    axis %= x.ndim
+    if block_size is None:
+        moved = np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1)
+        return moved.min(axis=1), moved.max(axis=1)
+    block_axis %= x.ndim
+    length = x.shape[block_axis]
+    if length % block_size:
+        raise ValueError(f"dimension {block_axis} of size {length} is not divisible by block size {block_size}")
+    moved = np.moveaxis(x, (axis, block_axis), (0, 1))
+    blocks = moved.reshape(x.shape[axis], length // block_size, -1)
+    return blocks.min(axis=2), blocks.max(axis=2)
