@@ -232,11 +232,14 @@ def broadcast_param(enc: Encoding, values: np.ndarray, shape: tuple[int, ...]) -
 
 
 def quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
-    """ONNX QuantizeLinear on the grid: float32 division, ties to even, saturation. Returns int64."""
+    """ONNX QuantizeLinear on the grid: float32 division, ties to even, saturation (+-inf to the ends,
+    NaN to ``qmin`` like onnxruntime's CPU kernel). Returns int64."""
     x = np.asarray(x, dtype=np.float32)
     scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
     zp = broadcast_param(enc, enc.zero_point, x.shape)
-    q = np.rint(x / scale).astype(np.float64) + zp
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.rint(x / scale).astype(np.float64) + zp
+    q = np.where(np.isnan(q), enc.qmin, q)  # NaN saturates low, as onnxruntime's CPU QuantizeLinear does
     return np.clip(q, enc.qmin, enc.qmax).astype(np.int64)
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks and real-model helpers for quantsim (not part of the installed package)."""

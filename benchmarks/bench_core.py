@@ -1,0 +1,196 @@
+"""Core quantsim benchmark: calibration cost and simulated-inference latency vs plain onnxruntime.
+
+    python -m benchmarks.bench_core [--batches 16] [--batch-size 16] [--repeats 3] [--models magika,resnet,mobilenet]
+
+Models: magika (real model, real files from this machine as calibration data; fetched
+via benchmarks.fetch_models) and two conv nets built here with onnx.helper with seeded
+random weights and N(0,1) calibration data (benchmarks.models).
+
+Per model, measured side by side in one process (best of ``--repeats``):
+  * FP32: plain onnxruntime InferenceSession over the N calibration batches;
+  * compute_encodings time for min_max and tf_enhanced, and its ratio to FP32;
+  * sim.session latency over the same batches, ratio to FP32;
+  * if the SDK offers fused integer kernels (``sim.fused_session()`` or
+    ``QuantizationSimModel(..., use_integer_kernels=True)``): that session's latency
+    ratio and its max deviation from the exact sim, in output quantization steps.
+The Markdown table is printed and written to benchmarks/results/core.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from benchmarks.common import activation_scales, best_of, ratio_cell, run_feeds, top1_agreement
+
+TARGETS = {"min_max": 1.5, "tf_enhanced": 3.0, "sim": 1.5}
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load_models(names: list[str], n_batches: int, batch_size: int):
+    from benchmarks import models
+
+    out = []
+    for name in names:
+        if name == "magika":
+            from benchmarks import magika_inputs as mi
+            from benchmarks.fetch_models import fetch_magika
+
+            d = fetch_magika()
+            feats = mi.features(mi.find_real_files(n_batches * batch_size, seed=1), d)
+            out.append(("magika", onnx.load(str(d / "model.onnx")),
+                        mi.batches(feats, batch_size, mi.input_name(d)), f"{len(feats)} real files"))
+        elif name == "resnet":
+            m = models.resnet_like(seed=0)
+            out.append(("resnet_like (BN unfolded)", m, models.random_feeds(m, n_batches, batch_size, seed=10), "N(0,1)"))
+        elif name == "mobilenet":
+            m = models.mobilenet_like(seed=1)
+            out.append(("mobilenet_like (dw, Clip 0-6)", m, models.random_feeds(m, n_batches, batch_size, seed=11), "N(0,1)"))
+        else:
+            raise SystemExit(f"unknown model {name!r}")
+    return out
+
+
+def _output_step(sim, out_name: str, sim_out: np.ndarray) -> tuple[float, str]:
+    """Output quantization step: from the exported encodings, else estimated from the sim output grid."""
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            sim.export(d, "m")
+            enc = next(Path(d).glob("*.encodings"))
+            scales = activation_scales(enc)
+        if out_name in scales:
+            return scales[out_name], "encodings"
+    except Exception:
+        pass
+    u = np.unique(sim_out.astype(np.float64))
+    diffs = np.diff(u)
+    diffs = diffs[diffs > 1e-12 * max(1.0, float(np.abs(u).max()))]
+    return (float(diffs.min()) if diffs.size else float("nan")), "estimated"
+
+
+def _fused(QSM, model, feeds, kwargs, exact_sim):
+    """(session, how) for fused integer kernels, or (None, reason)."""
+    if hasattr(exact_sim, "fused_session"):
+        return exact_sim.fused_session(), "sim.fused_session()"
+    try:
+        params = inspect.signature(QSM).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "use_integer_kernels" in params:
+        s = QSM(model, use_integer_kernels=True, **kwargs)
+        s.compute_encodings(feeds)
+        return s.session, "use_integer_kernels=True"
+    return None, "SDK has no fused integer kernels (no sim.fused_session / use_integer_kernels)"
+
+
+def bench_model(QSM, name, model, feeds, data_desc, repeats):
+    row = {"model": name, "data": data_desc, "batches": len(feeds),
+           "batch": next(iter(feeds[0].values())).shape[0], "notes": []}
+    fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    out_name = fp32.get_outputs()[0].name
+    ref = run_feeds(fp32, feeds)
+    row["fp32"] = best_of(lambda: run_feeds(fp32, feeds), repeats=max(repeats, 5))
+    sims = {}
+    for scheme in ("min_max", "tf_enhanced"):
+        kwargs = dict(param_type="int8", activation_type="int8", quant_scheme=scheme)
+        best, build = float("inf"), float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            sim = QSM(model, **kwargs)
+            t1 = time.perf_counter()
+            sim.compute_encodings(feeds)
+            t2 = time.perf_counter()
+            build, best = min(build, t1 - t0), min(best, t2 - t1)
+        row[scheme], row[f"{scheme}_build"] = best, build
+        sims[scheme] = sim
+    sim = sims["min_max"]
+    sim_out = run_feeds(sim.session, feeds)
+    row["agree"] = top1_agreement(ref, sim_out)
+    row["sim"] = best_of(lambda: run_feeds(sim.session, feeds), repeats=max(repeats, 5))
+    try:
+        sess, how = _fused(QSM, model, feeds, dict(param_type="int8", activation_type="int8", quant_scheme="min_max"), sim)
+    except Exception as e:
+        sess, how = None, f"fused kernels failed: {type(e).__name__}: {e}"
+    if sess is None:
+        row["notes"].append(how)
+    else:
+        fused_out = run_feeds(sess, feeds)
+        row["fused"] = best_of(lambda: run_feeds(sess, feeds), repeats=max(repeats, 5))
+        step, src = _output_step(sim, out_name, sim_out)
+        row["fused_dev"] = float(np.abs(fused_out.astype(np.float64) - sim_out).max() / step)
+        row["notes"].append(f"fused via {how}, step {src}")
+    return row
+
+
+def to_markdown(rows, header: str) -> str:
+    ms = lambda s: f"{s * 1e3:.1f}"  # noqa: E731
+    lines = [header, "",
+             "| model | calib data | FP32 fwd (ms) | min_max (ms) | min_max / FP32 | tf_enhanced (ms) | tf_enhanced / FP32 "
+             "| sim / FP32 latency | fused / FP32 latency | fused vs sim (max steps) | top-1 agree (min_max) |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r.get('data', '')} | error: {r['error']} |" + " |" * 9)
+            continue
+        fused = ratio_cell(r["fused"] / r["fp32"]) if "fused" in r else "n/a"
+        dev = f"{r['fused_dev']:.2f}" if "fused_dev" in r else "n/a"
+        lines.append(
+            f"| {r['model']} | {r['data']}, {r['batches']}x{r['batch']} | {ms(r['fp32'])} | {ms(r['min_max'])} "
+            f"| {ratio_cell(r['min_max'] / r['fp32'], TARGETS['min_max'])} | {ms(r['tf_enhanced'])} "
+            f"| {ratio_cell(r['tf_enhanced'] / r['fp32'], TARGETS['tf_enhanced'])} "
+            f"| {ratio_cell(r['sim'] / r['fp32'], TARGETS['sim'])} | {fused} | {dev} | {100 * r['agree']:.1f}% |")
+    notes = [f"- {r['model']}: {n}" for r in rows for n in r.get("notes", [])]
+    builds = [f"{r['model']} {r['min_max_build'] * 1e3:.0f} ms" for r in rows if "min_max_build" in r]
+    if builds:
+        notes.append("- sim construction (not included above): " + ", ".join(builds))
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, default=16, help="calibration batches (N)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3, help="repeats for compute_encodings (best of); latencies use max(5, this)")
+    ap.add_argument("--models", default="magika,resnet,mobilenet")
+    ap.add_argument("--out", default=str(RESULTS / "core.md"))
+    args = ap.parse_args(argv)
+
+    try:
+        from quantsim import QuantizationSimModel as QSM
+    except ImportError as e:
+        print(f"quantsim.QuantizationSimModel is not available yet ({e})", file=sys.stderr)
+        return 2
+
+    rows = []
+    for name, model, feeds, desc in load_models(args.models.split(","), args.batches, args.batch_size):
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        try:
+            rows.append(bench_model(QSM, name, model, feeds, desc, args.repeats))
+        except Exception as e:
+            rows.append({"model": name, "data": desc, "error": f"{type(e).__name__}: {e}"})
+    header = (f"## quantsim core benchmark ({datetime.date.today().isoformat()})\n\n"
+              f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+              f"onnxruntime {ort.__version__} (CPUExecutionProvider, default threads); W8A8 int8, default "
+              f"config (per-channel weights). Times are for all N calibration batches, best of repeats; "
+              f"targets in parentheses.")
+    md = to_markdown(rows, header)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(md)
+    print(md)
+    print(f"(written to {out})")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

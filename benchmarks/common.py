@@ -1,0 +1,85 @@
+"""Small shared helpers for the demo and benchmarks (timing, agreement, encodings lookup)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def best_of(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
+    """Minimum wall time (seconds) of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    r = fn()
+    return time.perf_counter() - t0, r
+
+
+def run_feeds(session, feeds: Sequence[Mapping[str, np.ndarray]], output_index: int | None = 0):
+    """Run an onnxruntime-like session over feeds; concatenate output ``output_index`` (or all outputs)."""
+    outs = [session.run(None, dict(f)) for f in feeds]
+    if output_index is None:
+        return [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))]
+    return np.concatenate([o[output_index] for o in outs])
+
+
+def top1_agreement(a: np.ndarray, b: np.ndarray) -> float:
+    """Fraction of rows whose argmax over the last axis agrees."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch {a.shape} vs {b.shape}")
+    return float(np.mean(a.reshape(-1, a.shape[-1]).argmax(-1) == b.reshape(-1, b.shape[-1]).argmax(-1)))
+
+
+def ratio_cell(ratio: float | None, target: float | None = None) -> str:
+    """'1.23x' or '1.23x ✓ (≤1.5x)' / '4.00x ✗ (≤1.5x)'."""
+    if ratio is None or not np.isfinite(ratio):
+        return "n/a"
+    s = f"{ratio:.2f}x"
+    if target is not None:
+        s += f" {'✓' if ratio <= target else '✗'} (≤{target:g}x)"
+    return s
+
+
+def _scalar_scale(entry) -> float | None:
+    """Scale of one activation-encoding entry in either AIMET layout (per-tensor only)."""
+    if isinstance(entry, list):  # legacy: name -> [ {bitwidth, scale, offset, ...} ]
+        entry = entry[0] if len(entry) == 1 else None
+    if not isinstance(entry, Mapping):
+        return None
+    s = entry.get("scale")
+    if isinstance(s, list):
+        s = s[0] if len(s) == 1 else None
+    if s is None and "max" in entry and "min" in entry and "bitwidth" in entry:
+        s = (float(entry["max"]) - float(entry["min"])) / (2 ** int(entry["bitwidth"]) - 1)
+    return float(s) if s is not None else None
+
+
+def activation_scales(encodings: str | os.PathLike | Mapping) -> dict[str, float]:
+    """tensor name -> per-tensor scale from an AIMET ``.encodings`` file (0.6.1 dict or 1.0.0 list layout)."""
+    if not isinstance(encodings, Mapping):
+        encodings = json.loads(Path(encodings).read_text())
+    act = encodings.get("activation_encodings", {})
+    out: dict[str, float] = {}
+    if isinstance(act, Mapping):
+        items: Iterable = act.items()
+    else:
+        items = ((e.get("name"), e) for e in act if isinstance(e, Mapping))
+    for name, entry in items:
+        s = _scalar_scale(entry)
+        if name is not None and s is not None and s > 0:
+            out[name] = s
+    return out

@@ -1,0 +1,214 @@
+"""Streaming activation statistics: one onnxruntime session, batches reduced as they arrive.
+
+The calibration graph is the float model with weight quantizers applied. For min-max every observed
+tensor gets ``ReduceMin``/``ReduceMax`` nodes whose scalar outputs are the only extra graph outputs, so
+the reduction runs inside onnxruntime and nothing but two floats per tensor crosses into Python. The
+histogram schemes (TF-enhanced, percentile) expose the tensors themselves and fold each batch into a
+`HistogramObserver` before the next batch runs. Memory is O(observed tensors x bins), never O(dataset);
+batches may differ in shape.
+
+Feeds with NaN/Inf in a float input are skipped with a warning (documented policy); a tensor whose
+batch statistics are non-finite ignores that batch. A calibration that ends with no usable batch raises.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+from tqdm.auto import tqdm
+
+from .observers import HistogramObserver
+
+__all__ = ["TensorStats", "CalibrationSession", "add_statistics_outputs", "check_feed", "run_calibration"]
+
+_ORT_TO_NUMPY = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(int16)": np.int16, "tensor(uint16)": np.uint16, "tensor(bool)": np.bool_,
+    "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64,
+}
+
+
+@dataclass
+class TensorStats:
+    """Running statistics of one quantizer (all tensors tied to it)."""
+
+    min: float = np.inf
+    max: float = -np.inf
+    batches: int = 0
+    histogram: HistogramObserver | None = None
+
+    def update_range(self, lo: float, hi: float) -> None:
+        self.min, self.max = min(self.min, lo), max(self.max, hi)
+        self.batches += 1
+
+
+@dataclass
+class _Outputs:
+    model_outputs: list[str]
+    minmax: dict[str, tuple[str, str]] = field(default_factory=dict)  # tensor -> (min output, max output)
+    full: dict[str, str] = field(default_factory=dict)  # tensor -> exposed output name
+
+
+def add_statistics_outputs(
+    model: onnx.ModelProto, minmax_tensors: Iterable[str], full_tensors: Iterable[str]
+) -> tuple[onnx.ModelProto, _Outputs]:
+    """Extend ``model`` (modified in place) with statistics outputs; returns the output map."""
+    graph = model.graph
+    outputs = _Outputs([o.name for o in graph.output])
+    existing = {o.name for o in graph.output}
+    used = {n for node in graph.node for n in list(node.input) + list(node.output)} | existing
+    used |= {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    for name in minmax_tensors:
+        pair = []
+        for op in ("ReduceMin", "ReduceMax"):
+            out = f"{name}/calibration_{op.lower()}"
+            while out in used:
+                out += "_"
+            used.add(out)
+            graph.node.append(helper.make_node(op, [name], [out], name=out, keepdims=0))
+            graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, []))
+            pair.append(out)
+        outputs.minmax[name] = (pair[0], pair[1])
+    for name in full_tensors:
+        if name not in existing:
+            graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            existing.add(name)
+        outputs.full[name] = name
+    return model, outputs
+
+
+def check_feed(feed: Mapping, inputs: list, where: str) -> dict[str, np.ndarray]:
+    """Validate one feed dict against the session inputs: names, dtypes and ranks (clear errors)."""
+    if not isinstance(feed, Mapping):
+        raise TypeError(f"{where}: expected a dict of input name -> array, got {type(feed).__name__}")
+    expected = {i.name: i for i in inputs}
+    unknown = sorted(set(feed) - set(expected))
+    missing = sorted(set(expected) - set(feed))
+    if unknown or missing:
+        raise ValueError(
+            f"{where}: feed does not match the model inputs {sorted(expected)}"
+            + (f"; unknown: {unknown}" if unknown else "")
+            + (f"; missing: {missing}" if missing else "")
+        )
+    checked = {}
+    for name, value in feed.items():
+        array = np.asarray(value)
+        want = _ORT_TO_NUMPY.get(expected[name].type)
+        if want is not None and array.dtype != want:
+            raise TypeError(f"{where}: input {name!r} has dtype {array.dtype}, the model expects {np.dtype(want)}")
+        rank = len(expected[name].shape) if expected[name].shape is not None else None
+        if rank is not None and array.ndim != rank:
+            raise ValueError(
+                f"{where}: input {name!r} has rank {array.ndim} (shape {array.shape}), the model expects rank "
+                f"{rank} {tuple(expected[name].shape)}"
+            )
+        checked[name] = array
+    return checked
+
+
+def _finite_feed(feed: dict[str, np.ndarray]) -> bool:
+    return all(np.isfinite(v).all() for v in feed.values() if np.issubdtype(v.dtype, np.floating))
+
+
+class CalibrationSession:
+    """What a calibration callback receives as ``session``: runs the model and records statistics.
+
+    ``run`` returns only the outputs asked for (all model outputs for ``None``), like onnxruntime.
+    """
+
+    def __init__(self, session: ort.InferenceSession, outputs: _Outputs, groups: dict[str, str], histogram: bool):
+        self._session = session
+        self._outputs = outputs
+        self._groups = groups  # tensor -> quantizer name
+        self._histogram = histogram
+        self._fetch = list(outputs.model_outputs)
+        extra = [n for pair in outputs.minmax.values() for n in pair] + list(outputs.full.values())
+        self._fetch += [n for n in extra if n not in self._fetch]
+        self.stats: dict[str, TensorStats] = {}
+        self.batches_used = 0
+        self.batches_skipped = 0
+        self._nonfinite_tensors: set[str] = set()
+
+    def get_inputs(self):
+        return self._session.get_inputs()
+
+    def get_outputs(self):
+        return [o for o in self._session.get_outputs() if o.name in self._outputs.model_outputs]
+
+    def run(self, output_names, input_feed, run_options=None):
+        feed = check_feed(input_feed, self._session.get_inputs(), f"calibration batch {self.batches_used + self.batches_skipped}")
+        names = output_names or self._outputs.model_outputs
+        if not _finite_feed(feed):
+            self.batches_skipped += 1
+            warnings.warn(
+                f"calibration batch {self.batches_used + self.batches_skipped - 1} has NaN/Inf in its inputs: skipped",
+                RuntimeWarning, stacklevel=2,
+            )
+            return self._session.run(list(names), feed, run_options)
+        values = dict(zip(self._fetch, self._session.run(self._fetch, feed, run_options)))
+        self._record(values)
+        self.batches_used += 1
+        return [values[n] for n in names]
+
+    def _record(self, values: dict[str, np.ndarray]) -> None:
+        for tensor, (lo_name, hi_name) in self._outputs.minmax.items():
+            lo, hi = float(values[lo_name]), float(values[hi_name])
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                self._nonfinite_tensors.add(tensor)
+                continue
+            self.stats.setdefault(self._groups[tensor], TensorStats()).update_range(lo, hi)
+        for tensor, out in self._outputs.full.items():
+            data = values[out]
+            stats = self.stats.setdefault(self._groups[tensor], TensorStats())
+            if stats.histogram is None:
+                stats.histogram = HistogramObserver()
+            stats.histogram.update(data)
+            finite = data[np.isfinite(data)]
+            if finite.size:
+                stats.update_range(float(finite.min()), float(finite.max()))
+
+    def finish(self) -> dict[str, TensorStats]:
+        if self._nonfinite_tensors:
+            names = sorted(self._nonfinite_tensors)
+            warnings.warn(
+                f"non-finite values in {len(names)} tensor(s) (e.g. {names[:3]}); those batches were ignored for them",
+                RuntimeWarning, stacklevel=2,
+            )
+        if self.batches_used == 0:
+            raise ValueError(
+                "calibration saw no usable batch"
+                + (f" ({self.batches_skipped} skipped for NaN/Inf)" if self.batches_skipped else " (empty calibration data)")
+                + "; encodings are unchanged"
+            )
+        return self.stats
+
+
+def run_calibration(
+    session: CalibrationSession,
+    data,
+    callback_args=None,
+    *,
+    progress: bool = True,
+) -> dict[str, TensorStats]:
+    """Drive ``session`` with an iterable of feeds, or with ``data(session)`` / ``data(session, args)``."""
+    if callable(data):
+        if callback_args is None:
+            data(session)
+        else:
+            data(session, callback_args)
+        return session.finish()
+    if isinstance(data, Mapping) or not isinstance(data, Iterable):
+        raise TypeError(
+            "compute_encodings expects an iterable of feed dicts or a callback(session[, args]); "
+            f"got {type(data).__name__}"
+        )
+    total = len(data) if hasattr(data, "__len__") else None
+    for feed in tqdm(data, total=total, desc="calibration", unit="batch", disable=not progress, leave=False):
+        session.run(None, feed)
+    return session.finish()

@@ -1,0 +1,59 @@
+"""Encodings for one quantizer from what it saw: weights (values), constants, or streamed statistics.
+
+Pure numpy on top of `numerics` and `observers`: the quant scheme picks min-max, TF-enhanced (SQNR
+search over the histogram) or percentile; weights use min-max per tensor/channel/block (TF-enhanced
+per tensor or channel when that scheme is chosen).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .calibration import TensorStats
+from .dtypes import QuantScheme
+from .numerics import Encoding, encoding_from_range, reduce_min_max
+from .observers import tf_enhanced_encoding_of
+from .quantizer import QcQuantizeOp
+from .spec import PerBlock, PerChannel
+
+__all__ = ["encoding_for_values", "encoding_for_stats"]
+
+
+def _grid_flags(q: QcQuantizeOp) -> dict:
+    spec = q.spec
+    return {
+        "symmetric": spec.symmetric,
+        "strict": spec.strict_symmetric,
+        "unsigned_symmetric": spec.unsigned_symmetric,
+    }
+
+
+def encoding_for_values(q: QcQuantizeOp, values: np.ndarray) -> Encoding:
+    """Encoding of a constant tensor (a weight, bias or constant operand) under ``q``'s spec."""
+    spec = q.spec
+    granularity = spec.granularity
+    bits = spec.dtype.bits
+    if q.quant_scheme is QuantScheme.post_training_tf_enhanced and not isinstance(granularity, PerBlock):
+        axis = granularity.axis if isinstance(granularity, PerChannel) else None
+        return tf_enhanced_encoding_of(values, bits, axis=axis, **_grid_flags(q))
+    if isinstance(granularity, PerBlock):
+        lo, hi = reduce_min_max(values, granularity.axis, granularity.block_axis, granularity.block_size)
+        return encoding_from_range(
+            lo, hi, bits, axis=granularity.axis, block_axis=granularity.block_axis,
+            block_size=granularity.block_size, **_grid_flags(q),
+        )
+    if isinstance(granularity, PerChannel):
+        lo, hi = reduce_min_max(values, granularity.axis)
+        return encoding_from_range(lo, hi, bits, axis=granularity.axis, **_grid_flags(q))
+    lo, hi = reduce_min_max(values)
+    return encoding_from_range(lo, hi, bits, **_grid_flags(q))
+
+
+def encoding_for_stats(q: QcQuantizeOp, stats: TensorStats) -> Encoding:
+    """Encoding of an activation quantizer from its streamed statistics and its quant scheme."""
+    bits = q.spec.dtype.bits
+    scheme = q.quant_scheme
+    if scheme is QuantScheme.post_training_tf_enhanced and stats.histogram is not None:
+        return stats.histogram.tf_enhanced_encoding(bits, **_grid_flags(q))
+    if scheme is QuantScheme.post_training_percentile and stats.histogram is not None:
+        return stats.histogram.percentile_encoding(bits, q.percentile_value, **_grid_flags(q))
+    return encoding_from_range(stats.min, stats.max, bits, **_grid_flags(q))

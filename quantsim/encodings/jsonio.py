@@ -1,0 +1,79 @@
+"""JSON file I/O: crash-safe writes and strict reads (duplicate keys and non-JSON are errors)."""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+from .errors import EncodingFormatError
+
+__all__ = ["write_json_atomic", "load_json_file"]
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as JSON (``sort_keys=True, indent=4``, as AIMET does) without ever leaving a torn file.
+
+    The text is serialised first (a serialisation error touches nothing), written to a temporary file in
+    the target's directory, fsynced and moved over the target with `os.replace`. On any failure the
+    temporary file is removed and an existing target is left as it was.
+    """
+    text = json.dumps(obj, sort_keys=True, indent=4)
+    path = os.fspath(path)
+    directory, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{base}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename durable; not possible everywhere (e.g. Windows), so best effort
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def _no_duplicate_keys(source: str):
+    def hook(pairs):
+        obj = {}
+        for key, value in pairs:
+            if key in obj:
+                raise EncodingFormatError(source, f"key {key!r}", "duplicate key in a JSON object")
+            obj[key] = value
+        return obj
+
+    return hook
+
+
+def load_json_file(path: str | os.PathLike) -> Any:
+    """Parse a JSON file; malformed text, bad UTF-8 and duplicate object keys raise `EncodingFormatError`.
+
+    A missing or unreadable file raises the usual `OSError`.
+    """
+    source = os.fspath(path)
+    with open(source, "rb") as handle:
+        raw = handle.read()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise EncodingFormatError(source, None, f"not a UTF-8 text file ({exc.reason})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys(source))
+    except json.JSONDecodeError as exc:
+        raise EncodingFormatError(
+            source, None, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None

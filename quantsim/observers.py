@@ -1,0 +1,384 @@
+"""Histogram observers and the histogram-based encodings (TF-enhanced / SQNR, percentile). PURE numpy.
+
+Histogram
+    ``num_bins`` (512) equal bins, bin ``i`` covering ``[lo + i*w, lo + (i+1)*w)``; a value goes to
+    ``floor((x - lo) / w)``. Like AIMET, the first batch with a finite value fixes the range: its
+    ``[min, max]`` enlarged 3x about its centre (width 0.01 when ``min == max``). Unlike AIMET, nothing is
+    ever dropped: when a later batch falls outside, the histogram *grows* by the smallest whole factor
+    ``k >= 2`` of the bin width, with the old range shifted by a whole number ``m`` of old bins, so old bin
+    ``i`` falls entirely into new bin ``(i + m) // k`` (counts move exactly, no interpolation). The spare
+    room is split evenly on both sides of the needed span, so each growth at most doubles the needed
+    resolution and the number of growths is logarithmic in the range ratio. Counts are plain counts
+    (every finite value weighs the same); AIMET instead averages per-batch normalised PDFs, which only
+    differs when batch sizes differ. Exact running min/max are kept alongside (O(bins) memory overall).
+
+TF-enhanced (AIMET ``TfEnhancedEncodingAnalyzer``, reference §6.3)
+    Range ``[mn, mx]``: exact observed extremes (AIMET: left edges of the first/last non-empty bins, within
+    one bin of these), zero included, ``mx >= mn + 0.01``. Candidates ``(delta, offset)``, grid
+    ``[delta*offset, delta*(offset + N)]``:
+
+    * asymmetric: ``delta0 = (mx - mn)/N``, ``offset0 = round(mn/delta0)``; deltas ``f*delta0`` for
+      ``f = 1/16 .. 17/16`` times offsets ``trunc(-N + i*N/20)``, ``i = 0..20``, each clamped into the
+      ``(delta0, offset0)`` grid range (and re-expressed as ``delta = (max - min)/N``,
+      ``offset = round(min/delta)``) unless it covers that range entirely (skipped), plus
+      ``(delta0, offset0)`` itself. (AIMET's loop reuses a clamped delta for later offsets; here every
+      candidate is clamped independently.)
+    * symmetric: ``delta = f * 2*absmax/N``, ``f = 0.01 .. 1.01``, ``offset = floor(-N/2)``; unsigned
+      symmetric (flag set, every non-zero channel ``mn == 0``): ``delta = f * mx/N``, offset 0.
+
+    Cost of a candidate over bin midpoints ``c_i`` with probabilities ``p_i``: with ``a``/``b`` the bins
+    holding the grid min/max, ``3 * (sum_{i<a} p_i (c_i - c_a)^2 + sum_{i>=b} p_i (c_i - c_b)^2)`` (saturation
+    to the nearest representable bin) ``+ sum_{a<=i<b} p_i (c_i - fq(c_i))^2`` (quantisation, ``fq``
+    rounding half away on the grid). The first lowest-cost candidate wins; candidates x bins matrices are
+    evaluated at once. The winner becomes an `Encoding` through `numerics.encoding_from_range` of its grid
+    range (same grid conventions, strict/unsigned variants and scale floor as min-max). All-zero data gives
+    the encoding of ``[-1, 1]``; nothing observed raises ``ValueError``.
+
+Percentile (reference §6.4)
+    ``p == 100``: left edge of the first / right edge of the last non-empty bin, tightened to the exact
+    observed extremes (so it equals min-max). ``p < 100``: with the CDF over bins, min = left edge of the
+    first bin with ``cdf >= 1 - p/100``, max = right edge of the last bin with ``cdf < p/100`` whose left
+    edge is below the observed max (one bin above min when equal or missing), both clipped to the observed
+    extremes; then `numerics.encoding_from_range`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .numerics import Encoding, encoding_from_range
+
+__all__ = ["HistogramObserver", "tf_enhanced_encoding_of", "DEFAULT_NUM_BINS", "MIN_RANGE", "SATURATION_WEIGHT"]
+
+DEFAULT_NUM_BINS = 512
+MIN_RANGE = 0.01  # AIMET's minimum range (initial histogram width when min == max; TF-enhanced range)
+SATURATION_WEIGHT = 3.0  # AIMET's GAMMA: saturation error weighs 3x the quantisation error
+_CHUNK_ELEMENTS = 1 << 21  # channels x candidates x bins evaluated per step (bounds temporary memory)
+
+
+def _initial_grid(mn: np.ndarray, mx: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """(left edge, bin width) of histograms over ``[mn, mx]`` enlarged 3x (width 0.01 when empty)."""
+    centre = 0.5 * (mn + mx)
+    width = 3.0 * (mx - mn)
+    lo = np.where(width > 0, centre - 0.5 * width, mn)
+    width = np.where(width > 0, width, MIN_RANGE)
+    # keep bins distinguishable from their edges for huge-magnitude constant data
+    width = np.maximum(width, 4.0 * num_bins * np.spacing(np.abs(lo) + np.abs(mx)))
+    return lo, width / num_bins
+
+
+def _bin_index(x: np.ndarray, lo, w, num_bins: int) -> np.ndarray:
+    """Bin of each value (clipped into the histogram, which only fixes float rounding at the edges)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        idx = np.floor((x - lo) / w)
+    return np.clip(idx, 0, num_bins - 1).astype(np.int64)
+
+
+class HistogramObserver:
+    """Streaming histogram of one tensor's values (all batches), 512 bins by default.
+
+    Memory is O(num_bins): batches are binned and dropped. See the module docstring for the binning,
+    range-growth and encoding rules. Non-finite values are ignored.
+    """
+
+    def __init__(self, num_bins: int = DEFAULT_NUM_BINS):
+        if int(num_bins) < 2:
+            raise ValueError(f"num_bins must be >= 2, got {num_bins}")
+        self.num_bins = int(num_bins)
+        self.counts = np.zeros(self.num_bins, dtype=np.float64)
+        self.lo = 0.0  # left edge of bin 0
+        self.bin_width = 0.0
+        self.count = 0  # number of finite values seen
+        self._min = math.inf
+        self._max = -math.inf
+
+    # ---------------------------------------------------------------- state
+    @property
+    def is_empty(self) -> bool:
+        return self.count == 0
+
+    @property
+    def observed_min(self) -> float:
+        self._require_data()
+        return self._min
+
+    @property
+    def observed_max(self) -> float:
+        self._require_data()
+        return self._max
+
+    @property
+    def edges(self) -> np.ndarray:
+        """The ``num_bins + 1`` bin edges."""
+        return self.lo + self.bin_width * np.arange(self.num_bins + 1, dtype=np.float64)
+
+    def _require_data(self) -> None:
+        if self.is_empty:
+            raise ValueError("no data observed: the histogram observer has not seen any finite value")
+
+    # ---------------------------------------------------------------- accumulation
+    def update(self, x: np.ndarray) -> None:
+        """Add the finite values of ``x`` (any shape) to the histogram, growing its range if needed."""
+        x = np.asarray(x, dtype=np.float64).ravel()
+        x = x[np.isfinite(x)]
+        if x.size == 0:
+            return
+        mn, mx = float(x.min()), float(x.max())
+        if self.is_empty:
+            lo, w = _initial_grid(np.float64(mn), np.float64(mx), self.num_bins)
+            self.lo, self.bin_width = float(lo), float(w)
+        else:
+            self._grow_to(mn, mx)
+        self.counts += np.bincount(_bin_index(x, self.lo, self.bin_width, self.num_bins), minlength=self.num_bins)
+        self.count += int(x.size)
+        self._min, self._max = min(self._min, mn), max(self._max, mx)
+
+    def _grow_to(self, mn: float, mx: float) -> None:
+        """Widen the histogram (whole-factor re-binning, counts kept exactly) until it holds [mn, mx]."""
+        nb, w = self.num_bins, self.bin_width
+        with np.errstate(over="ignore"):
+            lo_pos, hi_pos = (mn - self.lo) / w, (mx - self.lo) / w
+        if not (math.isfinite(lo_pos) and math.isfinite(hi_pos)):
+            raise ValueError("value range too wide for the histogram's resolution")
+        first, last = math.floor(lo_pos), math.floor(hi_pos)
+        below, above = max(0, -first), max(0, last - nb + 1)
+        if below == 0 and above == 0:
+            return
+        factor = -(-(nb + below + above) // nb)  # ceil, >= 2
+        shift = below + (nb * factor - nb - below - above) // 2  # old bin 0 becomes fine bin `shift`
+        target = np.floor((np.arange(nb, dtype=np.float64) + float(shift)) / float(factor))
+        target = np.clip(target, 0, nb - 1).astype(np.int64)
+        self.counts = np.bincount(target, weights=self.counts, minlength=nb).astype(np.float64)
+        self.lo = self.lo - float(shift) * w
+        self.bin_width = w * float(factor)
+
+    def merge(self, other: "HistogramObserver") -> None:
+        """Fold ``other`` in (tensors sharing one quantizer).
+
+        Same bin grid (same width, edges a whole number of bins apart): exact. Otherwise this histogram
+        grows to hold ``other``'s non-empty bins and each of ``other``'s bins is spread over the bins it
+        overlaps in proportion to the overlap (values assumed uniform within a bin).
+        """
+        if other is self:
+            raise ValueError("cannot merge an observer into itself")
+        if other.is_empty:
+            return
+        if self.is_empty:
+            if other.num_bins != self.num_bins:
+                raise ValueError("cannot merge observers with different numbers of bins")
+            self.counts, self.lo, self.bin_width = other.counts.copy(), other.lo, other.bin_width
+            self.count, self._min, self._max = other.count, other._min, other._max
+            return
+        nz = np.flatnonzero(other.counts)
+        o_edges = other.edges
+        left, right = float(o_edges[nz[0]]), float(o_edges[nz[-1] + 1])
+        self._grow_to(min(left, other._min), max(np.nextafter(right, -np.inf), other._max))
+        shift = (other.lo - self.lo) / self.bin_width
+        if other.bin_width == self.bin_width and shift == round(shift):
+            idx = np.clip(np.arange(other.num_bins) + int(round(shift)), 0, self.num_bins - 1)
+            np.add.at(self.counts, idx, other.counts)  # only empty bins of `other` can fall outside
+        else:
+            cum = np.concatenate([[0.0], np.cumsum(other.counts)])
+            at_edges = np.interp(self.edges, o_edges, cum)
+            at_edges[0], at_edges[-1] = 0.0, cum[-1]  # everything lands inside (range grown above)
+            self.counts += np.maximum(np.diff(at_edges), 0.0)
+        self.count += other.count
+        self._min, self._max = min(self._min, other._min), max(self._max, other._max)
+
+    # ---------------------------------------------------------------- encodings
+    def tf_enhanced_encoding(
+        self, bits: int, *, symmetric: bool, strict: bool = False, unsigned_symmetric: bool = False
+    ) -> Encoding:
+        """AIMET TF-enhanced (SQNR) encoding of everything observed (module docstring)."""
+        self._require_data()
+        return _tf_encoding(
+            self.counts[None], np.array([self.lo]), np.array([self.bin_width]), np.array([self._min]),
+            np.array([self._max]), bits, symmetric, strict, unsigned_symmetric, axis=None,
+        )
+
+    def percentile_encoding(
+        self, bits: int, percentile: float, *, symmetric: bool, strict: bool = False,
+        unsigned_symmetric: bool = False,
+    ) -> Encoding:
+        """AIMET percentile encoding (``0 < percentile <= 100``; 100 gives the min-max range)."""
+        lo, hi = self.percentile_range(percentile)
+        return encoding_from_range(
+            lo, hi, bits, symmetric=symmetric, strict=strict, unsigned_symmetric=unsigned_symmetric
+        )
+
+    def percentile_range(self, percentile: float) -> tuple[float, float]:
+        """The ``[min, max]`` the percentile rule keeps (before zero is included)."""
+        p = float(percentile)
+        if not (0.0 < p <= 100.0):
+            raise ValueError(f"percentile must satisfy 0 < p <= 100, got {percentile!r}")
+        self._require_data()
+        edges, w = self.edges, self.bin_width
+        nz = np.flatnonzero(self.counts)
+        if p == 100.0:
+            lo, hi = edges[nz[0]], edges[nz[-1] + 1]
+        else:
+            cdf = np.cumsum(self.counts) / self.counts.sum()
+            lo = edges[int(np.argmax(cdf >= 1.0 - p / 100.0))]
+            below = np.flatnonzero((cdf < p / 100.0) & (edges[:-1] < self._max))
+            hi = edges[below[-1] + 1] if below.size else lo + w
+            if hi <= lo:
+                hi = lo + w
+        lo = min(max(float(lo), self._min), self._max)
+        hi = max(min(float(hi), self._max), lo)
+        return lo, hi
+
+
+# -------------------------------------------------------------------- TF-enhanced search
+def _round_away(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def _asymmetric_candidates(mn: np.ndarray, mx: np.ndarray, n_steps: int):
+    """(delta, offset, valid), each (C, 17*21 + 1): the clamped AIMET grid plus the observed grid."""
+    delta0 = (mx - mn) / n_steps
+    offset0 = _round_away(mn / delta0)
+    gmin = delta0 * offset0
+    gmax = gmin + delta0 * n_steps
+    f = np.arange(1, 18, dtype=np.float64) / 16.0
+    offs = np.trunc(-n_steps + n_steps / 20.0 * np.arange(21, dtype=np.float64))
+    delta = np.repeat(f, offs.size)[None, :] * delta0[:, None]  # f outer, offset inner (AIMET order)
+    offset = np.broadcast_to(np.tile(offs, f.size)[None, :], delta.shape)
+    tmin = delta * offset
+    tmax = tmin + delta * n_steps
+    valid = ~((tmin < gmin[:, None]) & (tmax > gmax[:, None]))
+    cmin = np.maximum(tmin, gmin[:, None])
+    cmax = np.minimum(tmax, gmax[:, None])
+    delta = (cmax - cmin) / n_steps
+    valid &= delta > 0
+    safe = np.where(valid, delta, 1.0)
+    offset = np.where(valid, _round_away(cmin / safe), 0.0)
+    delta = np.concatenate([safe, delta0[:, None]], axis=1)
+    offset = np.concatenate([offset, offset0[:, None]], axis=1)
+    valid = np.concatenate([valid, np.ones((mn.size, 1), dtype=bool)], axis=1)
+    return delta, offset, valid
+
+
+def _symmetric_candidates(mn: np.ndarray, mx: np.ndarray, n_steps: int, unsigned: bool):
+    """(delta, offset, valid), each (C, 101): fractions 0.01..1.01 of the largest useful delta."""
+    if unsigned:
+        delta_max, offset = mx / n_steps, 0.0
+    else:
+        delta_max, offset = 2.0 * np.maximum(np.abs(mn), np.abs(mx)) / n_steps, math.floor(-n_steps / 2)
+    delta = delta_max[:, None] * (np.arange(1, 102, dtype=np.float64) / 100.0)[None, :]
+    return delta, np.full(delta.shape, offset), np.ones(delta.shape, dtype=bool)
+
+
+def _candidate_costs(pdf, lo, w, delta, offset, n_steps: int) -> np.ndarray:
+    """Cost (C, K) of K candidate grids against C histograms (pdf (C, B), lo/w (C,)).
+
+    Saturation sums use prefix sums of ``p``, ``p*i`` and ``p*i^2`` (O(K) per histogram); the
+    quantisation sum is a candidates x non-empty-bins matrix (empty bins contribute nothing). A grid
+    lying entirely beside the histogram (all data clipped to one end) is charged the distance to that
+    grid end itself; AIMET clamps it to the outermost bin, which makes such grids look free for
+    near-constant data.
+    """
+    rows, nb = pdf.shape
+    # clip ends in bin coordinates (bin i's midpoint sits at i)
+    u_min = (delta * offset - lo[:, None]) / w[:, None] - 0.5
+    u_max = (delta * (offset + n_steps) - lo[:, None]) / w[:, None] - 0.5
+    a, b = np.floor(u_min + 0.5), np.floor(u_max + 0.5)
+    missed_high, missed_low = a > nb - 1, b < 0  # all data below gmin / above gmax
+    a = np.where(missed_high, nb, np.where(missed_low, 0, np.clip(a, 0, nb - 1)))
+    b = np.where(missed_high, nb, np.where(missed_low, 0, np.clip(b, 0, nb - 1)))
+    ua = np.where(missed_high, u_min, a)  # saturation target of the bins below a
+    ub = np.where(missed_low, u_max, b)  # ... and of the bins from b on
+    ai, bi = a.astype(np.int64), b.astype(np.int64)
+    i = np.arange(nb, dtype=np.float64)
+    zero = np.zeros((rows, 1))
+    s0, s1, s2 = (np.concatenate([zero, np.cumsum(pdf * i**k, axis=1)], axis=1) for k in range(3))
+
+    def head(s):  # sums over i < a
+        return np.take_along_axis(s, ai, axis=1)
+
+    def tail(s):  # sums over i >= b
+        return s[:, -1:] - np.take_along_axis(s, bi, axis=1)
+
+    below = head(s2) - 2 * ua * head(s1) + ua * ua * head(s0)
+    above = tail(s2) - 2 * ub * tail(s1) + ub * ub * tail(s0)
+    sat = np.maximum(below, 0.0) + np.maximum(above, 0.0)
+    # quantisation error on non-empty bins only (padded with zero-probability bins)
+    order = np.argsort(pdf == 0, axis=1, kind="stable")[:, : max(1, int((pdf > 0).sum(axis=1).max()))]
+    p = np.take_along_axis(pdf, order, axis=1)[:, None, :]
+    idx = order[:, None, :].astype(np.float64)
+    mid = lo[:, None, None] + (idx + 0.5) * w[:, None, None]
+    d3 = delta[..., None]
+    t = mid / d3 - offset[..., None]  # grid coordinate; fq error = delta * (t - q)
+    q = np.clip(np.floor(t + 0.5), 0, n_steps)
+    inside = (idx >= a[..., None]) & (idx < b[..., None])
+    quant = np.sum(np.where(inside, p * (t - q) ** 2, 0.0), axis=-1) * delta**2
+    return SATURATION_WEIGHT * sat * (w * w)[:, None] + quant
+
+
+def _tf_search(counts, lo, w, mn, mx, n_steps: int, symmetric: bool, unsigned: bool):
+    """Best (delta, offset) per histogram row."""
+    if symmetric:
+        delta, offset, valid = _symmetric_candidates(mn, mx, n_steps, unsigned)
+    else:
+        delta, offset, valid = _asymmetric_candidates(mn, mx, n_steps)
+    pdf = counts / counts.sum(axis=1, keepdims=True)
+    n_cand = delta.shape[1]
+    chunk = max(1, _CHUNK_ELEMENTS // (n_cand * counts.shape[1]))
+    best = np.empty(counts.shape[0], dtype=np.int64)
+    for s in range(0, counts.shape[0], chunk):
+        sl = slice(s, s + chunk)
+        cost = _candidate_costs(pdf[sl], lo[sl], w[sl], delta[sl], offset[sl], n_steps)
+        best[sl] = np.argmin(np.where(valid[sl], cost, np.inf), axis=1)
+    rows = np.arange(counts.shape[0])
+    return delta[rows, best], offset[rows, best]
+
+
+def _tf_encoding(counts, lo, w, omin, omax, bits, symmetric, strict, unsigned_symmetric, axis) -> Encoding:
+    """TF-enhanced encoding of C histograms (rows); per tensor when ``axis`` is None (C == 1)."""
+    strict = bool(strict and symmetric)
+    n_steps = (1 << int(bits)) - 1 - (1 if strict else 0)
+    zero = (omin == 0.0) & (omax == 0.0)
+    nz = ~zero
+    mn = np.minimum(omin, 0.0)
+    mx = np.maximum(np.maximum(omax, 0.0), mn + MIN_RANGE)
+    unsigned = bool(symmetric and unsigned_symmetric and nz.any() and np.all(mn[nz] >= 0.0))
+    grid_lo = np.full(omin.shape, 0.0 if unsigned else -1.0)  # AIMET's fixed [-1, 1] for all-zero data
+    grid_hi = np.ones(omin.shape)
+    if nz.any():
+        delta, offset = _tf_search(counts[nz], lo[nz], w[nz], mn[nz], mx[nz], n_steps, symmetric, unsigned)
+        grid_lo[nz] = delta * offset
+        grid_hi[nz] = delta * (offset + n_steps)
+    if axis is None:
+        grid_lo, grid_hi = grid_lo[0], grid_hi[0]
+    return encoding_from_range(
+        grid_lo, grid_hi, bits, symmetric=symmetric, strict=strict, unsigned_symmetric=unsigned, axis=axis
+    )
+
+
+def tf_enhanced_encoding_of(
+    x: np.ndarray, bits: int, *, symmetric: bool, strict: bool = False, unsigned_symmetric: bool = False,
+    axis: int | None = None, num_bins: int = DEFAULT_NUM_BINS,
+) -> Encoding:
+    """TF-enhanced encoding of one tensor (e.g. a weight), per tensor or per channel along ``axis``.
+
+    Per channel, each slice gets its own one-batch histogram (range = its extremes enlarged 3x) and its
+    own search; histograms and costs are computed for many channels at once. Returns scale shape ``()``
+    or ``(C,)`` with ``axis`` set. Non-finite values are ignored; a slice without finite values raises.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if axis is None:
+        obs = HistogramObserver(num_bins)
+        obs.update(x)
+        return obs.tf_enhanced_encoding(bits, symmetric=symmetric, strict=strict, unsigned_symmetric=unsigned_symmetric)
+    rows = np.moveaxis(x, axis % x.ndim, 0).reshape(x.shape[axis % x.ndim], -1)
+    finite = np.isfinite(rows)
+    if not np.all(finite.any(axis=1)):
+        raise ValueError("no data observed: a channel has no finite values")
+    omin = np.where(finite, rows, np.inf).min(axis=1)
+    omax = np.where(finite, rows, -np.inf).max(axis=1)
+    lo, w = _initial_grid(omin, omax, num_bins)
+    idx = _bin_index(np.where(finite, rows, omin[:, None]), lo[:, None], w[:, None], num_bins)
+    flat = (idx + num_bins * np.arange(rows.shape[0])[:, None]).ravel()
+    counts = np.bincount(flat, weights=finite.ravel().astype(np.float64), minlength=rows.shape[0] * num_bins)
+    counts = counts.reshape(rows.shape[0], num_bins)
+    return _tf_encoding(counts, lo, w, omin, omax, bits, symmetric, strict, unsigned_symmetric, axis=axis)

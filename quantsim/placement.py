@@ -1,0 +1,320 @@
+"""Where quantizers go: parameter and activation sites from the graph and the config rules, then ties.
+
+Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
+
+1. Parameters are initializers in the parameter slots of `PARAM_SLOTS` (weights, biases, norm
+   statistics), quantized per the config's ``params``/``op_type.params`` flags, per channel where the
+   op type asks for it (channel axis from `channel_axis_of`). Norm-layer parameters keep >= 8 bits.
+2. Activations are the model's float inputs (``model_input``), float node outputs (default ops rule;
+   op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
+   elementwise ops (quantized like model inputs, encoded from their values).
+3. Shape and index arithmetic is never quantized: tensors in the shape/index slots of `SHAPE_SLOTS`,
+   everything computed only from them or from Shape/Size, and everything that feeds them.
+4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
+   last op's output quantizer; the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s constant into a bias.
+5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
+   share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
+   other consumers keeps its own). Tied tensors form one `QuantizerPlan`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from .config import QuantsimConfig
+from .dtypes import int8, qtype
+from .graph import GraphIndex
+from .spec import PerChannel, PerTensor, QSpec
+
+__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "PARAM_SLOTS", "GRID_PRESERVING", "SHAPE_SLOTS"]
+
+PARAM_SLOTS: dict[str, dict[int, str]] = {
+    "Conv": {1: "weight", 2: "bias"},
+    "ConvTranspose": {1: "weight", 2: "bias"},
+    "Gemm": {1: "weight", 2: "bias"},
+    "MatMul": {1: "weight"},
+    "BatchNormalization": {1: "weight", 2: "bias", 3: "running_mean", 4: "running_var"},
+    "InstanceNormalization": {1: "weight", 2: "bias"},
+    "LayerNormalization": {1: "weight", 2: "bias"},
+    "GroupNormalization": {1: "weight", 2: "bias"},
+    "PRelu": {1: "weight"},
+}
+NORM_OPS = frozenset({"BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization"})
+
+GRID_PRESERVING = frozenset(
+    """Col2Im Compress DepthToSpace Dropout Expand Flatten Gather GatherElements GatherND Identity MaxPool
+    MaxRoiPool NonZero Pad ReduceMax ReduceMin Reshape Slice SpaceToDepth Split SplitToSequence Squeeze Tile
+    TopK Transpose Unsqueeze GlobalMaxPool Shape Size Cast""".split()
+)
+
+SHAPE_SLOTS: dict[str, frozenset[int]] = {
+    op: frozenset(slots)
+    for op, slots in {
+        "Reshape": {1}, "Expand": {1}, "Tile": {1}, "Slice": {1, 2, 3, 4}, "Range": {0, 1, 2},
+        "Gather": {1}, "GatherElements": {1}, "GatherND": {1}, "Scatter": {1}, "ScatterElements": {1},
+        "ScatterND": {1}, "TopK": {1}, "ConstantOfShape": {0}, "Resize": {1, 2, 3}, "Upsample": {1},
+        "Pad": {1, 3}, "Unsqueeze": {1}, "Squeeze": {1}, "Split": {1}, "OneHot": {0, 1}, "CumSum": {1},
+        "NonMaxSuppression": {2, 3, 4}, "RoiAlign": {2}, "Trilu": {1}, "MaxUnpool": {2}, "ReduceSum": {1},
+        "ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceL1": {1},
+        "ReduceL2": {1}, "ReduceLogSumExp": {1}, "ReduceSumSquare": {1}, "ReduceLogSum": {1},
+    }.items()
+}
+SHAPE_SOURCES = frozenset({"Shape", "Size"})
+CONSTANT_INPUT_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Concat", "Where"})
+FORWARD_TIED = frozenset({"Relu", "AveragePool", "Resize", "Upsample"})
+BACKWARD_TIED = frozenset({"Concat"})
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+@dataclass
+class QuantizerPlan:
+    """One quantizer to create: the tensors it covers, its role, spec and initial enabled flag."""
+
+    name: str
+    role: str
+    tensors: list[str]
+    spec: QSpec
+    enabled: bool
+    param_type: str | None = None
+    op_type: str = ""
+    shape: tuple | None = None
+    channel_axis: int | None = None
+
+
+@dataclass
+class Placement:
+    plans: list[QuantizerPlan]
+    left_in_float: list[tuple[str, str]] = field(default_factory=list)  # (node or tensor, why)
+    index_tensors: frozenset[str] = frozenset()
+
+
+def channel_axis_of(node: onnx.NodeProto, slot: int, shape: tuple | None) -> int | None:
+    """Output-channel axis of a parameter (None when it cannot be per-channel)."""
+    if not shape:
+        return None
+    rank = len(shape)
+    if slot != 1 or rank == 1:
+        return 0
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Conv" or node.op_type in NORM_OPS or node.op_type == "PRelu":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1 if attrs.get("group", 1) == 1 else None
+    if node.op_type == "Gemm":
+        return 0 if attrs.get("transB", 0) else 1
+    if node.op_type == "MatMul":
+        return rank - 1
+    return None
+
+
+def find_index_tensors(index: GraphIndex) -> frozenset[str]:
+    """Tensors on shape/index arithmetic (rule 3 of the module docstring)."""
+    marked: set[str] = set()
+    for node in index.nodes:
+        slots = SHAPE_SLOTS.get(node.op_type, ())
+        marked.update(name for pos, name in enumerate(node.input) if name and pos in slots)
+        if node.op_type in SHAPE_SOURCES:
+            marked.update(node.output)
+    changed = True
+    while changed:
+        changed = False
+        for node in index.nodes:
+            inputs = [n for n in node.input if n]
+            if node.op_type not in SHAPE_SOURCES and any(o in marked for o in node.output):
+                new = {n for n in inputs if n not in marked}
+                if new:
+                    marked |= new
+                    changed = True
+            if (
+                inputs
+                and any(n in marked for n in inputs)
+                and all(n in marked or index.is_constant(n) for n in inputs)
+                and not all(o in marked for o in node.output if o)
+            ):
+                marked.update(o for o in node.output if o)
+                changed = True
+    return frozenset(marked)
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, item: str) -> str:
+        self.parent.setdefault(item, item)
+        while self.parent[item] != item:
+            self.parent[item] = self.parent[self.parent[item]]
+            item = self.parent[item]
+        return item
+
+    def union(self, keep: str, other: str) -> None:
+        self.parent[self.find(other)] = self.find(keep)
+
+
+def place_quantizers(
+    index: GraphIndex, config: QuantsimConfig, param_type: qtype, activation_type: qtype
+) -> Placement:
+    """Plan every quantizer of the model (see the module docstring for the rules)."""
+    index_tensors = find_index_tensors(index)
+    sites: dict[str, QuantizerPlan] = {}
+    left_in_float: list[tuple[str, str]] = []
+
+    def activation_spec(op_type: str) -> QSpec:
+        rule = config.op_rule(op_type) if op_type else None
+        symmetric = rule.is_symmetric if rule and rule.is_symmetric is not None else config.activation_symmetric
+        return QSpec(activation_type, PerTensor(), symmetric, config.strict_symmetric, config.unsigned_symmetric)
+
+    def quantizable(name: str) -> bool:
+        return index.is_float(name) and name not in index_tensors
+
+    # 1. parameters
+    bias_of_matmul = _matmul_add_biases(index, config)
+    for node in index.nodes:
+        for slot, ptype in PARAM_SLOTS.get(node.op_type, {}).items():
+            if slot >= len(node.input) or not index.is_constant(node.input[slot]) or node.input[slot] in sites:
+                continue
+            name = node.input[slot]
+            if not index.is_float(name):
+                continue
+            sites[name] = _param_plan(index, config, node, slot, ptype, param_type)
+    for name, add_node in bias_of_matmul.items():
+        if name not in sites:
+            flags = config.param_flags("Add", "bias")
+            spec = QSpec(param_type, PerTensor(), bool(flags.is_symmetric), config.strict_symmetric, config.unsigned_symmetric)
+            sites[name] = QuantizerPlan(name, "param", [name], spec, bool(flags.is_quantized), "bias", "Add",
+                                        index.shape.get(name), 0)
+
+    # 2. activations: model inputs, node outputs, constants feeding elementwise ops
+    for name in index.graph_inputs:
+        if quantizable(name):
+            sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(""), config.model_input_quantized)
+    for node in index.nodes:
+        if node.op_type in SUBGRAPH_OPS:
+            left_in_float.append((node.name, f"{node.op_type} body is not quantized (subgraph ops run in float)"))
+        rule = config.op_rule(node.op_type)
+        for name in node.output:
+            if not name or name in sites:
+                continue
+            if name not in index.elem_type and name not in index_tensors:
+                left_in_float.append((name, "type unknown after shape inference"))
+                continue
+            if not quantizable(name):
+                continue
+            if rule.is_output_quantized is not None:
+                enabled = rule.is_output_quantized
+            else:
+                enabled = config.output_quantized and node.op_type not in GRID_PRESERVING
+            if config.model_output_quantized and name in index.graph_outputs:
+                enabled = True
+            sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(node.op_type), enabled,
+                                        op_type=node.op_type)
+        if node.op_type in CONSTANT_INPUT_OPS:
+            for slot, name in enumerate(node.input):
+                if (node.op_type == "Where" and slot == 0) or not index.is_constant(name) or name in sites:
+                    continue
+                if quantizable(name):
+                    sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(""),
+                                                config.model_input_quantized, shape=index.shape.get(name))
+
+    # 3. supergroups and MatmulAdd
+    for node in index.nodes:
+        for pattern in config.supergroups:
+            chain = _match_chain(index, node, pattern)
+            for member in chain[:-1]:
+                for name in member.output:
+                    if name in sites:
+                        sites[name].enabled = False
+    for add_node in bias_of_matmul.values():
+        matmul_out = next(n for n in add_node.input if not index.is_constant(n))
+        if matmul_out in sites:
+            sites[matmul_out].enabled = False
+
+    # 4. ties
+    ties = _UnionFind()
+    enabled_act = {n for n, p in sites.items() if p.role == "activation" and p.enabled}
+    for node in index.nodes:
+        if node.op_type in FORWARD_TIED and node.input and node.input[0] in enabled_act:
+            for out in node.output:
+                if out in enabled_act:
+                    ties.union(node.input[0], out)
+        if node.op_type in BACKWARD_TIED and node.output[0] in enabled_act:
+            for name in node.input:
+                source = _closest_quantized_source(index, name, enabled_act)
+                if source is not None:
+                    ties.union(node.output[0], source)
+    groups: dict[str, QuantizerPlan] = {}
+    for name, plan in sites.items():
+        root = ties.find(name) if plan.role == "activation" and plan.enabled else name
+        if root == name:
+            groups.setdefault(name, plan)
+        else:
+            groups.setdefault(root, sites[root])
+    for name, plan in sites.items():
+        root = ties.find(name) if plan.role == "activation" and plan.enabled else name
+        if root != name:
+            groups[root].tensors.append(name)
+    return Placement(list(groups.values()), left_in_float, index_tensors)
+
+
+def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:
+    name = node.input[slot]
+    shape = index.shape.get(name)
+    flags = config.param_flags(node.op_type, ptype)
+    dtype = param_type
+    if node.op_type in NORM_OPS and not dtype.is_float and dtype.bits < 8:
+        dtype = int8
+    axis = channel_axis_of(node, slot, shape)
+    granularity = PerTensor()
+    if config.per_channel_for(node.op_type) and axis is not None and shape and len(shape) >= 1:
+        granularity = PerChannel(axis)
+    spec = QSpec(dtype, granularity, bool(flags.is_symmetric), config.strict_symmetric, config.unsigned_symmetric)
+    return QuantizerPlan(name, "param", [name], spec, bool(flags.is_quantized), ptype, node.op_type, shape, axis)
+
+
+def _matmul_add_biases(index: GraphIndex, config: QuantsimConfig) -> dict[str, onnx.NodeProto]:
+    """``{bias constant: Add node}`` for ``Add(MatMul(x, W), b)`` when the MatmulAdd pass is configured."""
+    if "MatmulAdd" not in config.supergroup_pass_list:
+        return {}
+    found = {}
+    for node in index.nodes:
+        if node.op_type != "MatMul" or not node.output:
+            continue
+        add = index.single_consumer(node.output[0])
+        if add is None or add.op_type != "Add":
+            continue
+        others = [n for n in add.input if n != node.output[0]]
+        if len(others) == 1 and index.is_constant(others[0]) and index.is_float(others[0]):
+            found[others[0]] = add
+    return found
+
+
+def _match_chain(index: GraphIndex, node: onnx.NodeProto, pattern: tuple[str, ...]) -> list[onnx.NodeProto]:
+    if node.op_type != pattern[0]:
+        return []
+    chain = [node]
+    for op_type in pattern[1:]:
+        if len(chain[-1].output) != 1:
+            return []
+        nxt = index.single_consumer(chain[-1].output[0])
+        if nxt is None or nxt.op_type != op_type:
+            return []
+        chain.append(nxt)
+    return chain
+
+
+def _closest_quantized_source(index: GraphIndex, name: str, enabled: set[str]) -> str | None:
+    """The tensor whose quantizer a Concat input should share, walking up through grid-preserving ops."""
+    current = name
+    while True:
+        if len(index.uses(current)) != 1 or current in index.graph_outputs:
+            return None
+        if current in enabled:
+            return current
+        producer = index.producer_of(current)
+        if producer is None or producer.op_type not in GRID_PRESERVING or producer.op_type == "Cast":
+            return None
+        data_inputs = [n for n in producer.input[:1] if n]
+        if not data_inputs:
+            return None
+        current = data_inputs[0]

@@ -1,0 +1,35 @@
+"""Readable text summary of a sim: quantizers by tensor and what stays in float, and why."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["summarize"]
+
+
+def _range(q) -> str:
+    enc = q.encoding
+    if q.spec.is_float:
+        return "fp16 cast"
+    if enc is None:
+        return "uncalibrated"
+    lo, hi = np.min(enc.min), np.max(enc.max)
+    return f"[{lo:.6g}, {hi:.6g}]" + (f" over {enc.scale.size} scales" if enc.scale.size > 1 else "")
+
+
+def summarize(sim) -> str:
+    """One line per quantized tensor (role, spec, enabled, frozen, range) and the float leftovers."""
+    rows = [("tensor", "role", "spec", "enabled", "frozen", "range")]
+    for q in sim.quantizers:
+        for tensor in q.tensors:
+            tied = "" if tensor == q.name else f" (tied to {q.name})"
+            rows.append((tensor + tied, q.role, q.spec.describe(), "yes" if q.enabled else "no",
+                         "yes" if q.is_encoding_frozen() else "no", _range(q)))
+    widths = [min(max(len(r[i]) for r in rows), 60) for i in range(len(rows[0]))]
+    lines = [f"QuantizationSimModel of {sim._label}: {len(sim.quantizers)} quantizers "
+             f"({sum(q.enabled for q in sim.quantizers)} enabled), param {sim.param_type}, "
+             f"activation {sim.activation_type}, scheme {sim._quant_scheme.name}, config {sim.config.source}"]
+    lines += ["  ".join(cell[:60].ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    if sim.left_in_float:
+        lines.append("left in float:")
+        lines += [f"  {what}: {why}" for what, why in sim.left_in_float]
+    return "\n".join(lines)
