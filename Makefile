@@ -21,3 +21,6 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.bench_core

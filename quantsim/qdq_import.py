@@ -8,6 +8,8 @@ Patterns recognised (everything else is left as it is, with a warning or, when s
 * ``DequantizeLinear(integer initializer)``: a weight; the float weight is the dequantized value and the
   encoding comes from the DQ (per-axis, or blocked for 2-D weights). int32 biases become float biases.
 * ``Cast(float16) -> Cast(float)``: a float16 quantizer.
+* A Q/DQ pair right after a data-movement op that repeats the parameters of the DQ feeding that op
+  (the derived pairs `quantsim.export.qdq` adds) is dropped without an encoding: it is an identity.
 
 Naming: the float tensor keeps the name read by the Q, except for graph outputs and when that name
 is ``<name>/...`` of the DQ's output (this SDK's own export convention): then it keeps the DQ output's.
@@ -110,6 +112,10 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
                     source = producer.input[0]
             enc = _encoding(index, node, _storage(index, node), clip)
             name = _float_name(index, source, target)
+            if clip is None and _is_derived(index, node, source):
+                renames[target if name == source else source] = name
+                remove.update({node.name, dq.name})
+                continue
             kind = "param" if index.is_constant(source) else "activation"
             records.append(TensorEncoding.from_encoding(name, enc, kind))
             renames[target if name == source else source] = name
@@ -135,6 +141,23 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     graph.initializer.extend(initializers)
     del graph.value_info[:]
     return work, records
+
+
+def _is_derived(index: GraphIndex, q: onnx.NodeProto, source: str) -> bool:
+    """True for a Q/DQ pair after a data-movement op that repeats its input's Q/DQ parameters."""
+    from .export.qdq import GRID_MOVEMENT_OPS
+
+    producer = index.producer_of(source)
+    if producer is None or producer.op_type not in GRID_MOVEMENT_OPS or not producer.input:
+        return False
+    upstream = index.producer_of(producer.input[0])
+    if upstream is None or upstream.op_type != "DequantizeLinear" or len(upstream.input) != len(q.input):
+        return False
+    return all(
+        a == b or (index.is_constant(a) and index.is_constant(b)
+                   and np.array_equal(index.constant_value(a), index.constant_value(b)))
+        for a, b in zip(upstream.input[1:], q.input[1:])
+    )
 
 
 def _resolve(name: str, renames: dict[str, str]) -> str:

@@ -255,12 +255,13 @@ class QuantizationSimModel:
         return make_session(self.to_onnx_qdq(), self.providers, fuse_qdq=True,
                             session_options_kwargs=self._session_options_kwargs)
 
-    def to_onnx_qdq(self) -> onnx.ModelProto:
-        """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs; equals the sim."""
+    def to_onnx_qdq(self, *, int32_bias: bool = True) -> onnx.ModelProto:
+        """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases
+        (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases)."""
+        from .export.qdq import to_qdq_model
+
         self._ensure_param_encodings()
-        model = build_sim_model(self.model, self._quantizers, weights="qdq")
-        onnx.helper.set_model_props(model, {"producer": "quantsim"})
-        return model
+        return to_qdq_model(self, int32_bias=int32_bias)
 
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",

@@ -1,0 +1,1 @@
+"""Deployable exports: standard QDQ, a fully integer model, and fixed-point requantization tables."""

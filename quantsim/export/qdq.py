@@ -1,0 +1,166 @@
+"""Standard QDQ export: what ``sim.to_onnx_qdq()`` returns.
+
+Starting from the sim graph built with prequantized weights (integer initializers + DequantizeLinear,
+activation Q/DQ pairs; see `quantsim.simulate`), two rewrites make it the form onnxruntime fuses into
+integer kernels and other toolchains expect:
+
+* **int32 bias**: a float bias of Conv / ConvTranspose / Gemm whose input and weight both come from
+  DequantizeLinear (input per tensor) becomes ``DequantizeLinear(int32 codes, s_in * s_w)`` with zero
+  point 0 (per output channel when the weight is per channel); see `quantsim.export.bias`.
+* **derived Q/DQ after data movement**: the output of a Reshape, Flatten, Transpose, MaxPool, ... whose
+  input is quantized holds values of the same grid; a Q/DQ pair with the input's parameters is added
+  after it (exact: an identity on those values) so onnxruntime sees a complete node unit and keeps the
+  tensor in 8 bits (AIMET's export adds the same derived encodings).
+* **zero points by type**: at opset >= 21 a zero point that is all zero is dropped; QuantizeLinear then
+  names its storage type with the ``output_dtype`` attribute and DequantizeLinear takes the type from its
+  input. Below opset 21 (no ``output_dtype``) the zero-point tensors stay.
+
+IR and opset are set explicitly: the opset is the model's, raised only as far as the quantizers need
+(13 for per-channel, 21 for int4/int16/blocked grids), never above what onnxruntime loads.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..graph import GraphIndex
+from .bias import quantize_bias
+
+__all__ = ["to_qdq_model", "quantize_biases", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
+
+#: ops whose output values are a subset of their (single quantized) data input's values
+GRID_MOVEMENT_OPS = frozenset(
+    """Reshape Flatten Transpose Squeeze Unsqueeze MaxPool GlobalMaxPool Slice Expand Tile Identity
+    DepthToSpace SpaceToDepth Gather Split""".split()
+)
+
+_BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+_WEIGHT_AXIS_FOR_OUTPUT = {"Conv": 0, "ConvTranspose": 1}
+
+
+def _dq_params(index: GraphIndex, name: str):
+    """``(scale array, axis attr)`` of the DequantizeLinear producing ``name``, or None."""
+    node = index.producer_of(name)
+    if node is None or node.op_type != "DequantizeLinear" or not index.is_constant(node.input[1]):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if "block_size" in attrs:
+        return None
+    return index.constant_value(node.input[1]), attrs.get("axis", 1)
+
+
+def quantize_biases(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Replace eligible float biases with int32 codes + DequantizeLinear (module docstring)."""
+    index = GraphIndex(model)
+    replaced: dict[str, onnx.NodeProto] = {}
+    for node in index.nodes:
+        slot = _BIAS_SLOT.get(node.op_type)
+        if slot is None or len(node.input) <= slot or not index.is_constant(node.input[slot]):
+            continue
+        bias_name = node.input[slot]
+        if bias_name in replaced or len(index.uses(bias_name)) != 1:
+            continue
+        x_params, w_params = _dq_params(index, node.input[0]), _dq_params(index, node.input[1])
+        if x_params is None or w_params is None or x_params[0].ndim != 0:
+            continue
+        w_scale, w_axis = w_params
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Gemm":
+            if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0):
+                continue
+            output_axis = 0 if attrs.get("transB", 0) else 1
+        else:
+            output_axis = _WEIGHT_AXIS_FOR_OUTPUT[node.op_type]
+            if node.op_type == "ConvTranspose" and attrs.get("group", 1) != 1 and w_scale.ndim:
+                continue
+        if w_scale.ndim and w_axis % len(index.shape.get(node.input[1]) or (0, 0)) != output_axis:
+            continue
+        bias = index.constant_value(bias_name)
+        codes, scale = quantize_bias(bias, x_params[0], w_scale)
+        codes_name = index.fresh_name(f"{bias_name}/int32")
+        scale_name = index.fresh_name(f"{bias_name}/int32_scale")
+        model.graph.initializer.extend([numpy_helper.from_array(codes, codes_name),
+                                        numpy_helper.from_array(scale, scale_name)])
+        dq_attrs = {"axis": 0} if scale.ndim else {}
+        replaced[bias_name] = helper.make_node(
+            "DequantizeLinear", [codes_name, scale_name], [bias_name], name=index.fresh_name(f"{bias_name}/dequantize"),
+            **dq_attrs,
+        )
+    if replaced:
+        kept = [t for t in model.graph.initializer if t.name not in replaced]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        nodes = list(replaced.values()) + list(model.graph.node)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return model
+
+
+def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Q/DQ pairs after grid-preserving data movement whose input is dequantized (module docstring)."""
+    index = GraphIndex(model)
+    inserted: dict[str, list[onnx.NodeProto]] = {}
+    for node in index.nodes:
+        if node.op_type not in GRID_MOVEMENT_OPS or not node.input:
+            continue
+        source = index.producer_of(node.input[0])
+        if source is None or source.op_type != "DequantizeLinear" or index.is_constant(source.input[0]):
+            continue
+        if any(a.name in ("axis", "block_size") for a in source.attribute):
+            continue
+        params = list(source.input[1:])
+        for position, out in enumerate(node.output):
+            uses = index.uses(out)
+            if not out or (uses and all(u.node.op_type == "QuantizeLinear" for u in uses)):
+                continue
+            raw, codes = index.fresh_name(f"{out}/float"), index.fresh_name(f"{out}/codes")
+            node.output[position] = raw
+            inserted.setdefault(node.name, []).extend([
+                helper.make_node("QuantizeLinear", [raw, *params], [codes], name=index.fresh_name(f"{out}/quantize")),
+                helper.make_node("DequantizeLinear", [codes, *params], [out], name=index.fresh_name(f"{out}/dequantize")),
+            ])
+    if inserted:
+        ordered = []
+        for node in model.graph.node:
+            ordered.append(node)
+            ordered.extend(inserted.get(node.name, ()))
+        del model.graph.node[:]
+        model.graph.node.extend(ordered)
+    return model
+
+
+def drop_zero_zero_points(model: onnx.ModelProto) -> onnx.ModelProto:
+    """At opset >= 21, drop all-zero zero points (Q gets ``output_dtype``); below it, do nothing."""
+    index = GraphIndex(model)
+    if index.opset() < 21:
+        return model
+    dropped = set()
+    for node in model.graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(node.input) < 3:
+            continue
+        zp_name = node.input[2]
+        if not zp_name or not index.is_constant(zp_name) or np.any(index.constant_value(zp_name).astype(np.int64)):
+            continue
+        if node.op_type == "QuantizeLinear":
+            node.attribute.append(helper.make_attribute("output_dtype", index.elem_type[zp_name]))
+        del node.input[2]
+        dropped.add(zp_name)
+    still_used = {n for node in model.graph.node for n in node.input}
+    kept = [t for t in model.graph.initializer if t.name not in dropped or t.name in still_used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
+
+
+def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
+    """The sim as a standard QDQ ModelProto (module docstring)."""
+    from ..simulate import build_sim_model
+
+    model = build_sim_model(sim.model, sim.quantizers, weights="qdq")
+    model = add_derived_qdq(model)
+    if int32_bias:
+        model = quantize_biases(model)
+    model = drop_zero_zero_points(model)
+    onnx.helper.set_model_props(model, {"producer": "quantsim"})
+    return model
