@@ -22,6 +22,24 @@ def best_of(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> floa
     return best
 
 
+def interleaved_best(fns: Mapping[str, Callable[[], object]], repeats: int = 3, warmup: int = 1) -> dict[str, float]:
+    """Best-of wall times for several functions run round-robin (A B C A B C ...).
+
+    Interleaving makes every candidate see the same background load, so ratios between
+    them stay meaningful on a busy machine.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    best = {k: float("inf") for k in fns}
+    for _ in range(max(1, repeats)):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
     t0 = time.perf_counter()
     r = fn()
@@ -83,3 +101,14 @@ def activation_scales(encodings: str | os.PathLike | Mapping) -> dict[str, float
         if name is not None and s is not None and s > 0:
             out[name] = s
     return out
+
+
+def quiet_kwargs(qsm_cls) -> dict:
+    """``{'progress': False}`` if the QuantizationSimModel accepts it (keeps timings free of tqdm bars)."""
+    import inspect
+
+    try:
+        params = inspect.signature(qsm_cls).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"progress": False} if "progress" in params else {}

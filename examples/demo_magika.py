@@ -30,7 +30,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from benchmarks import magika_inputs as mi  # noqa: E402
-from benchmarks.common import best_of, run_feeds, timed, top1_agreement  # noqa: E402
+from benchmarks.common import best_of, interleaved_best, quiet_kwargs, run_feeds, timed, top1_agreement  # noqa: E402
 from benchmarks.fetch_models import cache_dir, fetch_magika  # noqa: E402
 
 
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib", type=int, default=200, help="files used for calibration")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="latency repeats (best of)")
+    ap.add_argument("--no-w8a16", dest="w8a16", action="store_false",
+                    help="skip the extra W8A16 min_max row (int16 activations, for comparison)")
     ap.add_argument("--cache-dir", default=None)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--out-dir", default=None, help="export directory (default: <cache>/demo)")
@@ -84,25 +86,34 @@ def main(argv: list[str] | None = None) -> int:
     # ---- FP32 reference -----------------------------------------------------------------
     fp32 = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     ref = run_feeds(fp32, eval_feeds)
-    t_fp32_cal = best_of(lambda: run_feeds(fp32, cal_feeds), repeats=args.repeats)
+    fp32_cal = lambda: run_feeds(fp32, cal_feeds)  # noqa: E731
 
     # ---- quantsim, both calibration schemes ---------------------------------------------
     model = onnx.load(str(model_path))
     rows, sims = [], {}
-    for scheme in ("min_max", "tf_enhanced"):
+    variants = [("W8A8", "int8", "min_max"), ("W8A8", "int8", "tf_enhanced")]
+    if args.w8a16:  # diagnostic: same weights, 16-bit activations
+        variants.append(("W8A16", "int16", "min_max"))
+    for label, act, scheme in variants:
+        print(f"[demo] calibrating {label} {scheme} ...", file=sys.stderr, flush=True)
         t_build, sim = timed(lambda: QuantizationSimModel(
-            model, param_type="int8", activation_type="int8", quant_scheme=scheme))
+            model, param_type="int8", activation_type=act, quant_scheme=scheme, **quiet_kwargs(QuantizationSimModel)))
+        # FP32 over the same calibration data, measured right before (best of N) -> same machine load
+        t_ref = best_of(fp32_cal, repeats=args.repeats, warmup=0)
         t_cal, _ = timed(lambda: sim.compute_encodings(cal_feeds))
         out = run_feeds(sim.session, eval_feeds)
-        rows.append((scheme, t_build, t_cal, top1_agreement(ref, out), out))
-        sims[scheme] = sim
+        rows.append((f"{label} {scheme}", t_build, t_cal, t_ref, top1_agreement(ref, out), out))
+        sims[(label, scheme)] = sim
 
-    sim = sims["min_max"]
-    t_fp32_eval = best_of(lambda: run_feeds(fp32, eval_feeds), repeats=args.repeats)
-    t_sim_eval = best_of(lambda: run_feeds(sim.session, eval_feeds), repeats=args.repeats)
+    sim = sims[("W8A8", "min_max")]
+    print("[demo] timing inference ...", file=sys.stderr, flush=True)
     one = [{in_name: f[in_name][:1]} for f in eval_feeds[:8]]
-    t_fp32_one = best_of(lambda: run_feeds(fp32, one), repeats=args.repeats) / len(one)
-    t_sim_one = best_of(lambda: run_feeds(sim.session, one), repeats=args.repeats) / len(one)
+    lat = interleaved_best({
+        "fp32": lambda: run_feeds(fp32, eval_feeds), "sim": lambda: run_feeds(sim.session, eval_feeds),
+        "fp32_1": lambda: run_feeds(fp32, one), "sim_1": lambda: run_feeds(sim.session, one),
+    }, repeats=args.repeats)
+    t_fp32_eval, t_sim_eval = lat["fp32"], lat["sim"]
+    t_fp32_one, t_sim_one = lat["fp32_1"] / len(one), lat["sim_1"] / len(one)
 
     # ---- export -------------------------------------------------------------------------
     if args.tmp:
@@ -120,22 +131,25 @@ def main(argv: list[str] | None = None) -> int:
         qdq_out = run_feeds(qdq_sess, eval_feeds)
         n_q = sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
         qdq_note = (f"QDQ model: {qdq_path.name} ({n_q} QuantizeLinear); top-1 vs FP32 "
-                    f"{100 * top1_agreement(ref, qdq_out):.1f}%, vs sim {100 * top1_agreement(rows[0][4], qdq_out):.1f}%, "
-                    f"max |qdq - sim| {float(np.abs(qdq_out - rows[0][4]).max()):.2e}")
+                    f"{100 * top1_agreement(ref, qdq_out):.1f}%, vs sim {100 * top1_agreement(rows[0][5], qdq_out):.1f}%, "
+                    f"max |qdq - sim| {float(np.abs(qdq_out - rows[0][5]).max()):.2e}")
     except Exception as e:  # report, don't hide
         qdq_note = f"QDQ export failed: {type(e).__name__}: {e}"
 
     # ---- report -------------------------------------------------------------------------
     n_eval = int(eval_mask.sum())
-    print(f"\nW8A8 (int8 per-channel weights, int8 activations) on {n_eval} held-out files; "
-          f"{platform.machine()} x{os.cpu_count()}, onnxruntime {ort.__version__}")
-    print(f"  {'scheme':<12}{'top-1 agree':>12}{'calib time':>12}{'vs FP32 fwd':>13}{'build':>8}")
-    for scheme, t_build, t_cal, agree, _ in rows:
-        print(f"  {scheme:<12}{100 * agree:>11.1f}%{t_cal:>11.3f}s{t_cal / t_fp32_cal:>12.1f}x{t_build:>7.2f}s")
-    print(f"  (FP32 onnxruntime over the same {len(cal_idx)} calibration files: {t_fp32_cal * 1e3:.1f} ms, best of {args.repeats})")
+    print(f"\nint8 per-channel weights (default config), FP32-vs-sim top-1 agreement on {n_eval} held-out files; "
+          f"{platform.machine()} x{os.cpu_count()} (load {os.getloadavg()[0]:.1f}), onnxruntime {ort.__version__}")
+    print(f"  {'sim':<18}{'top-1 agree':>12}{'calib time':>12}{'vs FP32 fwd':>13}{'build':>8}")
+    for label, t_build, t_cal, t_ref, agree, _ in rows:
+        print(f"  {label:<18}{100 * agree:>11.1f}%{t_cal:>11.3f}s{t_cal / t_ref:>12.1f}x{t_build:>7.2f}s")
+    print(f"  calib time: one compute_encodings run over {len(cal_idx)} files; 'vs FP32 fwd' divides it by plain "
+          f"onnxruntime FP32 over the same files measured just before (best of {args.repeats}; "
+          f"{', '.join(f'{r[3] * 1e3:.0f}' for r in rows)} ms)")
     print(f"  predictions matching file extension: FP32 {_ext_match(eval_paths, ref, names)}, "
-          f"W8A8 min_max {_ext_match(eval_paths, rows[0][4], names)}")
-    print(f"latency, sim.session vs FP32 session (best of {args.repeats}):")
+          f"W8A8 min_max {_ext_match(eval_paths, rows[0][5], names)}"
+          + (f", W8A16 min_max {_ext_match(eval_paths, rows[2][5], names)}" if len(rows) > 2 else ""))
+    print(f"latency, W8A8 min_max sim.session vs FP32 session (interleaved, best of {args.repeats}):")
     print(f"  batch {args.batch_size:>3}: {t_sim_eval / n_eval * 1e6:8.1f} vs {t_fp32_eval / n_eval * 1e6:8.1f} us/file "
           f"-> {t_sim_eval / t_fp32_eval:.2f}x")
     print(f"  batch   1: {t_sim_one * 1e6:8.1f} vs {t_fp32_one * 1e6:8.1f} us/file -> {t_sim_one / t_fp32_one:.2f}x")

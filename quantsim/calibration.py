@@ -144,6 +144,10 @@ class CalibrationSession:
     def run(self, output_names, input_feed, run_options=None):
         feed = check_feed(input_feed, self._session.get_inputs(), f"calibration batch {self.batches_used + self.batches_skipped}")
         names = output_names or self._outputs.model_outputs
+        unknown = [n for n in names if n not in self._outputs.model_outputs and n not in self._outputs.full]
+        if unknown:
+            raise ValueError(f"calibration session: {unknown} are not outputs of the model "
+                             f"(outputs: {self._outputs.model_outputs})")
         if not _finite_feed(feed):
             self.batches_skipped += 1
             warnings.warn(
@@ -165,6 +169,9 @@ class CalibrationSession:
             self.stats.setdefault(self._groups[tensor], TensorStats()).update_range(lo, hi)
         for tensor, out in self._outputs.full.items():
             data = values[out]
+            if not np.isfinite(data).all():  # same policy as min-max: the tensor ignores this batch
+                self._nonfinite_tensors.add(tensor)
+                continue
             stats = self.stats.setdefault(self._groups[tensor], TensorStats())
             if stats.histogram is None:
                 stats.histogram = HistogramObserver()

@@ -48,8 +48,8 @@ def map_legacy_arguments(args: tuple, legacy: dict, current: dict) -> dict:
         DeprecationWarning,
         stacklevel=3,
     )
-    rounding = legacy.pop("rounding_mode", "nearest")
-    if rounding != "nearest":
+    rounding = legacy.pop("rounding_mode", None)
+    if rounding and rounding != "nearest":  # None (the legacy positional default) means "nearest", as in AIMET
         raise TypeError(f"rounding_mode {rounding!r} is not supported; only 'nearest'")
     legacy.pop("use_symmetric_encodings", None)
     use_cuda, device = legacy.pop("use_cuda", None), legacy.pop("device", None)
@@ -58,11 +58,13 @@ def map_legacy_arguments(args: tuple, legacy: dict, current: dict) -> dict:
             raise RuntimeError("providers cannot be combined with the legacy use_cuda/device arguments")
         if use_cuda:
             current["providers"] = [("CUDAExecutionProvider", {"device_id": device or 0}), "CPUExecutionProvider"]
-    dtype_keys = {"default_param_bw", "default_activation_bw", "default_data_type"} & set(legacy)
-    if dtype_keys:
+    # like AIMET, a legacy dtype argument given as None counts as not given
+    dtype_args = {key: legacy[key] for key in ("default_param_bw", "default_activation_bw", "default_data_type")
+                  if legacy.get(key) is not None}
+    if dtype_args:
         if current.get("param_type_given") or current.get("activation_type_given"):
             raise RuntimeError("the legacy bitwidth/data-type arguments cannot be combined with param_type/activation_type")
-        data_type = legacy.get("default_data_type", QuantizationDataType.int)
-        current["param_type"] = qtype.from_legacy_repr(data_type, int(legacy.get("default_param_bw", 8)))
-        current["activation_type"] = qtype.from_legacy_repr(data_type, int(legacy.get("default_activation_bw", 8)))
+        data_type = dtype_args.get("default_data_type", QuantizationDataType.int)
+        current["param_type"] = qtype.from_legacy_repr(data_type, int(dtype_args.get("default_param_bw", 8)))
+        current["activation_type"] = qtype.from_legacy_repr(data_type, int(dtype_args.get("default_activation_bw", 8)))
     return current

@@ -39,7 +39,11 @@ PARAM_SLOTS: dict[str, dict[int, str]] = {
     "LayerNormalization": {1: "weight", 2: "bias"},
     "GroupNormalization": {1: "weight", 2: "bias"},
     "PRelu": {1: "weight"},
+    "LSTM": {1: "weight", 2: "weight", 3: "bias"},
+    "GRU": {1: "weight", 2: "weight", 3: "bias"},
+    "RNN": {1: "weight", 2: "weight", 3: "bias"},
 }
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 NORM_OPS = frozenset({"BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization"})
 
 GRID_PRESERVING = frozenset(
@@ -94,6 +98,8 @@ def channel_axis_of(node: onnx.NodeProto, slot: int, shape: tuple | None) -> int
     if not shape:
         return None
     rank = len(shape)
+    if node.op_type in RECURRENT_OPS:
+        return 1 if rank >= 2 else 0  # [directions, gates * hidden, ...]
     if slot != 1 or rank == 1:
         return 0
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

@@ -4,7 +4,8 @@ Patterns recognised (everything else is left as it is, with a warning or, when s
 
 * ``[Clip(lo, hi)] -> QuantizeLinear -> DequantizeLinear`` on a tensor: an activation (or constant)
   encoding from the pair's scale / zero point / storage type; a Clip with constant bounds narrows the
-  grid to ``[round(lo/s) + z, round(hi/s) + z]`` (strict symmetric and 2..15-bit grids).
+  grid to ``[round(lo/s) + z, round(hi/s) + z]`` when that is a strict symmetric or 2..15-bit grid
+  inside the container (any other Clip, e.g. a model's Relu6, is the model's own and stays).
 * ``DequantizeLinear(integer initializer)``: a weight; the float weight is the dequantized value and the
   encoding comes from the DQ (per-axis, or blocked for 2-D weights). int32 biases become float biases.
 * ``Cast(float16) -> Cast(float)``: a float16 quantizer.
@@ -42,6 +43,26 @@ def _storage(index: GraphIndex, node: onnx.NodeProto) -> int:
         return index.elem_type[node.input[2]]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     return attrs.get("output_dtype", TensorProto.UINT8) or TensorProto.UINT8
+
+
+def _is_grid_clip(index: GraphIndex, node: onnx.NodeProto, bounds) -> bool:
+    """True when the Clip bounds are the float range of an n-bit or strict grid narrower than the
+    Q's container (what the sim writes); a model's own Clip (Relu6, ...) is not one and stays."""
+    bits, signed = _SIGNED[_storage(index, node)]
+    scale = _constant(index, node.input[1])
+    zp = _constant(index, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if scale is None or scale.ndim != 0 or (zp is not None and zp.ndim != 0):
+        return False
+    s, z = np.float32(scale), int(zp) if zp is not None else 0
+    ratios = [np.float32(b.reshape(())) / s for b in bounds]
+    if any(abs(r - np.rint(r)) > 1e-3 for r in ratios):
+        return False
+    codes = tuple(int(np.rint(r)) + z for r in ratios)
+    for n in range(2, bits + 1):
+        lo, hi = (-(1 << (n - 1)), (1 << (n - 1)) - 1) if signed else (0, (1 << n) - 1)
+        if (n < bits and codes == (lo, hi)) or (signed and codes == (lo + 1, hi)):
+            return True
+    return False
 
 
 def _encoding(index, node, storage, clip_bounds=None, shape=None) -> Encoding:
@@ -106,7 +127,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             clip = None
             if producer is not None and producer.op_type == "Clip" and index.single_consumer(source) is node:
                 bounds = [_constant(index, n) for n in producer.input[1:3]]
-                if all(b is not None for b in bounds):
+                if all(b is not None and b.size == 1 for b in bounds) and _is_grid_clip(index, node, bounds):
                     clip = (float(bounds[0]), float(bounds[1]))
                     remove.add(producer.name)
                     source = producer.input[0]

@@ -7,6 +7,7 @@ import onnxruntime as ort
 __all__ = ["make_session", "DEFAULT_PROVIDERS"]
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
+EXACT_SIM_DISABLED_OPTIMIZERS = ("ReluQuantRewrite", "ClipQuantRewrite")
 
 
 def make_session(
@@ -28,8 +29,26 @@ def make_session(
         if not hasattr(options, key):
             raise AttributeError(f"onnxruntime.SessionOptions has no attribute {key!r}")
         setattr(options, key, value)
+    disabled = None
     if not fuse_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    return ort.InferenceSession(
-        model.SerializeToString(), sess_options=options, providers=list(providers or DEFAULT_PROVIDERS)
-    )
+        # onnxruntime's Relu/Clip -> QuantizeLinear rewrites are only meant to drop a redundant Relu/Clip, but
+        # with 4-bit zero points (ORT 1.32) ReluQuantRewrite drops a Relu that is not redundant (negative
+        # values survive) and ClipQuantRewrite throws at session creation; the exact sim never needs them.
+        disabled = list(EXACT_SIM_DISABLED_OPTIMIZERS)
+    else:
+        # DQ(weight) -> MatMul may become MatMulNBits, which at its default accuracy level computes the
+        # activation in 8 bits: wrong for 16-bit activations. Level 1 keeps float activations there.
+        options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
+    try:
+        return ort.InferenceSession(
+            model.SerializeToString(), sess_options=options, providers=list(providers or DEFAULT_PROVIDERS),
+            disabled_optimizers=disabled,
+        )
+    except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
+        if not fuse_qdq:
+            raise
+        raise RuntimeError(
+            "onnxruntime could not build integer kernels for this sim (its Q/DQ fusion supports 8-bit "
+            f"activations with int8/uint8 weights): {error}. Use the exact sim session instead."
+        ) from error

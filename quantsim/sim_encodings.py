@@ -104,12 +104,12 @@ def _quantizer_args(sim) -> dict:
     }
 
 
-def save_model_atomic(model: onnx.ModelProto, path: Path) -> None:
-    """Serialise ``model`` to a temp file beside ``path`` and rename it into place."""
+def save_model_atomic(model: onnx.ModelProto | bytes, path: Path) -> None:
+    """Serialise ``model`` (or write its serialised bytes) to a temp file beside ``path``; rename it into place."""
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as stream:
-            stream.write(model.SerializeToString())
+            stream.write(model if isinstance(model, bytes) else model.SerializeToString())
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temp, path)
@@ -133,9 +133,11 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
         known = {r.name for r in records}
         records += [r for r in int32_bias_records(sim) if r.name not in known]
     data = encodings_to_dict(records, version, quantizer_args=_quantizer_args(sim), force_activation_as=force)
+    # serialise the model before writing anything, so a failure there leaves both old files in place
+    model_bytes = sim.model.SerializeToString() if export_model else None
     write_json_atomic(path / f"{prefix}.encodings", data)
-    if export_model:
-        save_model_atomic(sim.model, path / f"{prefix}.onnx")
+    if model_bytes is not None:
+        save_model_atomic(model_bytes, path / f"{prefix}.onnx")
 
 
 def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, Encoding | None]:
@@ -214,20 +216,27 @@ def load_encodings_to_sim(sim, path_or_dict, strict: bool = True, *, allow_overw
     """
     version, records, source = _read(path_or_dict)
     if _only is not None:
+        _check_for_model(sim, [r for r in records if r.bits <= 16], source)  # before filtering hides it
         records = [r for r in records if _only(r)]
     return load_records(sim, version, records, source, strict=strict, allow_overwrite=allow_overwrite,
                         disable_missing_quantizers=disable_missing_quantizers)
+
+
+def _check_for_model(sim, records: list[TensorEncoding], source: str) -> list[str]:
+    """Names of ``records`` that are not tensors of the sim's model; raises if that is all of them."""
+    model_tensors = set(sim._index.elem_type) | set(sim._index.producer)
+    unknown = [r.name for r in records if r.name not in model_tensors]
+    if records and len(unknown) == len(records):
+        raise ValueError(f"{source}: none of its {len(records)} tensors (e.g. {unknown[:3]}) exist in {sim._label}; "
+                         "is it for another model?")
+    return unknown
 
 
 def load_records(sim, version: str, records: list[TensorEncoding], source: str, *, strict: bool,
                  allow_overwrite: bool, disable_missing_quantizers: bool) -> list[EncodingMismatch]:
     """`load_encodings_to_sim` on records already read (``version`` says which format they came from)."""
     records = [r for r in records if r.bits <= 16]  # int32 bias entries: derived at export, not simulated
-    model_tensors = set(sim._index.elem_type) | set(sim._index.producer)
-    unknown = [r.name for r in records if r.name not in model_tensors]
-    if records and len(unknown) == len(records):
-        raise ValueError(f"{source}: none of its {len(records)} tensors (e.g. {unknown[:3]}) exist in {sim._label}; "
-                         "is it for another model?")
+    unknown = _check_for_model(sim, records, source)
     mismatches, plan, problems = [], [], []
     for record in records:
         q = sim.qc_quantize_op_dict.get(record.name)

@@ -29,6 +29,7 @@ from .simulate import build_sim_model
 
 __all__ = ["QuantizationSimModel", "load_model"]
 
+_NOT_SPECIFIED = object()  # compute_encodings: no forward_pass_callback_args given (None is a valid value)
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QcQuantizeOp"})
 
 
@@ -176,7 +177,7 @@ class QuantizationSimModel:
                 continue
             q.set_encoding(encoding_for_values(q, self._constant_values(q)))
 
-    def compute_encodings(self, inputs=None, forward_pass_callback_args=None, *, forward_pass_callback=None):
+    def compute_encodings(self, inputs=None, forward_pass_callback_args=_NOT_SPECIFIED, *, forward_pass_callback=None):
         """Calibrate: weight encodings from the initializers, activation encodings from streamed data.
 
         Call forms: ``compute_encodings(iterable_of_feed_dicts)``, ``compute_encodings(callback)`` (called as
@@ -186,8 +187,12 @@ class QuantizationSimModel:
         data = inputs if inputs is not None else forward_pass_callback
         if data is None:
             raise TypeError("compute_encodings needs calibration inputs or a forward-pass callback")
-        if forward_pass_callback_args is not None and not callable(data):
-            raise TypeError("forward_pass_callback_args is only valid with a callback")
+        if forward_pass_callback_args is not _NOT_SPECIFIED:
+            # AIMET calls callback(session, args) whenever args are given, even None
+            if not callable(data):
+                raise TypeError("forward_pass_callback_args is only valid with a callback")
+            callback, callback_args = data, forward_pass_callback_args
+            data = lambda session: callback(session, callback_args)  # noqa: E731
         snapshot = [(q, q.encoding) for q in self._quantizers]
         version = self._version
         try:
@@ -195,7 +200,7 @@ class QuantizationSimModel:
             observed = [q for q in self._quantizers if q.enabled and not q.spec.is_float
                         and not q.is_encoding_frozen() and not self._is_constant_quantizer(q)]
             session = self._calibration_session(observed)
-            stats = run_calibration(session, data, forward_pass_callback_args, progress=self.progress)
+            stats = run_calibration(session, data, progress=self.progress)
             new = {}
             for q in observed:
                 if q.name not in stats:

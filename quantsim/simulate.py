@@ -1,7 +1,8 @@
 """Build the sim graph: the float model with each enabled quantizer as standard ONNX ops.
 
-* int activations: ``QuantizeLinear -> DequantizeLinear`` (ties to even, saturating); grids narrower than
-  their 4/8/16-bit container (strict symmetric, 2..15-bit) get a ``Clip`` to the grid's float range first,
+* int activations: ``QuantizeLinear -> DequantizeLinear`` (ties to even, saturating) in 8-bit (grids up to
+  8 bits, see `activation_container`) or 16-bit types; grids narrower than their container (strict
+  symmetric, 2..7-bit, 9..15-bit) get a ``Clip`` to the grid's float range first,
   which makes the n-bit grid exact: ``clip(x, s(qmin - z), s(qmax - z))`` then quantize equals quantize
   then clamp to ``[qmin, qmax]``.
 * float16: ``Cast(float16) -> Cast(float)``.
@@ -20,10 +21,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .graph import GraphIndex
-from .numerics import Encoding, fake_quantize, fp16_round_trip, quantize
+from .dtypes import int8, int16, qtype
+from .numerics import Encoding, fake_quantize, fp16_round_trip, grid_bounds, quantize
 from .quantizer import QcQuantizeOp
 
-__all__ = ["build_sim_model", "required_opset", "IR_FOR_OPSET", "MAX_ORT_OPSET"]
+__all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET", "MAX_ORT_OPSET"]
 
 MAX_ORT_OPSET = 21
 IR_FOR_OPSET = ((21, 10), (19, 9), (15, 8), (1, 7))
@@ -41,12 +43,27 @@ def required_opset(quantizers: list[QcQuantizeOp], weights: str) -> int:
             continue
         enc = q.encoding
         if q.role == "activation" and enc is not None and enc.is_per_tensor:
-            needed = max(needed, q.spec.dtype.min_opset(), 13 if not enc.full_storage_range else 10)
+            container = activation_container(q.spec.dtype)
+            needed = max(needed, container.min_opset(), 13 if _needs_clip(enc, container) else 10)
         elif weights == "qdq" and enc is not None:
             needed = max(needed, q.spec.dtype.min_opset(), 13 if enc.axis is not None else 10)
             if enc.block_size is not None:
                 needed = max(needed, 21)
     return needed
+
+
+def activation_container(dtype: qtype) -> qtype:
+    """The Q/DQ type carrying an activation grid: 8 bits for grids up to 8 bits, else 16.
+
+    4-bit activation grids ride in 8-bit Q/DQ behind a Clip rather than in int4/uint4: onnxruntime
+    1.32 drops a non-redundant Relu before a 4-bit QuantizeLinear and fuses 4-bit Q/DQ around Conv into
+    QLinearConv, which has no 4-bit kernel. The values are the same grid either way.
+    """
+    return int8 if dtype.bits <= 8 else int16
+
+
+def _needs_clip(enc: Encoding, container: qtype) -> bool:
+    return (enc.qmin, enc.qmax) != grid_bounds(container.bits, enc.signed)
 
 
 def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
@@ -159,14 +176,15 @@ class _SimBuilder:
                 helper.make_node("Cast", [mid], [target], name=f"{base}/cast_fp32", to=TensorProto.FLOAT),
             ]
         enc = q.encoding
-        storage = q.spec.dtype.storage_type(enc.signed)
+        container = activation_container(q.spec.dtype)
+        storage = container.storage_type(enc.signed)
         scale_name, zp_name = self.index.fresh_name(f"{base}/scale"), self.index.fresh_name(f"{base}/zero_point")
         self.new_initializers += [
             _scalar(scale_name, np.float32(enc.scale), TensorProto.FLOAT),
             _scalar(zp_name, int(enc.zero_point), storage),
         ]
         nodes = []
-        if not enc.full_storage_range:
+        if _needs_clip(enc, container):
             scale = np.float32(enc.scale)
             lo = np.float32(scale * np.float32(enc.qmin - int(enc.zero_point)))
             hi = np.float32(scale * np.float32(enc.qmax - int(enc.zero_point)))

@@ -15,12 +15,13 @@ Builders (``BUILDERS`` maps names to them):
 * ``concat``           Concat(Relu(Conv(x)), MaxPool(Conv(x))) -> Conv
 * ``gemm``             Gemm(transB=1) -> Relu -> Gemm(transB=0)
 * ``matmul``           MatMul(W) -> Add(b) -> Relu -> MatMul(W2)              (opset 21)
-* ``pool``             Conv -> Relu -> AveragePool -> Conv -> GlobalAveragePool -> Flatten -> Gemm
+* ``pool``             Conv -> Relu -> AveragePool(3x3) -> Conv -> GlobalAveragePool -> Flatten -> Gemm
 * ``layernorm``        MatMul -> LayerNormalization                            (opset 21)
 * ``softmax``          MatMul -> Softmax
 * ``resize``           Conv -> Relu -> Resize(nearest, scales) -> Conv
 * ``mixed``            several of the above, two graph outputs (``probs``, ``embedding``), the second
                        also consumed inside the graph; a Reshape on the way
+* ``avgpool_ties``     Relu -> AveragePool(2x2) with exact rounding ties (not in ``BUILDERS``)
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["BUILDERS", "IR_FOR_OPSET", "make_model", "image_feeds"]
+__all__ = ["BUILDERS", "IR_FOR_OPSET", "make_model", "image_feeds", "avgpool_ties"]
 
 IR_FOR_OPSET = {17: 8, 21: 10}
 
@@ -218,8 +219,9 @@ def pool():
     nodes = [
         _conv("conv1", "x", "conv1.w", "conv1.b", "conv1.out", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["conv1.out"], ["relu1.out"], name="relu1"),
-        helper.make_node("AveragePool", ["relu1.out"], ["avg.out"], name="avg", kernel_shape=[2, 2],
-                         strides=[2, 2]),
+        # 3x3 (divisor 9): an average of grid values is never an exact rounding tie (see avgpool_ties)
+        helper.make_node("AveragePool", ["relu1.out"], ["avg.out"], name="avg", kernel_shape=[3, 3],
+                         strides=[1, 1]),
         _conv("conv2", "avg.out", "conv2.w", "conv2.b", "conv2.out", pads=[1, 1, 1, 1]),
         helper.make_node("GlobalAveragePool", ["conv2.out"], ["gap.out"], name="gap"),
         helper.make_node("Flatten", ["gap.out"], ["flat.out"], name="flat", axis=1),
@@ -227,6 +229,17 @@ def pool():
     ]
     model = make_model(nodes, [_input("x", "N", 3, 8, 8)], [_output("y", "N", 4)], inits)
     return model, image_feeds("x", 3, 8)
+
+
+def avgpool_ties():
+    """Relu -> AveragePool 2x2, both tied to the input quantizer: averages of 4 grid values are exact
+    rounding ties whenever their code sum is 2 mod 4 (not in `BUILDERS`: it is about ties, not fidelity)."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["relu.out"], name="relu"),
+        helper.make_node("AveragePool", ["relu.out"], ["y"], name="avg", kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    model = make_model(nodes, [_input("x", "N", 4, 8, 8)], [_output("y", "N", 4, 4, 4)], [])
+    return model, image_feeds("x", 4, 8)
 
 
 def layernorm():

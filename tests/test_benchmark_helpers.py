@@ -190,6 +190,12 @@ def test_best_of_returns_minimum():
     assert len(calls) == 5 and t >= 0
 
 
+def test_interleaved_best_runs_round_robin():
+    order = []
+    t = common.interleaved_best({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeats=2, warmup=1)
+    assert order == ["a", "b"] * 3 and set(t) == {"a", "b"} and min(t.values()) >= 0
+
+
 def test_synthetic_models_run():
     ort = pytest.importorskip("onnxruntime")
     from benchmarks import models

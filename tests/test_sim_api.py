@@ -200,6 +200,19 @@ def test_legacy_positional_arguments():
     assert sim.qc_quantize_op_dict["x"].quant_scheme is QuantScheme.post_training_tf_enhanced
 
 
+def test_legacy_none_placeholders_mean_default():
+    """AIMET's legacy signature defaults are None: None rounding_mode / bitwidths are 'not given'."""
+    with pytest.warns(DeprecationWarning):
+        sim = QuantizationSimModel(make_model(), None, "tf", None, 4, 16, None, None, None, progress=False)
+    assert sim.qc_quantize_op_dict["W"].bitwidth == 4 and sim.qc_quantize_op_dict["x"].bitwidth == 16
+    with pytest.warns(DeprecationWarning):
+        sim = new_sim(rounding_mode=None, default_param_bw=None, default_activation_bw=16)
+    assert sim.qc_quantize_op_dict["W"].bitwidth == 8 and sim.qc_quantize_op_dict["x"].bitwidth == 16
+    with pytest.warns(DeprecationWarning):
+        sim = new_sim(default_param_bw=None, default_data_type=None, param_type="int4")
+    assert sim.qc_quantize_op_dict["W"].bitwidth == 4
+
+
 def test_legacy_default_data_type_float():
     with pytest.warns(DeprecationWarning):
         sim = new_sim(default_param_bw=16, default_activation_bw=16, default_data_type=QuantizationDataType.float)
@@ -227,10 +240,11 @@ def test_mixing_legacy_bitwidth_with_param_type_is_runtime_error():
             new_sim(default_activation_bw=16, activation_type="int16")
 
 
-def test_use_cuda_with_providers_is_runtime_error():
+@pytest.mark.parametrize("legacy", [{"use_cuda": True}, {"use_cuda": True, "device": 0}, {"device": 1}])
+def test_use_cuda_with_providers_is_runtime_error(legacy):
     with pytest.raises(RuntimeError, match="providers"):
         with pytest.warns(DeprecationWarning):
-            new_sim(use_cuda=True, providers=["CPUExecutionProvider"])
+            new_sim(providers=["CPUExecutionProvider"], **legacy)
 
 
 def test_use_symmetric_encodings_legacy_is_ignored():
@@ -328,6 +342,31 @@ def test_compute_encodings_legacy_callback_with_args():
     reference = new_sim()
     reference.compute_encodings(batches())
     assert snapshot(sim) == snapshot(reference)
+
+
+def test_compute_encodings_legacy_callback_with_none_args():
+    """AIMET passes forward_pass_callback_args through whenever it is given, None included."""
+    received = []
+
+    def callback(session, args):
+        received.append(args)
+        for feed in batches():
+            session.run(None, feed)
+
+    sim = new_sim()
+    sim.compute_encodings(callback, None)
+    sim.compute_encodings(forward_pass_callback=callback, forward_pass_callback_args=None)
+    assert received == [None, None]
+    reference = new_sim()
+    reference.compute_encodings(batches())
+    assert snapshot(sim) == snapshot(reference)
+
+
+def test_compute_encodings_args_with_iterable_is_type_error():
+    sim = new_sim()
+    with pytest.raises(TypeError):
+        sim.compute_encodings(batches(), None)
+    assert enc_of(sim, "x") is None
 
 
 def test_compute_encodings_callback_keywords():
@@ -719,7 +758,8 @@ def test_set_and_freeze_param_encodings(tmp_path, version):
     sim = new_sim()
     sim.compute_encodings(batches(seed=50, scale=3.0))
     acts_before = {n: snapshot(sim)[n] for n in sim.activation_names}
-    sim.set_and_freeze_param_encodings(str(path))
+    with pytest.warns(UserWarning, match="bitwidth is 8 in the sim but 4 in the file"):
+        sim.set_and_freeze_param_encodings(str(path))
     after = snapshot(sim)
     for name in ("W", "W2"):
         q = sim.qc_quantize_op_dict[name]
@@ -875,7 +915,6 @@ def test_export_write_failure_mid_file_keeps_old_file(tmp_path, monkeypatch):
     sim.compute_encodings(batches())
 
     import quantsim.encodings.jsonio as jsonio
-    import quantsim.sim_encodings as sim_encodings
 
     real_fsync = os.fsync
 
@@ -889,11 +928,42 @@ def test_export_write_failure_mid_file_keeps_old_file(tmp_path, monkeypatch):
     assert (tmp_path / "model.encodings").read_bytes() == old_encodings
     assert sorted(os.listdir(tmp_path)) == ["model.encodings", "model.onnx"]
 
-    # the model write fails: the (new) encodings may be written, but the old model stays whole
+
+
+def test_export_model_serialisation_failure_keeps_both_old_files(tmp_path, monkeypatch):
+    sim = calibrated_sim()
+    sim.export(str(tmp_path), "model")
+    old_encodings = (tmp_path / "model.encodings").read_bytes()
+    old_model = (tmp_path / "model.onnx").read_bytes()
+    sim.qc_quantize_op_dict["x"].set_bitwidth(4)
+    sim.compute_encodings(batches())
+
     def broken_serialise(self):
-        raise OSError("serialisation failed (simulated)")
+        raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB (simulated)")
 
     monkeypatch.setattr(onnx.ModelProto, "SerializeToString", broken_serialise)
+    with pytest.raises(ValueError, match="simulated"):
+        sim.export(str(tmp_path), "model")
+    monkeypatch.undo()
+    # nothing was replaced: the pair on disk is still the consistent old one
+    assert (tmp_path / "model.onnx").read_bytes() == old_model
+    assert (tmp_path / "model.encodings").read_bytes() == old_encodings
+    assert sorted(os.listdir(tmp_path)) == ["model.encodings", "model.onnx"]
+    sim.export(str(tmp_path), "model")
+    assert json.loads((tmp_path / "model.encodings").read_text())["activation_encodings"][0]["bw"] == 4
+
+
+def test_export_model_write_failure_keeps_old_model(tmp_path, monkeypatch):
+    import quantsim.sim_encodings as sim_encodings
+
+    sim = calibrated_sim()
+    sim.export(str(tmp_path), "model")
+    old_model = (tmp_path / "model.onnx").read_bytes()
+
+    def failing_fsync(fd):
+        raise OSError("I/O error (simulated)")
+
+    monkeypatch.setattr(sim_encodings.os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="simulated"):
         sim_encodings.save_model_atomic(sim.model, tmp_path / "model.onnx")
     monkeypatch.undo()

@@ -11,6 +11,11 @@ integer kernels and other toolchains expect:
   input is quantized holds values of the same grid; a Q/DQ pair with the input's parameters is added
   after it (exact: an identity on those values) so onnxruntime sees a complete node unit and keeps the
   tensor in 8 bits (AIMET's export adds the same derived encodings).
+* **16-bit weight containers where no integer kernel applies**: a MatMul/Gemm whose activation input is
+  not an 8-bit Q/DQ tensor runs in float in onnxruntime anyway, but ``DequantizeLinear(int8 weight) ->
+  MatMul`` would be rewritten into MatMulNBits, which computes the activation in 8 bits (hundreds of
+  16-bit steps off); a float weight instead would be requantized by onnxruntime's WeightBiasQuantization.
+  Such weights keep their codes in an int16/uint16 container: the same values, no rewrite.
 * **zero points by type**: at opset >= 21 a zero point that is all zero is dropped; QuantizeLinear then
   names its storage type with the ``output_dtype`` attribute and DequantizeLinear takes the type from its
   input. Below opset 21 (no ``output_dtype``) the zero-point tensors stay.
@@ -22,12 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ..graph import GraphIndex
 from .bias import quantize_bias
 
-__all__ = ["to_qdq_model", "quantize_biases", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
+__all__ = ["to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
 
 #: ops whose output values are a subset of their (single quantized) data input's values
 GRID_MOVEMENT_OPS = frozenset(
@@ -130,6 +135,40 @@ def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+_WIDER = {TensorProto.INT8: TensorProto.INT16, TensorProto.UINT8: TensorProto.UINT16,
+          TensorProto.INT4: TensorProto.INT16, TensorProto.UINT4: TensorProto.UINT16}
+
+
+def _widened(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    wide = helper.tensor_dtype_to_np_dtype(_WIDER[tensor.data_type])
+    return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.int64).astype(wide), tensor.name)
+
+
+def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Store MatMul/Gemm weight codes in 16-bit containers when the activation input is not 8-bit
+    (module docstring); the codes and hence the values are unchanged."""
+    index = GraphIndex(model)
+    widen: set[str] = set()
+    for node in index.nodes:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        activation = index.producer_of(node.input[0])
+        eight_bit = (activation is not None and activation.op_type == "DequantizeLinear"
+                     and len(activation.input) > 2  # zero points are still explicit at this stage
+                     and index.elem_type.get(activation.input[2]) in (TensorProto.UINT8, TensorProto.INT8))
+        weight = index.producer_of(node.input[1])
+        if eight_bit or weight is None or weight.op_type != "DequantizeLinear":
+            continue
+        names = [n for i, n in enumerate(weight.input) if n and i != 1 and index.is_constant(n)]
+        if all(index.elem_type.get(n) in _WIDER for n in names) and index.is_constant(weight.input[0]):
+            widen.update(names)
+    if widen:
+        initializers = [_widened(t) if t.name in widen else t for t in model.graph.initializer]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(initializers)
+    return model
+
+
 def drop_zero_zero_points(model: onnx.ModelProto) -> onnx.ModelProto:
     """At opset >= 21, drop all-zero zero points (Q gets ``output_dtype``); below it, do nothing."""
     index = GraphIndex(model)
@@ -159,6 +198,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
 
     model = build_sim_model(sim.model, sim.quantizers, weights="qdq")
     model = add_derived_qdq(model)
+    model = wide_weights_for_wide_activations(model)
     if int32_bias:
         model = quantize_biases(model)
     model = drop_zero_zero_points(model)

@@ -1,22 +1,112 @@
-"""Model preparation: the passes that turn a user's ONNX model into the graph the sim is built on."""
+"""Model preparation: the passes that turn a user's ONNX model into the graph the sim is built on,
+and the on-disk cache that makes doing it twice free.
+
+``prepare(model)`` copies the model and runs ``default_passes()`` on the copy:
+
+1. ``check_graph``                clear errors for cycles, dangling inputs, values written twice; topological order
+2. ``upgrade_opset``              default-domain opset < 13 -> 13; opset/IR above onnxruntime's maximum -> error
+3. ``name_nodes``                 unique, stable node names
+4. ``constants_to_initializers``  Constant nodes -> initializers (Paddle-style weights)
+5. ``infer_shapes``               best effort; a failure warns and goes on without shapes
+6. ``fold_batchnorm``             BatchNormalization into the preceding Conv/ConvTranspose/Gemm (optional)
+7. ``fold_constants``             constant-only nodes -> initializers (optional)
+8. ``infer_shapes``               again, for what the folds created
+9. ``optimize_with_ort``, ``name_nodes``, ``infer_shapes``   onnxruntime basic optimisations (optional, off)
+
+The caller's ModelProto is never modified; outputs stay numerically the same. The result is cached on
+disk (see ``cache``): a second ``prepare`` of the same model with the same passes and options loads it
+instead of running the passes.
+"""
 from __future__ import annotations
+
+import os
 
 import onnx
 
-from .passes import constants_to_initializers, infer_shapes, name_nodes
+from .cache import cache_info, cache_key, cache_size, clear_cache, load_cached, store_cached
+from .common import PrepareError, PrepareWarning
+from .passes import (
+    check_graph,
+    constants_to_initializers,
+    fold_batchnorm,
+    fold_constants,
+    infer_shapes,
+    name_nodes,
+    optimize_with_ort,
+    upgrade_opset,
+)
 
-__all__ = ["prepare", "DEFAULT_PASSES"]
+__all__ = [
+    "prepare",
+    "default_passes",
+    "DEFAULT_PASSES",
+    "PrepareError",
+    "PrepareWarning",
+    "clear_cache",
+    "cache_info",
+    "cache_size",
+    "check_graph",
+    "name_nodes",
+    "constants_to_initializers",
+    "upgrade_opset",
+    "infer_shapes",
+    "fold_batchnorm",
+    "fold_constants",
+    "optimize_with_ort",
+]
 
-DEFAULT_PASSES = (name_nodes, constants_to_initializers, infer_shapes)
+
+def default_passes(*, fold_batchnorm: bool = True, fold_constants: bool = True, optimize: bool = False) -> tuple:
+    """The pass list ``prepare`` runs for these options (see the module docstring)."""
+    from . import passes
+
+    chosen = [passes.check_graph, passes.upgrade_opset, passes.name_nodes, passes.constants_to_initializers,
+              passes.infer_shapes]
+    if fold_batchnorm:
+        chosen.append(passes.fold_batchnorm)
+    if fold_constants:
+        chosen.append(passes.fold_constants)
+    if fold_batchnorm or fold_constants:
+        chosen.append(passes.infer_shapes)
+    if optimize:
+        chosen += [passes.optimize_with_ort, passes.name_nodes, passes.infer_shapes]
+    return tuple(chosen)
 
 
-def prepare(model: onnx.ModelProto, passes=DEFAULT_PASSES) -> onnx.ModelProto:
-    """Run ``passes`` in order on a copy of ``model`` and return the prepared copy.
+DEFAULT_PASSES = default_passes()
 
-    The caller's ModelProto is never modified.
+
+def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True, fold_constants: bool = True,
+            optimize: bool = False, cache: bool = True,
+            cache_dir: str | os.PathLike | None = None) -> onnx.ModelProto:
+    """Return a prepared copy of ``model``; the caller's ModelProto is not modified.
+
+    ``passes`` replaces the default list (then the three folding/optimising flags must keep their
+    defaults). With ``cache`` the result is looked up in and stored to the on-disk cache under
+    ``cache_dir`` (default: ``$QUANTSIM_CACHE_DIR`` or ``~/.cache/quantsim``). Raises ``PrepareError``
+    for models that cannot be prepared (cycles, dangling inputs, unsupported opset, ...).
     """
+    options = {"fold_batchnorm": fold_batchnorm, "fold_constants": fold_constants, "optimize": optimize}
+    if passes is None:
+        chosen = default_passes(**options)
+    elif (fold_batchnorm, fold_constants, optimize) != (True, True, False):
+        raise ValueError("pass either `passes` or the fold_batchnorm/fold_constants/optimize flags, not both")
+    else:
+        chosen = tuple(passes)
+    key = cache_key(model, chosen, options) if cache else None
+    if key is not None:
+        cached = load_cached(key, cache_dir)
+        if cached is not None:
+            return cached
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    for run_pass in passes:
-        work, _ = run_pass(work)
+    work = _run_passes(work, chosen)
+    if key is not None:
+        store_cached(key, work, cache_dir)
     return work
+
+
+def _run_passes(model: onnx.ModelProto, passes) -> onnx.ModelProto:
+    for run_pass in passes:
+        model, _ = run_pass(model)
+    return model

@@ -1,0 +1,218 @@
+"""Integer export benchmark: onnxruntime latency of FP32, our QDQ and integer models, and ORT's quantizer.
+
+    python -m benchmarks.bench_integer [--size 224] [--repeats 30] [--threads 0]
+
+Two conv nets built here with seeded He-initialised weights (BN already folded into the convs):
+
+* ``resnet_style``: 7x7/2 stem + Relu, 3x3/2 MaxPool, four stages of one basic block (3x3 Conv+Relu,
+  3x3 Conv, 1x1/2 projection when the shape changes, Add+Relu), GlobalAveragePool, Flatten, Gemm(1000);
+* ``mobilenet_style``: 3x3/2 stem + Relu6 (Clip 0-6), MobileNetV2-like inverted residuals (1x1 expand +
+  Relu6, 3x3 depthwise + Relu6, 1x1 linear project, residual Add), 1x1 Conv + Relu6, GAP, Flatten, Gemm.
+
+One process, one run: the same N(0,1) calibration batches calibrate the sim (min-max, uint8 asymmetric
+activations, int8 symmetric per-channel weights) and ``onnxruntime.quantization.quantize_static``
+(MinMax, per_channel=True, QUInt8 activations / QInt8 weights, QOperator and QDQ formats). Each model
+then runs in a default ``onnxruntime.InferenceSession`` (ORT_ENABLE_ALL; ``--threads`` sets
+intra_op_num_threads, 0 = onnxruntime's default) on a 1x3xSxS input; latency is the best of
+``--repeats`` runs, the variants interleaved round-robin so they share the machine's background load.
+Columns: latency, FP32 / variant ratio, the largest deviation from the exact sim in output steps (our
+exports) and the relative error of the logits vs FP32. The Markdown table is printed and written to
+benchmarks/results/integer.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from benchmarks.common import interleaved_best
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class _Net:
+    """A tiny graph builder: seeded He-initialised convs with bias, names numbered in order."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.count = [], [], 0
+
+    def _name(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def const(self, value, prefix: str = "c") -> str:
+        name = self._name(prefix)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs, **attrs) -> str:
+        out = self._name(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def conv(self, x, cin, cout, k, stride=1, group=1):
+        fan_in = cin // group * k * k
+        w = (self.rng.standard_normal((cout, cin // group, k, k)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        b = (0.05 * self.rng.standard_normal(cout)).astype(np.float32)
+        return self.op("Conv", [x, self.const(w, "w"), self.const(b, "b")], kernel_shape=[k, k],
+                       strides=[stride, stride], pads=[k // 2] * 4, group=group)
+
+    def relu6(self, x):
+        return self.op("Clip", [x, self.const(np.float32(0.0), "lo"), self.const(np.float32(6.0), "hi")])
+
+    def head(self, x, channels, classes=1000):
+        flat = self.op("Flatten", [self.op("GlobalAveragePool", [x])], axis=1)
+        w = (self.rng.standard_normal((classes, channels)) / np.sqrt(channels)).astype(np.float32)
+        return self.op("Gemm", [flat, self.const(w, "w"), self.const(np.zeros(classes, np.float32), "b")], transB=1)
+
+    def model(self, name: str, size: int, out: str, classes: int = 1000) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                   ["N", 3, size, size])],
+                                  [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["N", classes])],
+                                  self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="bench_integer")
+        model.ir_version = 8
+        onnx.checker.check_model(model)
+        return model
+
+
+def resnet_style(size: int) -> onnx.ModelProto:
+    n = _Net(0)
+    x = n.op("Relu", [n.conv("x", 3, 32, 7, 2)])
+    x = n.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c = 32
+    for stage, cout in enumerate([32, 64, 128, 256]):
+        s = 1 if stage == 0 else 2
+        y = n.conv(n.op("Relu", [n.conv(x, c, cout, 3, s)]), cout, cout, 3)
+        shortcut = x if (s == 1 and c == cout) else n.conv(x, c, cout, 1, s)
+        x, c = n.op("Relu", [n.op("Add", [y, shortcut])]), cout
+    return n.model("resnet_style", size, n.head(x, c))
+
+
+def mobilenet_style(size: int) -> onnx.ModelProto:
+    n = _Net(1)
+    x, c = n.relu6(n.conv("x", 3, 32, 3, 2)), 32
+    for cout, s, expand in [(16, 1, 1), (24, 2, 6), (24, 1, 6), (32, 2, 6), (32, 1, 6), (64, 2, 6), (64, 1, 6),
+                            (96, 1, 6), (160, 2, 6), (160, 1, 6), (320, 1, 6)]:
+        hidden = c * expand
+        y = x if expand == 1 else n.relu6(n.conv(x, c, hidden, 1))
+        y = n.conv(n.relu6(n.conv(y, hidden, hidden, 3, s, group=hidden)), hidden, cout, 1)
+        x, c = (n.op("Add", [x, y]) if s == 1 and c == cout else y), cout
+    x = n.relu6(n.conv(x, c, 640, 1))
+    return n.model("mobilenet_style", size, n.head(x, 640))
+
+
+def _session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx.ModelProto:
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
+
+    class Reader:
+        def __init__(self):
+            self.items = iter(calibration)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source, target = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "quant.onnx")
+        onnx.save(model, source)
+        quantize_static(source, target, Reader(), quant_format=fmt, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=CalibrationMethod.MinMax)
+        return onnx.load(target)
+
+
+def bench_model(name: str, model: onnx.ModelProto, size: int, repeats: int, threads: int) -> list[dict]:
+    import quantsim
+    from onnxruntime.quantization import QuantFormat
+    from quantsim.export.integer import export_integer
+
+    rng = np.random.default_rng(7)
+    calibration = [{"x": rng.standard_normal((2, 3, size, size)).astype(np.float32)} for _ in range(4)]
+    tests = [{"x": rng.standard_normal((1, 3, size, size)).astype(np.float32)} for _ in range(4)]
+    t0 = time.perf_counter()
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings(calibration)
+    exported = export_integer(sim)
+    prepare_s = time.perf_counter() - t0
+    variants = {
+        "FP32": model,
+        "quantsim QDQ (to_onnx_qdq)": sim.to_onnx_qdq(),
+        "quantsim integer (export_integer)": exported.model,
+        "ORT quantize_static QOperator": _ort_quantized(model, calibration, QuantFormat.QOperator),
+        "ORT quantize_static QDQ": _ort_quantized(model, calibration, QuantFormat.QDQ),
+    }
+    sessions = {k: _session(m, threads) for k, m in variants.items()}
+    feed = tests[0]
+    best = interleaved_best({k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}, repeats=repeats,
+                            warmup=3)
+    q = sim.qc_quantize_op_dict[model.graph.output[0].name]
+    scale = float(q.encoding.scale)
+    sim_out = np.concatenate([sim.session.run(None, t)[0] for t in tests])
+    fp32 = np.concatenate([sessions["FP32"].run(None, t)[0] for t in tests])
+    rows = []
+    for key, session in sessions.items():
+        out = np.concatenate([session.run(None, t)[0] for t in tests])
+        ours = key.startswith("quantsim")
+        rows.append({
+            "model": name, "variant": key, "ms": best[key] * 1e3, "ratio": best["FP32"] / best[key],
+            "steps": f"{np.abs(out - sim_out).max() / scale:.0f}" if ours else "",
+            "rel_err": float(np.abs(out - fp32).max() / np.abs(fp32).max()),
+            "nodes": len(variants[key].graph.node),
+        })
+    rows[2]["note"] = f"{len(exported.report)} float nodes; sim+export {prepare_s:.1f} s"
+    return rows
+
+
+def render(rows: list[dict], args) -> str:
+    lines = [
+        "# Integer export latency (onnxruntime CPU)", "",
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}, onnxruntime {ort.__version__}, onnx {onnx.__version__}, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, intra_op threads "
+        f"{args.threads or 'default'}; input 1x3x{args.size}x{args.size}; best of {args.repeats} interleaved runs.",
+        "", "| model | variant | nodes | latency ms | FP32 / variant | max \\|Δ\\| vs sim (out steps) | "
+        "max \\|Δ\\| / max\\|FP32\\| | note |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['variant']} | {r['nodes']} | {r['ms']:.2f} | {r['ratio']:.2f}x | "
+                     f"{r['steps']} | {r['rel_err']:.4f} | {r.get('note', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.getLogger().setLevel(logging.ERROR)
+    ort.set_default_logger_severity(3)
+    rows = []
+    for name, build in (("resnet_style", resnet_style), ("mobilenet_style", mobilenet_style)):
+        rows += bench_model(name, build(args.size), args.size, args.repeats, args.threads)
+    table = render(rows, args)
+    print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "integer.md").write_text(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Persistent on-disk cache of prepared models.
+
+Key: sha256 over a format tag, the input model (``SerializeToString(deterministic=True)``; a large model
+field by field, weights streamed), each pass's identity (module, qualified name, and a digest of the
+module's source file, so editing a pass invalidates its entries), the options, and the versions of
+onnx, onnxruntime and quantsim. A pass without a stable identity (a lambda, a closure) makes the call
+uncacheable (``cache_key`` returns None).
+
+Location: ``cache_dir`` argument, else ``$QUANTSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantsim`` (default
+``~/.cache/quantsim``); entries live in its ``prepared/`` subfolder.
+
+Entry: a folder ``prepared/<key>/`` holding ``model.onnx`` (plus ``model.onnx.data``, ONNX external data,
+for models over 2 GiB) and ``SHA256SUMS`` (``sha256sum`` format) with the digest of every file.
+Writing: the files go to a temporary folder ``prepared/.tmp-*`` beside the entry, are fsynced, and the
+folder is renamed into place in one atomic step (``os.replace``); when another process published the
+same key first, its entry is kept and ours dropped, so concurrent preparations both succeed. Removal
+renames to ``.trash-*`` first, so a reader sees a whole entry or none.
+Reading: every file is checked against ``SHA256SUMS``; a corrupted or truncated entry is discarded with
+a ``PrepareWarning`` and the caller prepares again. Failing to write the cache (read-only disk, quota)
+only warns: the prepared model is still returned.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import onnx
+
+from .common import PrepareWarning, is_large, save_model
+
+__all__ = ["ENV_VAR", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached", "store_cached",
+           "clear_cache", "cache_info", "cache_size"]
+
+ENV_VAR = "QUANTSIM_CACHE_DIR"
+_FORMAT = b"quantsim-prepared-cache-v1"
+_MODEL, _MANIFEST = "model.onnx", "SHA256SUMS"
+_KEY = re.compile(r"[0-9a-f]{64}")
+_STALE_SECONDS = 3600
+_CHUNK = 1 << 20
+
+
+class CacheEntry(NamedTuple):
+    key: str
+    size_bytes: int
+    mtime: float
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The ``prepared/`` folder under the chosen cache directory (not created)."""
+    base = cache_dir or os.environ.get(ENV_VAR)
+    if not base:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quantsim"
+    return Path(base).expanduser() / "prepared"
+
+
+def cache_key(model: onnx.ModelProto, passes, options: dict) -> str | None:
+    """Hex sha256 naming the prepared form of ``model``; None when a pass has no stable identity."""
+    identities = [pass_identity(run_pass) for run_pass in passes]
+    if None in identities:
+        return None
+    import onnxruntime
+
+    import quantsim
+
+    digest = hashlib.sha256(_FORMAT)
+    _feed_message(digest, model)
+    header = {"passes": identities, "options": options, "onnx": onnx.__version__,
+              "onnxruntime": onnxruntime.__version__, "quantsim": quantsim.__version__}
+    digest.update(json.dumps(header, sort_keys=True, default=repr).encode())
+    return digest.hexdigest()
+
+
+def pass_identity(run_pass) -> str | None:
+    """``module.qualname@source-digest`` of a pass (with the arguments of a ``functools.partial``)."""
+    if isinstance(run_pass, functools.partial):
+        inner = pass_identity(run_pass.func)
+        return None if inner is None else f"{inner}{run_pass.args!r}{sorted(run_pass.keywords.items())!r}"
+    module, name = getattr(run_pass, "__module__", None), getattr(run_pass, "__qualname__", None)
+    if not module or not name or "<" in name:
+        return None
+    source = getattr(sys.modules.get(module), "__file__", None)
+    return f"{module}.{name}@{_source_digest(source) if source else ''}"
+
+
+def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.ModelProto | None:
+    """The cached model for ``key``, or None (missing, or corrupted: then discarded with a warning)."""
+    entry = cache_root(cache_dir) / key
+    try:
+        expected = _read_manifest(entry / _MANIFEST)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as exc:
+        return _discard(entry, f"unreadable {_MANIFEST}: {exc}")
+    try:
+        if list(expected) == [_MODEL]:  # small: read once, check, parse the same bytes
+            data = (entry / _MODEL).read_bytes()
+            if hashlib.sha256(data).hexdigest() != expected[_MODEL]:
+                return _discard(entry, f"{_MODEL} does not match its sha256")
+            return onnx.ModelProto.FromString(data)
+        for name, digest in expected.items():
+            if _file_digest(entry / name) != digest:
+                return _discard(entry, f"{name} does not match its sha256")
+        return onnx.load(str(entry / _MODEL))  # loads the external data into the tensors, once
+    except FileNotFoundError as exc:  # removed as a whole by another process meanwhile, or a file is missing
+        return _discard(entry, f"missing {Path(exc.filename or '?').name}") if (entry / _MANIFEST).exists() else None
+    except Exception as exc:  # noqa: BLE001 - anything unreadable is a corrupted entry
+        return _discard(entry, str(exc))
+
+
+def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike | None = None) -> Path | None:
+    """Publish ``model`` under ``key`` atomically; returns the entry folder (None if it could not be written)."""
+    root = cache_root(cache_dir)
+    entry = root / key
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
+        try:
+            files = save_model(model, staging / _MODEL)
+            lines = [f"{_file_digest(path, sync=True)}  {path.name}\n" for path in files]
+            (staging / _MANIFEST).write_text("".join(lines))
+            _file_digest(staging / _MANIFEST, sync=True)
+            _sync_folder(staging)
+            try:
+                os.replace(staging, entry)
+            except OSError:
+                if not (entry / _MANIFEST).exists():
+                    raise
+            _sync_folder(root)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as exc:
+        warnings.warn(f"could not write the prepared-model cache entry {entry}: {exc}", PrepareWarning, stacklevel=3)
+        return None
+    return entry
+
+
+def clear_cache(cache_dir: str | os.PathLike | None = None) -> int:
+    """Remove every cache entry (and leftovers of interrupted writes); returns the number of entries removed."""
+    root = cache_root(cache_dir)
+    removed = 0
+    for child in _children(root):
+        if _KEY.fullmatch(child.name):
+            removed += _remove(child)
+        elif child.name.startswith(".trash-") or (child.name.startswith(".tmp-") and _age(child) > _STALE_SECONDS):
+            shutil.rmtree(child, ignore_errors=True)
+    return removed
+
+
+def cache_info(cache_dir: str | os.PathLike | None = None) -> list[CacheEntry]:
+    """``(key, size_bytes, mtime)`` of every complete entry, oldest first."""
+    entries = []
+    for child in _children(cache_root(cache_dir)):
+        if not _KEY.fullmatch(child.name):
+            continue
+        try:
+            size = sum(path.stat().st_size for path in child.iterdir())
+            entries.append(CacheEntry(child.name, size, (child / _MANIFEST).stat().st_mtime))
+        except OSError:  # incomplete or being removed
+            continue
+    return sorted(entries, key=lambda e: (e.mtime, e.key))
+
+
+def cache_size(cache_dir: str | os.PathLike | None = None) -> int:
+    """Total bytes of all entries."""
+    return sum(entry.size_bytes for entry in cache_info(cache_dir))
+
+
+# helpers ---------------------------------------------------------------------------------------
+def _feed_message(digest, message) -> None:
+    """Hash a protobuf message; one too big to serialise (> 2 GiB) is hashed field by field."""
+    if not (isinstance(message, onnx.ModelProto | onnx.GraphProto | onnx.TensorProto) and is_large(message)):
+        digest.update(message.SerializeToString(deterministic=True))
+        return
+    for field, value in message.ListFields():
+        digest.update(field.name.encode())
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        items = value if repeated else [value]
+        for item in items:
+            if field.message_type is not None:
+                _feed_message(digest, item)
+            elif isinstance(item, bytes):
+                digest.update(item)
+            else:
+                digest.update(repr(item).encode())
+
+
+@functools.lru_cache(maxsize=None)
+def _source_digest_cached(path: str, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _source_digest(path: str) -> str:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return ""
+    return _source_digest_cached(path, stat.st_mtime_ns, stat.st_size)
+
+
+def _file_digest(path: Path, sync: bool = False) -> str:
+    digest = hashlib.sha256()
+    with open(path, "r+b" if sync else "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+        if sync:
+            os.fsync(handle.fileno())
+    return digest.hexdigest()
+
+
+def _read_manifest(path: Path) -> dict[str, str]:
+    expected = {}
+    for line in path.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if not _KEY.fullmatch(digest) or not name or "/" in name or "\\" in name or name.startswith("."):
+            raise ValueError(f"bad line {line!r}")
+        expected[name] = digest
+    if _MODEL not in expected:
+        raise ValueError(f"{_MODEL} is not listed")
+    return expected
+
+
+def _discard(entry: Path, why: str) -> None:
+    """Warn about a corrupted entry and remove it; returns None (a cache miss)."""
+    warnings.warn(f"prepared-model cache entry {entry} is corrupted ({why}); discarding it and preparing again",
+                  PrepareWarning, stacklevel=4)
+    _remove(entry)
+
+
+def _remove(entry: Path) -> int:
+    """Rename ``entry`` out of the way, then delete it; 1 if this call removed it."""
+    trash = entry.with_name(f".trash-{uuid.uuid4().hex}")
+    try:
+        os.replace(entry, trash)
+    except OSError:
+        return 0
+    shutil.rmtree(trash, ignore_errors=True)
+    return 1
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:  # not supported on this platform (Windows)
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+def _children(root: Path) -> list[Path]:
+    try:
+        return list(root.iterdir())
+    except OSError:
+        return []
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,87 @@
+"""``upgrade_opset``: bring the model to a default-domain opset the sim supports, or say why not.
+
+Pre: nodes in topological order (``check_graph``). Post: default-domain opset >= 13 and <= what the
+installed onnxruntime loads; IR version loadable by onnxruntime.
+Rules:
+1. default-domain opset below ``MIN_OPSET`` (13: per-channel QuantizeLinear/DequantizeLinear) is
+   converted with ``onnx.version_converter``; the IR version is raised to the minimum that opset needs.
+   A conversion failure is a ``PrepareError`` naming the model's opset;
+2. an opset or IR version above onnxruntime's maximum is a ``PrepareError`` stating that maximum
+   (found once per process by asking onnxruntime to load one-node models: there is no public API);
+3. a model without a default-domain opset import, or already within range, is left unchanged;
+4. other domains (``com.microsoft``, custom) are not touched.
+"""
+from __future__ import annotations
+
+import functools
+
+import onnx
+from onnx import helper
+
+from .common import PrepareError, default_opset
+
+__all__ = ["MIN_OPSET", "upgrade_opset", "runtime_limits"]
+
+MIN_OPSET = 13
+
+
+def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """Check the model against onnxruntime's limits and convert it to opset 13 if it is older."""
+    version = default_opset(model)
+    if version is None:
+        return model, False
+    max_opset, max_ir = runtime_limits()
+    import onnxruntime
+
+    if version > max_opset:
+        raise PrepareError(f"the model uses default-domain opset {version}, but onnxruntime "
+                           f"{onnxruntime.__version__} supports at most opset {max_opset}; export the model "
+                           f"at opset {MIN_OPSET}..{max_opset}")
+    if model.ir_version > max_ir:
+        raise PrepareError(f"the model has IR version {model.ir_version}, but onnxruntime "
+                           f"{onnxruntime.__version__} loads at most IR version {max_ir}; set "
+                           f"model.ir_version (e.g. to {max_ir}) when building it")
+    if version >= MIN_OPSET:
+        return model, False
+    try:
+        converted = onnx.version_converter.convert_version(model, MIN_OPSET)
+    except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors
+        raise PrepareError(f"the model uses default-domain opset {version}; converting it to opset {MIN_OPSET} "
+                           f"with onnx.version_converter failed: {exc}. Export the model at opset "
+                           f">= {MIN_OPSET} instead") from exc
+    needed = helper.find_min_ir_version_for([helper.make_opsetid("", MIN_OPSET)])
+    converted.ir_version = max(converted.ir_version, needed)
+    return converted, True
+
+
+@functools.lru_cache(maxsize=None)
+def runtime_limits() -> tuple[int, int]:
+    """``(max default-domain opset, max IR version)`` the installed onnxruntime loads."""
+    max_opset = _highest(lambda v: _loads(v, 8), MIN_OPSET, onnx.defs.onnx_opset_version() + 8)
+    max_ir = _highest(lambda v: _loads(MIN_OPSET, v), 7, onnx.IR_VERSION + 8)
+    return max_opset, max_ir
+
+
+def _highest(accepts, low: int, high: int) -> int:
+    """Largest value in [low, high] that ``accepts`` (monotone: true up to some point); ``low`` if none."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        if accepts(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _loads(opset: int, ir_version: int) -> bool:
+    import onnxruntime
+
+    value = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [value],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+    try:
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any refusal means "not supported"
+        return False
+    return True

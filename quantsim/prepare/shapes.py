@@ -1,0 +1,74 @@
+"""``infer_shapes``: ONNX shape and type inference, best effort.
+
+Pre: none. Post: ``graph.value_info`` (and graph output types) hold what ONNX could infer.
+Rules:
+1. non-strict inference with data propagation (``onnx.shape_inference.infer_shapes``); only
+   ``value_info`` and output types change, never nodes or weights;
+2. a large model (>= 2 GiB, see ``common``) is written to a temporary folder with external data and
+   inferred by file (``onnx.shape_inference.infer_shapes_path``); the inferred types are copied back
+   into the model, whose weights stay where they are;
+3. fallback: when inference raises, the model is kept as it was and a ``PrepareWarning`` says so;
+   when it leaves node outputs without a type (custom-domain ops, inconsistent shapes) a
+   ``PrepareWarning`` names them. Either way preparation goes on without those shapes: later steps
+   observe types by running the model.
+``modified`` is True when the inferred types differ from the ones the model had.
+"""
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import onnx
+
+from .common import PrepareWarning, describe, is_large, save_model
+
+__all__ = ["infer_shapes"]
+
+
+def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """Infer value types and shapes in place of the model's own (rules in the module docstring)."""
+    before = _typing(model.graph)
+    try:
+        if is_large(model):
+            _infer_by_file(model)
+        else:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            _copy_types(inferred.graph, model.graph)
+    except Exception as exc:  # noqa: BLE001 - inference is best effort by contract
+        warnings.warn(f"shape inference failed, continuing without inferred shapes: {exc}", PrepareWarning,
+                      stacklevel=2)
+        return model, False
+    _warn_untyped(model.graph)
+    return model, _typing(model.graph) != before
+
+
+def _infer_by_file(model: onnx.ModelProto) -> None:
+    with tempfile.TemporaryDirectory(prefix="quantsim-shapes-") as folder:
+        source, target = Path(folder, "model.onnx"), Path(folder, "inferred.onnx")
+        save_model(model, source)
+        onnx.shape_inference.infer_shapes_path(str(source), str(target), strict_mode=False, data_prop=True)
+        inferred = onnx.load(str(target), load_external_data=False)
+    _copy_types(inferred.graph, model.graph)
+
+
+def _copy_types(source: onnx.GraphProto, target: onnx.GraphProto) -> None:
+    del target.value_info[:]
+    target.value_info.extend(source.value_info)
+    del target.output[:]
+    target.output.extend(source.output)
+
+
+def _typing(graph: onnx.GraphProto) -> tuple[bytes, ...]:
+    return tuple(info.SerializeToString(deterministic=True) for info in (*graph.value_info, *graph.output))
+
+
+def _warn_untyped(graph: onnx.GraphProto) -> None:
+    typed = {info.name for info in (*graph.value_info, *graph.output, *graph.input)
+             if info.type.WhichOneof("value") is not None}
+    typed.update(t.name for t in graph.initializer)
+    untyped = [(name, node) for node in graph.node for name in node.output if name and name not in typed]
+    if untyped:
+        name, node = untyped[0]
+        warnings.warn(f'shape inference left {len(untyped)} value(s) without a type (first: "{name}" from '
+                      f"node {describe(node)}); continuing without their shapes", PrepareWarning, stacklevel=3)

@@ -1,0 +1,434 @@
+"""Integer export: onnx.checker, onnxruntime, and agreement with the sim in output steps.
+
+Tolerances are in steps of the output grid (``|integer - sim| / scale``). Rules that are exact by
+construction (data movement, lookup tables, clamps, float fallbacks) must agree exactly; rules whose
+int32 accumulator onnxruntime requantizes in float32 (Conv, Gemm, MatMul, Add, pooling, Softmax) may be one
+step off for values within a rounding error of a grid midpoint. Observed on these models (ORT 1.32,
+seeded data): at most 1 step everywhere except behind Softmax (3 steps on a few probabilities after a
+1-step change of the logits), and more than 1 step on < 0.5% of all elements.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from models import BUILDERS  # tests/models.py
+
+import quantsim
+from quantsim.export.integer import IntegerExportError, export_integer
+from quantsim.numerics import Encoding, encoding_from_range
+
+INTEGER_OPS = frozenset(
+    """QLinearConv QLinearMatMul QGemm QLinearAdd QLinearMul QLinearConcat QLinearAveragePool
+    QLinearGlobalAveragePool QLinearSigmoid QLinearLeakyRelu QLinearSoftmax MaxPool Reshape Flatten Transpose
+    Squeeze Unsqueeze Slice Split Pad Resize Concat Clip Cast Gather Identity Shape""".split()
+)
+FLOAT_COMPUTE = frozenset({"Conv", "MatMul", "Gemm", "Add", "Mul", "Sub", "Div", "Relu", "Sigmoid", "Softmax",
+                           "AveragePool", "GlobalAveragePool", "Tanh", "Erf", "HardSwish", "HardSigmoid"})
+
+
+# helpers -------------------------------------------------------------------------------------------------
+def _model(nodes, inputs, outputs, inits, opset=17):
+    graph = helper.make_graph(nodes, "m", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = {17: 8, 21: 10}[opset]
+    onnx.checker.check_model(model)
+    return model
+
+
+def _vi(name, *dims):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))
+
+
+def _w(rng, *shape, scale=None):
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+    return numpy_helper.from_array((rng.standard_normal(shape) * (scale or 1 / np.sqrt(fan_in))).astype(np.float32))
+
+
+def _named(tensor, name):
+    tensor.name = name
+    return tensor
+
+
+def _feeds(shape, seed, spread=1.0):
+    rng = np.random.default_rng(seed)
+    return {"x": (rng.standard_normal(shape) * spread).astype(np.float32)}
+
+
+def _sim(model, shape, spread=1.0, **kwargs):
+    sim = quantsim.QuantizationSimModel(model, progress=False, **kwargs)
+    sim.compute_encodings([_feeds(shape, seed, spread) for seed in range(4)])
+    return sim
+
+
+def _steps(sim, exported, feed) -> dict[str, np.ndarray]:
+    """Per output: |integer - sim| in steps of the output's grid (absolute difference if not quantized)."""
+    session = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, feed)
+    want = sim.session.run(None, feed)
+    result = {}
+    for info, g, w in zip(session.get_outputs(), got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        q = sim.qc_quantize_op_dict.get(info.name)
+        scale = float(q.encoding.scale) if q is not None and q.enabled and q.encoding is not None else 1.0
+        result[info.name] = np.round(np.abs(g.astype(np.float64) - w) / scale)
+    return result
+
+
+def _assert_integer_only(model: onnx.ModelProto) -> None:
+    ops = [n.op_type for n in model.graph.node]
+    inner = [op for op in ops if op not in ("QuantizeLinear", "DequantizeLinear")]
+    assert set(inner) <= INTEGER_OPS, sorted(set(inner) - INTEGER_OPS)
+    assert not FLOAT_COMPUTE & set(ops)
+    assert ops.count("QuantizeLinear") == len(model.graph.input)
+    assert ops.count("DequantizeLinear") == len(model.graph.output)
+    for node in model.graph.node:
+        if node.op_type == "Cast":
+            assert node.attribute[0].i == TensorProto.INT32
+
+
+def _export_checked(sim, **kwargs):
+    exported = export_integer(sim, **kwargs)
+    onnx.checker.check_model(exported.model, full_check=True)
+    return exported
+
+
+def _cnn():
+    """Conv+Relu, depthwise Conv+Clip, residual Add(+Relu), MaxPool, Concat, GlobalAveragePool, Flatten, Gemm."""
+    rng = np.random.default_rng(21)
+    inits = [_named(_w(rng, 8, 3, 3, 3), "c1.w"), _named(_w(rng, 8, scale=0.1), "c1.b"),
+             _named(_w(rng, 8, 1, 3, 3, scale=0.5), "dw.w"), _named(_w(rng, 8, scale=0.1), "dw.b"),
+             _named(_w(rng, 8, 8, 1, 1), "pw.w"), _named(_w(rng, 8, scale=0.1), "pw.b"),
+             _named(_w(rng, 10, 16), "fc.w"), _named(_w(rng, 10, scale=0.1), "fc.b"),
+             numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+    nodes = [
+        helper.make_node("Conv", ["x", "c1.w", "c1.b"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="r1"),
+        helper.make_node("Conv", ["r1", "dw.w", "dw.b"], ["dw"], name="dw", pads=[1, 1, 1, 1], group=8),
+        helper.make_node("Clip", ["dw", "lo", "hi"], ["d6"], name="d6"),
+        helper.make_node("Conv", ["d6", "pw.w", "pw.b"], ["pw"], name="pw"),
+        helper.make_node("Add", ["pw", "r1"], ["add"], name="add"),
+        helper.make_node("Relu", ["add"], ["r2"], name="r2"),
+        helper.make_node("MaxPool", ["r2"], ["mp"], name="mp", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("MaxPool", ["r1"], ["mp1"], name="mp1", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Concat", ["mp", "mp1"], ["cat"], name="cat", axis=1),
+        helper.make_node("GlobalAveragePool", ["cat"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flat"),
+        helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["y"], name="fc", transB=1),
+    ]
+    return _model(nodes, [_vi("x", "N", 3, 16, 16)], [_vi("y", "N", 10)], inits), ("x", 3, 16, 16)
+
+
+# the small CNN ---------------------------------------------------------------------------------------------
+def test_small_cnn_is_fully_integer_and_within_one_step():
+    model, _ = _cnn()
+    sim = _sim(model, (4, 3, 16, 16))
+    exported = _export_checked(sim)
+    assert exported.report == []
+    _assert_integer_only(exported.model)
+    ops = {n.op_type for n in exported.model.graph.node}
+    assert {"QLinearConv", "QLinearAdd", "QGemm", "QLinearGlobalAveragePool", "MaxPool", "Flatten"} <= ops
+    steps = _steps(sim, exported, _feeds((16, 3, 16, 16), 99))["y"]
+    assert steps.max() <= 1 and np.mean(steps > 0) < 0.05, (steps.max(), np.mean(steps > 0))
+
+
+@pytest.mark.parametrize("name", sorted(set(BUILDERS) - {"layernorm"}))
+def test_model_zoo_integer(name):
+    model, feeds = BUILDERS[name]()
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([feeds(i, 4) for i in range(4)])
+    exported = _export_checked(sim)
+    assert exported.report == []
+    _assert_integer_only(exported.model)
+    for output, steps in _steps(sim, exported, feeds(100, 64)).items():
+        if sim.model.graph.node[-1].op_type == "Softmax" and output == sim.model.graph.node[-1].output[0]:
+            # a 1-step change of one logit moves a whole row of probabilities
+            assert steps.max() <= 3 and np.mean(steps > 1) <= 0.02, (output, steps.max(), np.mean(steps > 1))
+            assert np.mean(steps > 0) <= 0.1, (output, np.mean(steps > 0))
+        else:
+            assert steps.max() <= 2 and np.mean(steps > 1) <= 0.001, (output, steps.max(), np.mean(steps > 1))
+            assert np.mean(steps > 0) <= 0.03, (output, np.mean(steps > 0))
+
+
+def test_unsupported_op_is_reported_and_exact():
+    model, feeds = BUILDERS["layernorm"]()
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([feeds(i, 4) for i in range(4)])
+    exported = _export_checked(sim)
+    assert [(r.node, r.op_type) for r in exported.report] == [("ln", "LayerNormalization")]
+    assert "no integer lowering" in exported.report[0].reason
+    assert "QLinearMatMul" in {n.op_type for n in exported.model.graph.node}
+    assert _steps(sim, exported, feeds(7, 8))["y"].max() == 0
+
+
+# lookup tables ------------------------------------------------------------------------------------------------
+def _unary_zoo(opset=17):
+    consts = {"half": 0.5, "three": 3.0, "six": 6.0, "two": 2.0}
+    inits = [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()]
+    specs = [("HardSigmoid", ["x"], {}), ("HardSwish", ["x"], {}), ("Tanh", ["x"], {}), ("Erf", ["x"], {}),
+             ("Exp", ["x"], {}), ("Softplus", ["x"], {}), ("Elu", ["x"], {"alpha": 0.7}),
+             ("Mul", ["x", "half"], {}), ("Add", ["three", "x"], {}), ("Div", ["x", "six"], {}),
+             ("Sub", ["three", "x"], {}), ("Pow", ["x", "two"], {})]
+    if opset >= 20:
+        specs.append(("Gelu", ["x"], {"approximate": "tanh"}))
+    nodes, outputs = [], []
+    for i, (op, inputs, attrs) in enumerate(specs):
+        out = f"{op.lower()}_{i}"
+        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        outputs.append(_vi(out, "N", 4, 6))
+    return _model(nodes, [_vi("x", "N", 4, 6)], outputs, inits, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [17, 21])
+def test_lookup_tables_are_exact(opset):
+    sim = _sim(_unary_zoo(opset), (8, 4, 6), spread=2.0)
+    exported = _export_checked(sim)
+    assert exported.report == []
+    _assert_integer_only(exported.model)
+    luts = [e for e in exported.requant.values() if e["op"] == "LUT"]
+    assert len(luts) == len(exported.model.graph.output) and all(len(e["table"]) == 256 for e in luts)
+    for output, steps in _steps(sim, exported, _feeds((64, 4, 6), 5, spread=2.5)).items():
+        assert steps.max() == 0, output
+
+
+# elementwise kernels ---------------------------------------------------------------------------------------------
+def test_elementwise_kernels():
+    rng = np.random.default_rng(3)
+    inits = [_named(_w(rng, 4, 3, 3, 3), "c.w"), _named(_w(rng, 4, scale=0.1), "c.b"),
+             numpy_helper.from_array(rng.uniform(0.5, 2, (1, 4, 1, 1)).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.uniform(-1, 1, (1, 4, 1, 1)).astype(np.float32), "beta")]
+    nodes = [
+        helper.make_node("Conv", ["x", "c.w", "c.b"], ["c"], name="c", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c"], ["sig"], name="sig"),
+        helper.make_node("Mul", ["c", "sig"], ["silu"], name="silu"),
+        helper.make_node("Mul", ["silu", "gamma"], ["scaled"], name="scaled"),
+        helper.make_node("Add", ["scaled", "beta"], ["shifted"], name="shifted"),
+        helper.make_node("LeakyRelu", ["shifted"], ["leaky"], name="leaky", alpha=0.1),
+        helper.make_node("AveragePool", ["leaky"], ["avg"], name="avg", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("MaxPool", ["c"], ["mp"], name="mp", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Concat", ["avg", "mp"], ["y"], name="cat", axis=1),
+    ]
+    model = _model(nodes, [_vi("x", "N", 3, 8, 8)], [_vi("y", "N", 8, 4, 4), _vi("c", "N", 4, 8, 8)], inits)
+    sim = _sim(model, (4, 3, 8, 8))
+    exported = _export_checked(sim)
+    assert exported.report == []
+    _assert_integer_only(exported.model)
+    ops = {n.op_type for n in exported.model.graph.node}
+    assert {"QLinearSigmoid", "QLinearMul", "QLinearAdd", "QLinearLeakyRelu", "QLinearAveragePool",
+            "QLinearConcat"} <= ops
+    steps = _steps(sim, exported, _feeds((32, 3, 8, 8), 11))
+    for output, s in steps.items():
+        assert s.max() <= 2 and np.mean(s > 1) <= 0.002 and np.mean(s > 0) <= 0.05, (output, s.max(), np.mean(s > 0))
+
+
+# data movement ------------------------------------------------------------------------------------------------------
+def test_data_movement_is_exact():
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in {
+        "pads": [0, 0, 1, 1, 0, 0, 1, 1], "shape": [0, 4, -1], "starts": [1], "ends": [7], "axes": [2],
+        "split": [2, 2], "ax0": [0]}.items()]
+    inits += [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+              numpy_helper.from_array(np.array([0.0], np.float32), "zero")]
+    nodes = [
+        helper.make_node("Pad", ["x", "pads", "zero"], ["pad"], name="pad"),
+        helper.make_node("MaxPool", ["pad"], ["mp"], name="mp", kernel_shape=[3, 3], strides=[1, 1]),
+        helper.make_node("Transpose", ["mp"], ["tr"], name="tr", perm=[0, 1, 3, 2]),
+        helper.make_node("Slice", ["tr", "starts", "ends", "axes"], ["sl"], name="sl"),
+        helper.make_node("Split", ["sl", "split"], ["s1", "s2"], name="split", axis=1),
+        helper.make_node("Resize", ["s1", "", "scales"], ["up"], name="up", mode="nearest"),
+        helper.make_node("Unsqueeze", ["s2", "ax0"], ["us"], name="us"),
+        helper.make_node("Squeeze", ["us", "ax0"], ["sq"], name="sq"),
+        helper.make_node("Reshape", ["sq", "shape"], ["rs"], name="rs"),
+        helper.make_node("Flatten", ["s2"], ["fl"], name="fl", axis=2),
+        helper.make_node("Relu", ["x"], ["relu"], name="relu"),
+        helper.make_node("Identity", ["relu"], ["ident"], name="ident"),
+    ]
+    outputs = [_vi("up", "N", 2, 12, 16), _vi("rs", "N", 4, 24), _vi("fl", "M", 48), _vi("ident", "N", 4, 8, 8)]
+    model = _model(nodes, [_vi("x", "N", 4, 8, 8)], outputs, inits)
+    sim = _sim(model, (4, 4, 8, 8))
+    exported = _export_checked(sim)
+    assert exported.report == []
+    _assert_integer_only(exported.model)
+    for output, steps in _steps(sim, exported, _feeds((8, 4, 8, 8), 3)).items():
+        assert steps.max() == 0, output
+
+
+def test_relu_clip_fold_or_clamp():
+    model, feeds = BUILDERS["conv_relu6"]()
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([feeds(i, 4) for i in range(4)])
+    folded = _export_checked(sim)
+    assert "Clip" not in {n.op_type for n in folded.model.graph.node}  # the grids already imply [0, 6]
+    # a wider output grid for the first Relu6: the clamp must become a uint8 Clip on codes
+    sim.qc_quantize_op_dict["clip1.out"].set_encoding(encoding_from_range(-1.0, 9.0, 8, symmetric=False))
+    clamped = _export_checked(sim)
+    clips = [n for n in clamped.model.graph.node if n.op_type == "Clip"]
+    assert len(clips) == 1 and clamped.report == []
+    entry = clamped.requant["conv"]
+    assert entry["clamp"][0] > 0 and entry["clamp"][1] < 255
+    steps = _steps(sim, clamped, feeds(5, 16))["y"]
+    assert steps.max() <= 2 and np.mean(steps > 1) <= 0.001
+
+
+# float fallbacks -------------------------------------------------------------------------------------------------------
+def test_int16_activations_fall_back_exactly():
+    model, feeds = BUILDERS["residual"]()
+    sim = quantsim.QuantizationSimModel(model, progress=False, activation_type="int16")
+    sim.compute_encodings([feeds(i, 4) for i in range(4)])
+    exported = _export_checked(sim)
+    assert {r.node for r in exported.report} == {n.name for n in sim.model.graph.node}
+    assert all("16-bit" in r.reason for r in exported.report if r.node == "conv1")
+    steps = _steps(sim, exported, feeds(3, 8))["y"]
+    assert steps.max() == 0
+
+
+def test_float16_layer_and_disabled_quantizer_are_reported():
+    model, _ = _cnn()
+    sim = _sim(model, (4, 3, 16, 16))
+    sim.qc_quantize_op_dict["d6"].set_precision("float16")
+    exported = _export_checked(sim)
+    reasons = {r.node: r.reason for r in exported.report}
+    assert "float16" in reasons["dw"] and "pw" in reasons and "c1" not in reasons
+    steps = _steps(sim, exported, _feeds((8, 3, 16, 16), 4))["y"]
+    assert steps.max() <= 1
+
+    model, feeds = BUILDERS["conv_relu"]()
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([feeds(i, 4) for i in range(4)])
+    sim.qc_quantize_op_dict["relu1.out"].enabled = False
+    exported = _export_checked(sim)
+    assert [r.node for r in exported.report] == ["conv1", "relu1", "conv2"]
+    assert "no quantizer" in exported.report[0].reason or "no enabled quantizer" in exported.report[0].reason
+    assert _steps(sim, exported, feeds(2, 8))["y"].max() <= 1
+
+
+def test_six_bit_activations_fall_back():
+    model, feeds = BUILDERS["conv_relu"]()
+    sim = quantsim.QuantizationSimModel(model, progress=False, activation_type=quantsim.qtype.int(6))
+    sim.compute_encodings([feeds(i, 4) for i in range(4)])
+    exported = _export_checked(sim)
+    assert {r.node for r in exported.report} == {"conv1", "relu1", "conv2"}
+    assert "6-bit" in exported.report[0].reason
+    assert _steps(sim, exported, feeds(2, 8))["y"].max() == 0
+
+
+# integer I/O, requant table, files, errors ------------------------------------------------------------------------
+def test_integer_io_gives_uint8_graph_boundaries():
+    model, _ = _cnn()
+    sim = _sim(model, (4, 3, 16, 16))
+    exported = _export_checked(sim, integer_io=True)
+    ops = [n.op_type for n in exported.model.graph.node]
+    assert "QuantizeLinear" not in ops and "DequantizeLinear" not in ops
+    assert [i.type.tensor_type.elem_type for i in exported.model.graph.input] == [TensorProto.UINT8]
+    assert [o.type.tensor_type.elem_type for o in exported.model.graph.output] == [TensorProto.UINT8]
+    meta = json.loads({p.key: p.value for p in exported.model.metadata_props}["quantsim.io"])
+    assert meta == exported.io and set(meta) == {"x", "y"}
+    x_io, y_io = exported.io["x"], exported.io["y"]
+    feed = _feeds((8, 3, 16, 16), 6)
+    codes = np.clip(np.rint(feed["x"] / np.float32(x_io["scale"])) + x_io["zero_point"], 0, 255).astype(np.uint8)
+    session = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"x": codes})
+    assert out.dtype == np.uint8
+    real = (out.astype(np.float32) - y_io["zero_point"]) * np.float32(y_io["scale"])
+    (want,) = sim.session.run(None, feed)
+    assert np.abs(real - want).max() <= 1.01 * y_io["scale"]
+
+
+def _one_conv():
+    rng = np.random.default_rng(8)
+    inits = [_named(_w(rng, 16, 8, 3, 3), "w"), _named(_w(rng, 16, scale=0.2), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    return _model(nodes, [_vi("x", "N", 8, 6, 6)], [_vi("y", "N", 16, 6, 6)], inits)
+
+
+def test_requant_table_reproduces_onnxruntime_conv():
+    from quantsim.export import fixed_point as fp
+
+    sim = _sim(_one_conv(), (4, 8, 6, 6))
+    exported = _export_checked(sim, integer_io=True)
+    entry = exported.requant["conv"]
+    mantissa, shift = np.array(entry["mantissa"]), np.array(entry["shift"])
+    assert np.all((mantissa >= 2**30) & (mantissa < 2**31)) and np.all(shift < 0)
+    want = np.float32(entry["input_scale"]) * np.array(entry["weight_scale"], np.float32) / entry["output_scale"]
+    np.testing.assert_allclose(entry["multiplier"], want, rtol=1e-6)
+    # integer-only recomputation: int32 accumulator, fixed-point multiplier, zero point, clamp
+    inits = {t.name: numpy_helper.to_array(t) for t in exported.model.graph.initializer}
+    conv = next(n for n in exported.model.graph.node if n.op_type == "QLinearConv")
+    w, bias = inits[conv.input[3]].astype(np.int64), inits[conv.input[8]].astype(np.int64)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (2, 8, 6, 6)).astype(np.uint8)
+    padded = np.pad(x.astype(np.int64) - entry["input_zero_point"], ((0, 0), (0, 0), (1, 1), (1, 1)))
+    acc = np.zeros((2, 16, 6, 6), np.int64) + bias[None, :, None, None]
+    for dy in range(3):
+        for dx in range(3):
+            acc += np.einsum("nchw,oc->nohw", padded[:, :, dy:dy + 6, dx:dx + 6], w[:, :, dy, dx])
+    ours = fp.requantize(acc, mantissa[None, :, None, None], shift[None, :, None, None],
+                         entry["output_zero_point"], *entry["clamp"])
+    session = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (theirs,) = session.run(None, {"x": x})
+    diff = np.abs(ours - theirs.astype(np.int64))
+    assert diff.max() <= 1 and np.mean(diff > 0) < 0.01
+
+
+def test_save_writes_model_and_table_atomically(tmp_path):
+    sim = _sim(_one_conv(), (4, 8, 6, 6))
+    exported = export_integer(sim)
+    onnx_path, json_path = exported.save(tmp_path / "sub" / "net")
+    assert onnx_path.name == "net.onnx" and json_path.name == "net.requant.json"
+    assert sorted(os.listdir(tmp_path / "sub")) == ["net.onnx", "net.requant.json"]
+    onnx.checker.check_model(onnx.load(str(onnx_path)))
+    document = json.loads(json_path.read_text())
+    assert document["format"] == "quantsim.requant/1" and "conv" in document["requant"]
+    assert document["requant"]["conv"]["mantissa"] == exported.requant["conv"]["mantissa"]
+
+
+def test_uncalibrated_and_zero_scale_errors_name_the_tensor():
+    sim = quantsim.QuantizationSimModel(_one_conv(), progress=False)
+    with pytest.raises(IntegerExportError, match="'x'.*compute_encodings"):
+        export_integer(sim)
+    sim = _sim(_one_conv(), (4, 8, 6, 6))
+    sim.qc_quantize_op_dict["y"].set_encoding(Encoding(np.float64(1e-46), 0, 8, False, 0, 255))  # 0 in float32
+    with pytest.raises(IntegerExportError, match="'y'.*scale"):
+        export_integer(sim)
+
+
+def test_gemm_and_matmul_variants():
+    rng = np.random.default_rng(5)
+    inits = [_named(_w(rng, 6, 5), "g.w"), numpy_helper.from_array(np.float32(0.3), "g.b"),
+             _named(_w(rng, 5, 3), "m.w"), _named(_w(rng, 3, scale=0.2), "m.b")]
+    nodes = [
+        helper.make_node("Gemm", ["x", "g.w", "g.b"], ["g"], name="gemm", alpha=0.5, beta=2.0, transA=1),
+        helper.make_node("Transpose", ["g"], ["gt"], name="gt"),
+        helper.make_node("MatMul", ["g", "gt"], ["gram"], name="gram"),  # two activations
+        helper.make_node("Unsqueeze", ["g", "axis"], ["g3"], name="g3"),
+        helper.make_node("MatMul", ["g3", "m.w"], ["mm"], name="mm"),  # rank 3, bias below
+        helper.make_node("Add", ["m.b", "mm"], ["y"], name="bias"),
+    ]
+    inits.append(numpy_helper.from_array(np.array([0], np.int64), "axis"))
+    model = _model(nodes, [_vi("x", 6, "N")], [_vi("gram", "N", "N"), _vi("y", 1, "N", 3)], inits)
+    sim = _sim(model, (6, 7))
+    exported = _export_checked(sim)
+    assert exported.report == []
+    _assert_integer_only(exported.model)
+    ops = [n.op_type for n in exported.model.graph.node]
+    assert ops.count("QGemm") == 2 and ops.count("QLinearMatMul") == 1
+    for output, steps in _steps(sim, exported, _feeds((6, 40), 8)).items():
+        assert steps.max() <= 1 and np.mean(steps > 0) <= 0.02, (output, steps.max(), np.mean(steps > 0))
+
+
+def test_signed_int8_activations_become_uint8():
+    model, feeds = BUILDERS["residual"]()
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    for q in sim.quantizers:
+        if q.role == "activation":
+            q.use_symmetric_encodings = True
+    sim.compute_encodings([feeds(i, 4) for i in range(4)])
+    assert sim.qc_quantize_op_dict["x"].encoding.signed
+    exported = _export_checked(sim, integer_io=True)
+    assert exported.report == [] and exported.io["x"]["zero_point"] == 128
+    assert exported.model.graph.input[0].type.tensor_type.elem_type == TensorProto.UINT8

@@ -1,0 +1,64 @@
+"""Shape and index arithmetic never gets a quantizer, even when it is float (DESIGN §4)."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from quantsim import QuantizationSimModel
+
+
+def _anchor_model() -> onnx.ModelProto:
+    """A detector-style head: the number of anchors comes from a float Range over the feature width."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["feat"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["feat"], ["act"]),
+        helper.make_node("Shape", ["act"], ["shape"]),
+        helper.make_node("Gather", ["shape", "three"], ["width"], axis=0),
+        helper.make_node("Cast", ["width"], ["width_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["width_f", "stride"], ["limit"]),
+        helper.make_node("Range", ["zero_f", "limit", "stride"], ["anchors"]),
+        helper.make_node("ReduceMean", ["act", "axes"], ["pooled"], keepdims=0),
+        helper.make_node("Unsqueeze", ["pooled", "axes_last"], ["pooled_col"]),
+        helper.make_node("Mul", ["pooled_col", "anchors"], ["scores"]),
+    ]
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array(3, dtype=np.int64), "three"),
+        numpy_helper.from_array(np.array(1.0, dtype=np.float32), "stride"),
+        numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero_f"),
+        numpy_helper.from_array(np.array([2, 3], dtype=np.int64), "axes"),
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes_last"),
+    ]
+    graph = helper.make_graph(
+        nodes, "anchors",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, "W"])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4, "W"]),
+         helper.make_tensor_value_info("anchors", TensorProto.FLOAT, ["W"])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def test_range_and_shape_tensors_are_never_quantized():
+    model = _anchor_model()
+    sim = QuantizationSimModel(model, progress=False)
+    for name in ("shape", "width", "width_f", "limit", "anchors", "stride", "zero_f", "three"):
+        assert name not in sim.qc_quantize_op_dict, name
+    assert "act" in sim.qc_quantize_op_dict and sim.qc_quantize_op_dict["act"].enabled
+
+
+def test_anchor_count_is_exact_after_quantization():
+    model = _anchor_model()
+    sim = QuantizationSimModel(model, progress=False)
+    rng = np.random.default_rng(1)
+    sim.compute_encodings([{"x": rng.normal(size=(1, 3, 8, w)).astype(np.float32)} for w in (13, 17, 29)])
+    float_session = ort.InferenceSession(model.SerializeToString())
+    for width in (13, 31):
+        feed = {"x": rng.normal(size=(1, 3, 8, width)).astype(np.float32)}
+        expected = float_session.run(["anchors"], feed)[0]
+        got = sim.session.run(["anchors"], feed)[0]
+        assert got.shape == expected.shape == (width,)
+        np.testing.assert_array_equal(got, expected)
