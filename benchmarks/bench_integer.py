@@ -13,8 +13,9 @@ One process, one run: the same N(0,1) calibration batches calibrate the sim (min
 activations, int8 symmetric per-channel weights) and ``onnxruntime.quantization.quantize_static``
 (MinMax, per_channel=True, QUInt8 activations / QInt8 weights, QOperator and QDQ formats). Each model
 then runs in a default ``onnxruntime.InferenceSession`` (ORT_ENABLE_ALL; ``--threads`` sets
-intra_op_num_threads, 0 = onnxruntime's default) on a 1x3xSxS input; latency is the best of
-``--repeats`` runs, the variants interleaved round-robin so they share the machine's background load.
+intra_op_num_threads, default 1 for stable numbers on a shared machine; 0 = onnxruntime's default) on a
+1x3xSxS input; latency is the best (and median) of ``--repeats`` runs, the variants interleaved
+round-robin so they share the machine's background load.
 Columns: latency, FP32 / variant ratio, the largest deviation from the exact sim in output steps (our
 exports) and the relative error of the logits vs FP32. The Markdown table is printed and written to
 benchmarks/results/integer.md.
@@ -34,8 +35,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-
-from benchmarks.common import interleaved_best
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -113,6 +112,20 @@ def mobilenet_style(size: int) -> onnx.ModelProto:
     return n.model("mobilenet_style", size, n.head(x, 640))
 
 
+def _interleaved_times(fns: dict, repeats: int, warmup: int = 3) -> dict[str, np.ndarray]:
+    """Wall times (s) of each function, run round-robin ``repeats`` times after ``warmup`` rounds."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    return {k: np.asarray(v) for k, v in times.items()}
+
+
 def _session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     if threads:
@@ -161,8 +174,8 @@ def bench_model(name: str, model: onnx.ModelProto, size: int, repeats: int, thre
     }
     sessions = {k: _session(m, threads) for k, m in variants.items()}
     feed = tests[0]
-    best = interleaved_best({k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}, repeats=repeats,
-                            warmup=3)
+    times = _interleaved_times({k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}, repeats)
+    best = {k: float(v.min()) for k, v in times.items()}
     q = sim.qc_quantize_op_dict[model.graph.output[0].name]
     scale = float(q.encoding.scale)
     sim_out = np.concatenate([sim.session.run(None, t)[0] for t in tests])
@@ -173,6 +186,7 @@ def bench_model(name: str, model: onnx.ModelProto, size: int, repeats: int, thre
         ours = key.startswith("quantsim")
         rows.append({
             "model": name, "variant": key, "ms": best[key] * 1e3, "ratio": best["FP32"] / best[key],
+            "median_ms": float(np.median(times[key])) * 1e3,
             "steps": f"{np.abs(out - sim_out).max() / scale:.0f}" if ours else "",
             "rel_err": float(np.abs(out - fp32).max() / np.abs(fp32).max()),
             "nodes": len(variants[key].graph.node),
@@ -187,12 +201,13 @@ def render(rows: list[dict], args) -> str:
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}, onnxruntime {ort.__version__}, onnx {onnx.__version__}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, intra_op threads "
         f"{args.threads or 'default'}; input 1x3x{args.size}x{args.size}; best of {args.repeats} interleaved runs.",
-        "", "| model | variant | nodes | latency ms | FP32 / variant | max \\|Δ\\| vs sim (out steps) | "
+        "", "| model | variant | nodes | best ms | median ms | FP32 / variant (best) | max \\|Δ\\| vs sim (out steps) | "
         "max \\|Δ\\| / max\\|FP32\\| | note |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['variant']} | {r['nodes']} | {r['ms']:.2f} | {r['ratio']:.2f}x | "
+        lines.append(f"| {r['model']} | {r['variant']} | {r['nodes']} | {r['ms']:.2f} | {r['median_ms']:.2f} | "
+                     f"{r['ratio']:.2f}x | "
                      f"{r['steps']} | {r['rel_err']:.4f} | {r.get('note', '')} |")
     return "\n".join(lines) + "\n"
 
@@ -200,8 +215,8 @@ def render(rows: list[dict], args) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=1, help="intra_op_num_threads (0: onnxruntime default)")
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)
     ort.set_default_logger_severity(3)

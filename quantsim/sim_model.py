@@ -268,14 +268,26 @@ class QuantizationSimModel:
         self._ensure_param_encodings()
         return to_qdq_model(self, int32_bias=int32_bias)
 
+    def export_integer(self, *, integer_io: bool = False, opset: int | None = None):
+        """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
+        fixed-point requantization table; see `quantsim.export.integer`. ``.save(prefix)`` writes both."""
+        from .export.integer import export_integer
+
+        self._ensure_param_encodings()
+        return export_integer(self, integer_io=integer_io, opset=opset)
+
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
-               export_int32_bias: bool | None = None, force_activation_as: str = "unsigned") -> None:
-        """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float model)."""
-        from .sim_encodings import export_sim
+               export_int32_bias: bool | None = None, force_activation_as: str = "unsigned",
+               qdq: bool = False) -> None:
+        """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float
+        model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`."""
+        from .sim_encodings import export_sim, save_model_atomic
 
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
                    force_activation_as)
+        if qdq:
+            save_model_atomic(self.to_onnx_qdq(), Path(path) / f"{filename_prefix}.qdq.onnx")
 
     def set_and_freeze_param_encodings(self, encoding_path) -> None:
         """Load the parameter encodings of a file and freeze them (other quantizers are left alone)."""

@@ -148,6 +148,18 @@ def test_batchnorm_fold_refused_when_layer_output_has_other_consumers():
     assert find_batchnorm_folds(conv_bn_model())[0].reason is None
 
 
+def test_overridable_initializers_are_not_folded_but_ir3_initializers_are():
+    model = conv_bn_model()
+    model.graph.input.append(helper.make_tensor_value_info("w", 1, [6, 4, 3, 3]))  # IR >= 4: an overridable input
+    with pytest.warns(PrepareWarning, match='weight "w" of the layer is not a constant initializer'):
+        assert "BatchNormalization" in ops(checked_prepare(model))
+    old = conv_bn_model()
+    old.ir_version, old.opset_import[0].version = 3, 7  # IR 3 lists every initializer as a graph input
+    old.graph.input.extend(helper.make_tensor_value_info(t.name, 1, list(t.dims)) for t in old.graph.initializer)
+    prepared = checked_prepare(old)
+    assert ops(prepared) == ["Conv", "Relu"] and [i.name for i in prepared.graph.input] == ["x"]
+
+
 # constants, opset, constant folding ---------------------------------------------------------------
 def test_paddle_style_constant_weights_become_initializers_and_fold():
     const = lambda name, array: helper.make_node("Constant", [], [name], value=init(name, array))  # noqa: E731

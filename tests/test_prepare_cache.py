@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 
 from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, prepare
 from quantsim.prepare import common
-from quantsim.prepare.cache import cache_key, cache_root, pass_identity
+from quantsim.prepare.cache import cache_key, cache_root, load_cached, pass_identity, store_cached
 from quantsim.prepare.passes import name_nodes
 
 PACKAGE = sys.modules["quantsim.prepare"]  # the attribute quantsim.prepare is the function
@@ -165,6 +165,14 @@ def test_large_model_is_stored_with_external_data(tmp_path, monkeypatch):
     with pytest.warns(PrepareWarning, match="model.onnx.data does not match"):
         prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert CALLS == ["run", "run"]
+
+
+def test_publishing_an_existing_key_keeps_the_first_entry(tmp_path):
+    first, second = model_with_bn(), model_with_bn(seed=1)
+    key = "ab" * 32
+    assert store_cached(key, first, tmp_path / "c") == store_cached(key, second, tmp_path / "c")
+    assert load_cached(key, tmp_path / "c").SerializeToString() == first.SerializeToString(deterministic=True)
+    assert [p.name for p in cache_root(tmp_path / "c").iterdir()] == [key]
 
 
 def _prepare_in_child(cache_dir, barrier, results):

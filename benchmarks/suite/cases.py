@@ -171,9 +171,10 @@ def minilm_case(model_dir: Path, size: Size) -> Case:
     inputs, _ = _model_io(path)
     tok_out = _token_output(path)
     tok = text.WordPieceTokenizer.from_dir(model_dir)
-    # every 4th sentence calibrates (spread over the file), the rest are held out
-    cal_s = [s for i, s in enumerate(sentences) if i % 4 == 0][:n_cal]
-    ev_s = [s for s in sentences if s not in set(cal_s)][:n_eval]
+    # calibration sentences are spread evenly over the file (which groups them by stdlib module)
+    cal_i = set(np.round(np.linspace(0, len(sentences) - 1, n_cal)).astype(int).tolist())
+    cal_s = [s for i, s in enumerate(sentences) if i in cal_i]
+    ev_s = [s for i, s in enumerate(sentences) if i not in cal_i][:n_eval]
     cal = text.feeds(tok, cal_s, size.sentence_batch, inputs)
     ev = text.feeds(tok, ev_s, size.sentence_batch, inputs)
     masks = [f["attention_mask"] for f in ev]

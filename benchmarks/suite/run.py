@@ -65,6 +65,7 @@ class Result:
     fp32_latency_s: float | None = None
     fp32_calib_pass_s: float | None = None
     fp32_note: str = ""
+    sim_extreme: list[str] = field(default_factory=list)  # sim quantizers with mask-like ranges
     sim: Arm = field(default_factory=Arm)
     base: Arm = field(default_factory=Arm)
     error: str | None = None  # the case itself could not be built / run in FP32
@@ -96,6 +97,22 @@ def timed_outputs(session, feeds, repeats: int) -> tuple[list[list[np.ndarray]],
     for _ in range(repeats - 1):
         best = min(best, run_all(session, feeds)[1])
     return outs, best
+
+
+def extreme_ranges(sim, limit: float = 1e30) -> list[str]:
+    """Names of enabled sim quantizers whose calibrated range reaches beyond ``±limit`` (e.g. additive masks
+    built from ``finfo(float32).min``: an 8-bit grid over such a range flattens every real value)."""
+    out = []
+    try:
+        for name, q in sim.qc_quantize_op_dict.items():
+            if not q.enabled:
+                continue
+            encs = q.get_encodings() or []
+            if any(max(abs(float(e.min)), abs(float(e.max))) >= limit for e in encs):
+                out.append(name)
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        pass
+    return sorted(set(out))
 
 
 class _Reader:
@@ -156,6 +173,7 @@ def run_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, 
                                             quant_scheme="min_max", progress=False)
         sim.compute_encodings(case.calib)
         res.sim.calib_s = time.perf_counter() - t0
+        res.sim_extreme = extreme_ranges(sim)
         session = sim.session
         outs, res.sim.latency_s = timed_outputs(session, case.eval, repeats)
         res.sim.metrics = case.score(ref, outs)
@@ -211,13 +229,15 @@ def _cell(arm: Arm, metric: str) -> str:
 def report(results: list[Result], mode: str, wall_s: float) -> str:
     import quantsim
 
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     direction = lambda r: "higher" if r.higher_is_better else "lower"  # noqa: E731
     lines = [
         f"# Real-model suite ({mode})",
         "",
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPU cores, "
         f"Python {platform.python_version()}, onnxruntime {ort.__version__}, quantsim "
-        f"{getattr(quantsim, '__version__', '?')}; total wall time {wall_s:.0f} s.",
+        f"{getattr(quantsim, '__version__', '?')}; total wall time {wall_s:.0f} s; 1-minute load average at the "
+        f"end {load:.1f} (timings are noisy on a shared machine).",
         "",
         "W8A8 sim = `QuantizationSimModel(param_type=\"int8\", activation_type=\"int8\", quant_scheme=\"min_max\")` "
         "with the default per-channel config; baseline = `onnxruntime.quantization.quantize_static` (QDQ, "
@@ -252,6 +272,10 @@ def report(results: list[Result], mode: str, wall_s: float) -> str:
             bits.append(r.fp32_note)
         if r.fp32_latency_s:
             bits.append(f"FP32 eval pass {r.fp32_latency_s:.2f} s, FP32 calibration pass {r.fp32_calib_pass_s:.2f} s")
+        if r.sim_extreme:
+            shown = ", ".join(f"`{n}`" for n in r.sim_extreme[:4]) + (" ..." if len(r.sim_extreme) > 4 else "")
+            bits.append(f"{len(r.sim_extreme)} sim quantizers calibrated to ranges beyond ±1e30 "
+                        f"(additive-mask arithmetic; an 8-bit grid over it flattens real values): {shown}")
         if r.base.note:
             bits.append(f"quantize_static {r.base.note}")
         for label, arm in (("sim", r.sim), ("quantize_static", r.base)):
@@ -286,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.fetch_models import fetch_magika
     from benchmarks.suite.fetch import fetch_minilm, fetch_ppocr
 
+    ort.set_default_logger_severity(3)  # quantize_static's sessions warn about every unused initializer
     t_start = time.perf_counter()
     fetchers = {"ppocr": fetch_ppocr, "minilm": fetch_minilm, "magika": fetch_magika}
     model_dirs: dict[str, Path] = {}

@@ -98,6 +98,8 @@ def clamp_codes(ctx: LoweringContext, codes: str, low: int, high: int, base: str
     """``codes`` clamped to ``[low, high]`` by one uint8 Clip (nothing when the clamp is the full range)."""
     if low <= 0 and high >= 255:
         return codes
+    if ctx.opset < 12:
+        raise Unsupported("a uint8 Clip needs opset >= 12")
     out = ctx.fresh(f"{base}/clamped")
     ctx.emit("Clip", [codes, ctx.scalar(low, np.uint8, "clamp/low"), ctx.scalar(high, np.uint8, "clamp/high")],
              [out], name=f"{base}/clamp")

@@ -12,11 +12,13 @@ With ``integer_io=True`` the boundary Q/DQ are dropped: graph inputs and outputs
 themselves, and their ``(scale, zero_point)`` are returned in ``io`` and in the model's metadata_props
 (``quantsim.io``): ``real = scale * (code - zero_point)``.
 
-Accuracy contract (tests/test_export_integer.py): every rule is exact w.r.t. the sim's grid arithmetic
-except where onnxruntime requantizes an int32 accumulator in float32 (Conv, Gemm, MatMul, Add, Mul,
-pooling, Softmax): those differ from the sim by at most one output step on values within a rounding error
-of a grid midpoint; the tests state the observed fractions. The int32 bias adds at most half an
-accumulator step.
+Accuracy contract (tests/test_export_integer.py): data movement, clamps, lookup tables and float islands
+are exact. Kernels with an int32 accumulator add the bias as ``round(b / (s_in s_w))`` where the sim (like
+AIMET) adds the float bias: up to ``0.5 * s_in s_w / s_out`` output steps, so values that close to a
+rounding midpoint move by one step (0.05-0.5% of conv outputs with int8 weights, more with int4 weights,
+whose larger ``s_w`` makes that bound larger). With zero biases the integer model equals the sim bit
+for bit; QLinearSoftmax alone adds about 1% one-step differences. One-step differences can grow by a
+step or two through deep stacks of layers.
 
 Nodes no rule can lower (unsupported op types, 16-bit / 6-bit / float16 quantizers, float weights, a
 quantizer disabled in the middle of the graph) run in float exactly as in the sim (`fallback`) and are
@@ -24,6 +26,11 @@ listed in ``report`` as ``(node, op_type, reason)``. The export never silently c
 uncalibrated quantizer or a scale that is zero or not finite in float32 raises `IntegerExportError`
 naming the tensor. ``requant`` holds, per lowered node, the real requantization multipliers and their
 fixed-point form (int32 mantissa in [2^30, 2^31) and shift, `fixed_point`), zero points and scales.
+
+The model keeps the prepared model's ai.onnx opset (``opset`` asks for a higher one, converted with
+onnx.version_converter) and IR version; contrib kernels come from the ``com.microsoft`` domain, which
+onnxruntime's default CPU provider runs. Below opset 12 onnxruntime has no uint8 Clip / MaxPool, so
+those rules refuse and the nodes run in float.
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..graph import GraphIndex
+from ..simulate import IR_FOR_OPSET
 from . import lowering_elementwise, lowering_linear, lowering_lut, lowering_movement
 from .fallback import apply_quantizer, lower_in_float
 from .lowering_context import MS_DOMAIN, IntegerExportError, LoweringContext, Unsupported
@@ -46,7 +54,7 @@ from .lowering_context import MS_DOMAIN, IntegerExportError, LoweringContext, Un
 __all__ = ["export_integer", "IntegerExport", "ReportEntry", "LOWERINGS", "IntegerExportError", "REQUANT_FORMAT"]
 
 REQUANT_FORMAT = "quantsim.requant/1"
-MIN_OPSET = 13  # uint8 Clip/Max/Min/MaxPool kernels and per-axis Q/DQ
+MIN_OPSET = 10  # QuantizeLinear / QLinearConv; uint8 Clip and MaxPool need 12 (rules refuse below)
 
 LOWERINGS = {
     **lowering_lut.RULES,
@@ -118,16 +126,21 @@ def _check_sim(sim) -> None:
 
 
 def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, int]:
+    """The sim's float model at the requested ai.onnx opset (converted only when a higher one is asked)."""
     model = sim.model
     current = GraphIndex(model).opset()
-    target = max(current, MIN_OPSET) if opset is None else int(opset)
+    target = current if opset is None else int(opset)
     if target < current:
         raise ValueError(f"opset {target} is below the model's opset {current}")
     if target > current:
         try:
             model = onnx.version_converter.convert_version(model, target)
         except Exception as error:  # noqa: BLE001 - re-raised with context
-            raise ValueError(f"cannot convert the model from opset {current} to {target}: {error}") from error
+            raise ValueError(f"cannot convert the model from opset {current} to {target} "
+                             f"({str(error).splitlines()[-1]}); export at the model's opset") from None
+    if target < MIN_OPSET:
+        raise ValueError(f"integer export needs ai.onnx opset >= {MIN_OPSET} (QuantizeLinear); the model has "
+                         f"{target}: pass opset={MIN_OPSET} or convert the model")
     return model, target
 
 
@@ -221,7 +234,7 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None) -
     if MS_DOMAIN in ctx.domains:
         opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     result = helper.make_model(graph, opset_imports=opsets, producer_name="quantsim.export_integer")
-    result.ir_version = model.ir_version
+    result.ir_version = max(model.ir_version, next(ir for first, ir in IR_FOR_OPSET if opset >= first))
     helper.set_model_props(result, {"quantsim.io": json.dumps(io, sort_keys=True),
                                      "quantsim.float_nodes": str(len(report))})
     onnx.checker.check_model(result)

@@ -103,25 +103,25 @@ class LoweringContext:
         self.absorbed: set[str] = set()
         self.requant: dict[str, dict] = {}
         self.domains: set[str] = set()
-        self._cache: dict[tuple, str] = {}
+        self.memo: dict[tuple, str] = {}  # shared scalars and casts: key -> tensor name
         self._copied: set[str] = set()
         self._node_names: set[str] = set()
 
     # transactions ------------------------------------------------------------------------------
     def snapshot(self) -> tuple:
         return (len(self.nodes), len(self.initializers), dict(self.ints), dict(self.floats), set(self.absorbed),
-                dict(self.requant), set(self.domains), dict(self._cache), set(self._copied), set(self._node_names))
+                dict(self.requant), set(self.domains), dict(self.memo), set(self._copied), set(self._node_names))
 
     def restore(self, state: tuple) -> None:
         n_nodes, n_inits, ints, floats, absorbed, requant, domains, cache, copied, names = state
         del self.nodes[n_nodes:]
         del self.initializers[n_inits:]
         self.ints, self.floats, self.absorbed, self.requant = ints, floats, absorbed, requant
-        self.domains, self._cache, self._copied, self._node_names = domains, cache, copied, names
+        self.domains, self.memo, self._copied, self._node_names = domains, cache, copied, names
 
     # quantizers of the sim ------------------------------------------------------------------------
     def quantizer(self, tensor: str):
-        """The enabled, non-float quantizer of ``tensor`` or None (float16 quantizers included: see spec)."""
+        """The enabled quantizer of ``tensor`` (float16 ones included) or None."""
         q = self.sim.qc_quantize_op_dict.get(tensor)
         return q if q is not None and q.enabled else None
 
@@ -183,14 +183,14 @@ class LoweringContext:
         """A scalar initializer, shared between identical values."""
         array = np.asarray(value, dtype=dtype)
         key = (array.dtype.str, array.shape, array.tobytes())
-        if key not in self._cache:
-            self._cache[key] = self.add_initializer(array, base)
-        return self._cache[key]
+        if key not in self.memo:
+            self.memo[key] = self.add_initializer(array, base)
+        return self.memo[key]
 
     def grid_inputs(self, grid: Grid, base: str) -> tuple[str, str]:
         """``(scale, zero_point)`` initializer names of a grid (float32 scalar, uint8 scalar)."""
-        return self.scalar(grid.scale, np.float32, f"{base}/scale"), self.scalar(grid.zero_point, np.uint8,
-                                                                                  f"{base}/zero_point")
+        return (self.scalar(grid.scale, np.float32, f"{base}/scale"),
+                self.scalar(grid.zero_point, np.uint8, f"zero_point/uint8/{grid.zero_point}"))
 
     def node_name(self, base: str) -> str:
         """A node name unused in the new graph (the original node's name when it is free)."""

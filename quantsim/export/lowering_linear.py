@@ -7,9 +7,10 @@ s_w) + b`` in float and quantizes it. The integer form is
     acc[c] = sum_k (qx_k - z_x)(qw_kc - z_w[c]) + qb[c],   qb[c] = round(b[c] / (s_x s_w[c]))  (int32)
     qy[c]  = clamp(z_y + round(M[c] acc[c]), 0, 255),       M[c] = s_x s_w[c] / s_y
 
-which differs from the sim only by the bias rounding (<= 0.5 accumulator units, `bias.quantize_bias`) and
-by onnxruntime's float32 requantization of ``acc`` (round half to even): at most one output step, and only
-for values within a rounding error of a grid midpoint. The fixed-point form of every ``M[c]`` is recorded
+which differs from the sim by the bias rounding (<= 0.5 accumulator units = ``0.5 M[c]`` output steps,
+`bias.quantize_bias`): values that close to a rounding midpoint move by one step. onnxruntime
+requantizes ``acc`` with a float32 multiplier (round half to even); on the test models that adds no
+difference (with zero biases the outputs equal the sim's bit for bit). The fixed-point form of every ``M[c]`` is recorded
 in the requant table (`fixed_point.multiplier_record`).
 
 * Conv -> ``QLinearConv`` (uint8 x, int8 or uint8 weights, uint8 y, int32 bias), attributes unchanged.

@@ -83,12 +83,12 @@ def lut_table(ctx: LoweringContext, grid_in: Grid, grid_out: Grid, node: onnx.No
 def apply_table(ctx: LoweringContext, x: QTensor, table: np.ndarray, base: str) -> str:
     """``Gather(table, Cast<int32>(codes))``: the looked-up uint8 codes."""
     key = ("int32 index", x.name)
-    if key not in ctx._cache:
+    if key not in ctx.memo:
         index = ctx.fresh(f"{base}/index")
         ctx.emit("Cast", [x.name], [index], name=f"{base}/cast", to=TensorProto.INT32)
-        ctx._cache[key] = index
+        ctx.memo[key] = index
     out = ctx.fresh(f"{base}/codes")
-    ctx.emit("Gather", [ctx.add_initializer(table.astype(np.uint8), f"{base}/table"), ctx._cache[key]], [out],
+    ctx.emit("Gather", [ctx.add_initializer(table.astype(np.uint8), f"{base}/table"), ctx.memo[key]], [out],
              name=f"{base}/lut", axis=0)
     return out
 

@@ -16,6 +16,11 @@ integer kernels and other toolchains expect:
   MatMul`` would be rewritten into MatMulNBits, which computes the activation in 8 bits (hundreds of
   16-bit steps off); a float weight instead would be requantized by onnxruntime's WeightBiasQuantization.
   Such weights keep their codes in an int16/uint16 container: the same values, no rewrite.
+* **float weights stay float**: onnxruntime's WeightBiasQuantization re-quantizes a float weight (to
+  int8 per tensor) of a Conv/ConvTranspose/Gemm/MatMul that reads a DequantizeLinear output. Where the
+  sim keeps a weight in float (its quantizer disabled or float16), that op reads its input through
+  ``Cast -> Sub(zero point) -> Mul(scale)`` instead: bit-identical to the DequantizeLinear, invisible
+  to the rewrite.
 * **zero points by type**: at opset >= 21 a zero point that is all zero is dropped; QuantizeLinear then
   names its storage type with the ``output_dtype`` attribute and DequantizeLinear takes the type from its
   input. Below opset 21 (no ``output_dtype``) the zero-point tensors stay.
@@ -32,7 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..graph import GraphIndex
 from .bias import quantize_bias
 
-__all__ = ["to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
+__all__ = ["to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "protect_float_weights", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
 
 #: ops whose output values are a subset of their (single quantized) data input's values
 GRID_MOVEMENT_OPS = frozenset(
@@ -169,6 +174,42 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
     return model
 
 
+_WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+def protect_float_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Read DQ outputs through Cast/Sub/Mul for ops whose weight is float (module docstring)."""
+    index = GraphIndex(model)
+    before: dict[str, list[onnx.NodeProto]] = {}
+    for node in index.nodes:
+        if node.op_type not in _WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
+            continue
+        dq = index.producer_of(node.input[0])
+        if dq is None or dq.op_type != "DequantizeLinear" or any(a.name == "block_size" for a in dq.attribute):
+            continue
+        codes, scale = dq.input[0], dq.input[1]
+        base = index.fresh_name(f"{node.input[0]}/float_read")
+        chain = [helper.make_node("Cast", [codes], [f"{base}/cast"], name=f"{base}/cast", to=TensorProto.FLOAT)]
+        shifted = f"{base}/cast"
+        if len(dq.input) > 2 and dq.input[2]:
+            zp_float = index.fresh_name(f"{base}/zero_point")
+            model.graph.initializer.append(
+                numpy_helper.from_array(index.constant_value(dq.input[2]).astype(np.float32), zp_float))
+            chain.append(helper.make_node("Sub", [shifted, zp_float], [f"{base}/sub"], name=f"{base}/sub"))
+            shifted = f"{base}/sub"
+        chain.append(helper.make_node("Mul", [shifted, scale], [base], name=f"{base}/mul"))
+        before.setdefault(node.name, []).extend(chain)
+        node.input[0] = base
+    if before:
+        ordered = []
+        for node in model.graph.node:
+            ordered.extend(before.get(node.name, ()))
+            ordered.append(node)
+        del model.graph.node[:]
+        model.graph.node.extend(ordered)
+    return model
+
+
 def drop_zero_zero_points(model: onnx.ModelProto) -> onnx.ModelProto:
     """At opset >= 21, drop all-zero zero points (Q gets ``output_dtype``); below it, do nothing."""
     index = GraphIndex(model)
@@ -199,6 +240,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
     model = build_sim_model(sim.model, sim.quantizers, weights="qdq")
     model = add_derived_qdq(model)
     model = wide_weights_for_wide_activations(model)
+    model = protect_float_weights(model)
     if int32_bias:
         model = quantize_biases(model)
     model = drop_zero_zero_points(model)

@@ -66,7 +66,7 @@ class _Match:
 def find_batchnorm_folds(model: onnx.ModelProto) -> list[BatchNormFold]:
     """Every layer -> BatchNormalization pair of the top-level graph, with the reason it cannot fold."""
     index = GraphIndex(model)
-    constants = constant_names(model.graph)
+    constants = constant_names(model)
     return [BatchNormFold(m.bn.name, m.layer.name, _check(index, constants, m)) for m in _matches(index)]
 
 
@@ -75,7 +75,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     modified, refused = False, set()
     while True:  # a second round catches BN -> BN chains that the first fold exposed
         index = GraphIndex(model)
-        constants = constant_names(model.graph)
+        constants = constant_names(model)
         folded: list[_Match] = []
         for match in _matches(index):
             reason = _check(index, constants, match)

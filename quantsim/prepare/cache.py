@@ -1,8 +1,9 @@
 """Persistent on-disk cache of prepared models.
 
-Key: sha256 over a format tag, the input model (``SerializeToString(deterministic=True)``; a large model
-field by field, weights streamed), each pass's identity (module, qualified name, and a digest of the
-module's source file, so editing a pass invalidates its entries), the options, and the versions of
+Key: sha256 over a format tag, the input model (``SerializeToString(deterministic=True)``; for a large
+model its ``skeleton`` and then each big weight's bytes), each pass's identity (module, qualified name, and a digest of the
+module's source file), a digest of the sources of this package and ``quantsim/graph.py`` (so editing a
+pass or a helper it uses invalidates the entries), the options, and the versions of
 onnx, onnxruntime and quantsim. A pass without a stable identity (a lambda, a closure) makes the call
 uncacheable (``cache_key`` returns None).
 
@@ -37,7 +38,7 @@ from typing import NamedTuple
 
 import onnx
 
-from .common import PrepareWarning, is_large, save_model
+from .common import PrepareWarning, is_external_candidate, is_large, save_model, skeleton
 
 __all__ = ["ENV_VAR", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached", "store_cached",
            "clear_cache", "cache_info", "cache_size"]
@@ -74,8 +75,8 @@ def cache_key(model: onnx.ModelProto, passes, options: dict) -> str | None:
     import quantsim
 
     digest = hashlib.sha256(_FORMAT)
-    _feed_message(digest, model)
-    header = {"passes": identities, "options": options, "onnx": onnx.__version__,
+    _feed_model(digest, model)
+    header = {"passes": identities, "options": options, "code": _code_digest(), "onnx": onnx.__version__,
               "onnxruntime": onnxruntime.__version__, "quantsim": quantsim.__version__}
     digest.update(json.dumps(header, sort_keys=True, default=repr).encode())
     return digest.hexdigest()
@@ -177,27 +178,25 @@ def cache_size(cache_dir: str | os.PathLike | None = None) -> int:
 
 
 # helpers ---------------------------------------------------------------------------------------
-def _feed_message(digest, message) -> None:
-    """Hash a protobuf message; one too big to serialise (> 2 GiB) is hashed field by field."""
-    if not (isinstance(message, onnx.ModelProto | onnx.GraphProto | onnx.TensorProto) and is_large(message)):
-        digest.update(message.SerializeToString(deterministic=True))
+def _feed_model(digest, model: onnx.ModelProto) -> None:
+    """Hash a model; a large one as its skeleton followed by each big initializer's bytes."""
+    if not is_large(model):
+        digest.update(model.SerializeToString(deterministic=True))
         return
-    for field, value in message.ListFields():
-        digest.update(field.name.encode())
-        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
-        items = value if repeated else [value]
-        for item in items:
-            if field.message_type is not None:
-                _feed_message(digest, item)
-            elif isinstance(item, bytes):
-                digest.update(item)
-            else:
-                digest.update(repr(item).encode())
+    digest.update(skeleton(model).SerializeToString(deterministic=True))
+    for tensor in model.graph.initializer:
+        if is_external_candidate(tensor):
+            digest.update(tensor.raw_data)
 
 
 @functools.lru_cache(maxsize=None)
 def _source_digest_cached(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _code_digest() -> str:
+    here = Path(__file__).parent
+    return "".join(_source_digest(str(path)) for path in [*sorted(here.glob("*.py")), here.parent / "graph.py"])
 
 
 def _source_digest(path: str) -> str:

@@ -8,17 +8,22 @@ call time, so tests can lower it to exercise the large-model paths on small mode
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx
-from google.protobuf.message import EncodeError
+from onnx import helper
 
 __all__ = [
     "LARGE_MODEL_BYTES",
     "PrepareError",
     "PrepareWarning",
     "is_large",
+    "estimated_bytes",
+    "skeleton",
+    "is_external_candidate",
     "default_opset",
     "constant_names",
     "referenced_names",
@@ -41,11 +46,27 @@ class PrepareWarning(UserWarning):
 
 
 def is_large(model: onnx.ModelProto) -> bool:
-    """True when ``model`` is at least ``LARGE_MODEL_BYTES`` (or too big for protobuf to measure)."""
+    """True when ``model`` is at least ``LARGE_MODEL_BYTES``, judged from tensor shapes (no serialising)."""
+    return estimated_bytes(model) >= LARGE_MODEL_BYTES
+
+
+def estimated_bytes(model: onnx.ModelProto) -> int:
+    """Serialised size of ``model``: initializer payloads from their shapes, everything else measured."""
+    graph = model.graph
+    total = sum(_payload_bytes(t) + len(t.name) + 16 for t in graph.initializer)
+    for part in (graph.node, graph.input, graph.output, graph.value_info, graph.sparse_initializer, model.functions):
+        total += sum(item.ByteSize() for item in part)
+    return total
+
+
+def _payload_bytes(tensor: onnx.TensorProto) -> int:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return 0
     try:
-        return model.ByteSize() >= LARGE_MODEL_BYTES
-    except (EncodeError, ValueError):
-        return True
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except Exception:  # noqa: BLE001 - strings, undefined types: measure the tensor itself
+        return tensor.ByteSize()
+    return itemsize * math.prod(tensor.dims)
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -56,9 +77,11 @@ def default_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def constant_names(graph: onnx.GraphProto) -> set[str]:
-    """Initializers whose value is fixed: those not also listed as (overridable) graph inputs."""
-    inputs = {i.name for i in graph.input}
+def constant_names(model: onnx.ModelProto) -> set[str]:
+    """Initializers whose value is fixed: from IR version 4 on, those not also listed as (overridable)
+    graph inputs; before it every initializer had to be listed as an input and all are constant."""
+    graph = model.graph
+    inputs = {i.name for i in graph.input} if model.ir_version >= 4 else set()
     return {t.name for t in graph.initializer if t.name not in inputs}
 
 
@@ -98,39 +121,68 @@ def describe(node: onnx.NodeProto) -> str:
     return f'"{node.name}" ({node.op_type})' if node.name else f"an unnamed {node.op_type} node"
 
 
+def skeleton(model: onnx.ModelProto, data_file=None) -> onnx.ModelProto:
+    """A copy of ``model`` without the payload of its big initializers (raw data of 1 KiB or more).
+
+    Their copies become ONNX external-data references. With ``data_file`` (an open binary file) the
+    payloads are written to it and the references point into it, so the skeleton plus that file is
+    the model; without, they point at ``"unwritten"`` (enough for shape inference and for hashing).
+    ``model`` is not modified and its weights are never copied as a whole.
+    """
+    result = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(result, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(result.graph, field, value)
+    location = Path(data_file.name).name if data_file is not None else "unwritten"
+    for tensor in model.graph.initializer:
+        copy = result.graph.initializer.add()
+        if not is_external_candidate(tensor):
+            copy.CopyFrom(tensor)
+            continue
+        copy.name, copy.data_type = tensor.name, tensor.data_type
+        copy.dims.extend(tensor.dims)
+        copy.data_location = onnx.TensorProto.EXTERNAL
+        offset, length = 0, _payload_bytes(tensor)
+        if data_file is not None:
+            offset = data_file.tell()
+            length = data_file.write(tensor.raw_data)
+        for key, value in (("location", location), ("offset", offset), ("length", length)):
+            entry = copy.external_data.add()
+            entry.key, entry.value = key, str(value)
+    return result
+
+
+def is_external_candidate(tensor: onnx.TensorProto) -> bool:
+    """Initializers that ``skeleton`` moves out: raw data of at least 1 KiB, not already external."""
+    return (tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data")
+            and _payload_bytes(tensor) >= _EXTERNAL_MIN_BYTES)
+
+
+def _copy_field(target, field, value) -> None:
+    repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+    if repeated:
+        getattr(target, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(target, field.name).CopyFrom(value)
+    else:
+        setattr(target, field.name, value)
+
+
 def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> list[Path]:
     """Write ``model`` to ``path`` and return the files written.
 
-    A large model's top-level initializers (raw data of at least 1 KiB) go to ``<path>.data`` beside
-    it as ONNX external data. Unlike ``onnx.save(save_as_external_data=True)`` the in-memory model
-    keeps its weights: they are detached only while the graph file is written, then put back.
+    A large model's big initializers go to ``<path>.data`` beside it as ONNX external data (see
+    ``skeleton``). Unlike ``onnx.save(save_as_external_data=True)`` the in-memory model keeps its weights.
     """
     path = Path(path)
     if not is_large(model):
         path.write_bytes(model.SerializeToString(deterministic=True))
         return [path]
     data_path = path.with_name(path.name + ".data")
-    detached: list[tuple[onnx.TensorProto, bytes]] = []
-    try:
-        with open(data_path, "wb") as data_file:
-            for tensor in model.graph.initializer:
-                if tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
-                    continue
-                raw = tensor.raw_data
-                if len(raw) < _EXTERNAL_MIN_BYTES:
-                    continue
-                offset = data_file.tell()
-                data_file.write(raw)
-                detached.append((tensor, raw))
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                for key, value in (("location", data_path.name), ("offset", offset), ("length", len(raw))):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, str(value)
-        path.write_bytes(model.SerializeToString(deterministic=True))
-    finally:
-        for tensor, raw in detached:
-            del tensor.external_data[:]
-            tensor.data_location = onnx.TensorProto.DEFAULT
-            tensor.raw_data = raw
+    with open(data_path, "wb") as data_file:
+        graph_only = skeleton(model, data_file)
+    path.write_bytes(graph_only.SerializeToString(deterministic=True))
     return [path, data_path]

@@ -42,7 +42,7 @@ _log = logging.getLogger(__name__)
 def fold_constants(model: onnx.ModelProto, *, max_output_bytes: int = MAX_FOLDED_BYTES) -> tuple[onnx.ModelProto, bool]:
     """Replace constant-only nodes by initializers holding their outputs (rules in the module docstring)."""
     graph = model.graph
-    constants = constant_names(graph)
+    constants = constant_names(model)
     initializers = {t.name: t for t in graph.initializer}
     graph_outputs = {o.name for o in graph.output}
     declared = _declared_types(graph)

@@ -4,8 +4,10 @@ Pre: nodes in topological order (``check_graph``). Post: default-domain opset >=
 installed onnxruntime loads; IR version loadable by onnxruntime.
 Rules:
 1. default-domain opset below ``MIN_OPSET`` (13: per-channel QuantizeLinear/DequantizeLinear) is
-   converted with ``onnx.version_converter``; the IR version is raised to the minimum that opset needs.
-   A conversion failure is a ``PrepareError`` naming the model's opset;
+   converted with ``onnx.version_converter``; the IR version is raised to the minimum that opset needs
+   (from below IR 4, initializers are dropped from the graph inputs, where that IR had to list them,
+   so they stay constants rather than becoming overridable inputs). A conversion failure is a
+   ``PrepareError`` naming the model's opset;
 2. an opset or IR version above onnxruntime's maximum is a ``PrepareError`` stating that maximum
    (found once per process by asking onnxruntime to load one-node models: there is no public API);
 3. a model without a default-domain opset import, or already within range, is left unchanged;
@@ -50,6 +52,11 @@ def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
                            f"with onnx.version_converter failed: {exc}. Export the model at opset "
                            f">= {MIN_OPSET} instead") from exc
     needed = helper.find_min_ir_version_for([helper.make_opsetid("", MIN_OPSET)])
+    if converted.ir_version < 4:
+        initializers = {t.name for t in converted.graph.initializer}
+        inputs = [i for i in converted.graph.input if i.name not in initializers]
+        del converted.graph.input[:]
+        converted.graph.input.extend(inputs)
     converted.ir_version = max(converted.ir_version, needed)
     return converted, True
 

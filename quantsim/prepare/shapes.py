@@ -4,9 +4,10 @@ Pre: none. Post: ``graph.value_info`` (and graph output types) hold what ONNX co
 Rules:
 1. non-strict inference with data propagation (``onnx.shape_inference.infer_shapes``); only
    ``value_info`` and output types change, never nodes or weights;
-2. a large model (>= 2 GiB, see ``common``) is written to a temporary folder with external data and
-   inferred by file (``onnx.shape_inference.infer_shapes_path``); the inferred types are copied back
-   into the model, whose weights stay where they are;
+2. a large model (>= 2 GiB, see ``common``) is inferred by file (``infer_shapes_path``) on its
+   ``skeleton``: the graph with its big weights as external-data references to a file never
+   written (inference needs their shapes, not their values), so no weight is copied or written;
+   the inferred types are copied back into the model;
 3. fallback: when inference raises, the model is kept as it was and a ``PrepareWarning`` says so;
    when it leaves node outputs without a type (custom-domain ops, inconsistent shapes) a
    ``PrepareWarning`` names them. Either way preparation goes on without those shapes: later steps
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import onnx
 
-from .common import PrepareWarning, describe, is_large, save_model
+from .common import PrepareWarning, describe, is_large, skeleton
 
 __all__ = ["infer_shapes"]
 
@@ -46,7 +47,7 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
 def _infer_by_file(model: onnx.ModelProto) -> None:
     with tempfile.TemporaryDirectory(prefix="quantsim-shapes-") as folder:
         source, target = Path(folder, "model.onnx"), Path(folder, "inferred.onnx")
-        save_model(model, source)
+        source.write_bytes(skeleton(model).SerializeToString())
         onnx.shape_inference.infer_shapes_path(str(source), str(target), strict_mode=False, data_prop=True)
         inferred = onnx.load(str(target), load_external_data=False)
     _copy_types(inferred.graph, model.graph)
