@@ -161,7 +161,8 @@ def to_markdown(rows, header: str) -> str:
             f"| {ratio_cell(r['min_max'] / r['fp32'], TARGETS['min_max'])} | {ms(r['tf_enhanced'])} "
             f"| {ratio_cell(r['tf_enhanced'] / r['fp32'], TARGETS['tf_enhanced'])} "
             f"| {ratio_cell(r['sim'], TARGETS['sim'])} | {fused} | {dev} | {100 * r['agree']:.1f}% |")
-    notes = [f"- {r['model']}: {n}" for r in rows for n in r.get("notes", [])]
+    short = lambda n: n if len(n) <= 400 else n[:400] + " ..."  # noqa: E731
+    notes = [f"- {r['model']}: {short(n)}" for r in rows for n in r.get("notes", [])]
     builds = [f"{r['model']} {r['min_max_build'] * 1e3:.0f} ms" for r in rows if "min_max_build" in r]
     if builds:
         notes.append("- sim construction (not included above): " + ", ".join(builds))

@@ -7,7 +7,8 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    op type asks for it (channel axis from `channel_axis_of`). Norm-layer parameters keep >= 8 bits.
 2. Activations are the model's float inputs (``model_input``), float node outputs (default ops rule;
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
-   elementwise ops (quantized like model inputs, encoded from their values).
+   elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
+   (fill values such as -inf before a Max) stay float and are listed as such.
 3. Shape and index arithmetic is never quantized: tensors in the shape/index slots of `SHAPE_SLOTS`,
    everything computed only from them or from Shape/Size, and everything that feeds them.
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from .config import QuantsimConfig
@@ -181,7 +183,7 @@ def place_quantizers(
             if slot >= len(node.input) or not index.is_constant(node.input[slot]) or node.input[slot] in sites:
                 continue
             name = node.input[slot]
-            if not index.is_float(name):
+            if not index.is_float(name) or not _finite_constant(index, name, left_in_float):
                 continue
             sites[name] = _param_plan(index, config, node, slot, ptype, param_type)
     for name, add_node in bias_of_matmul.items():
@@ -219,7 +221,7 @@ def place_quantizers(
             for slot, name in enumerate(node.input):
                 if (node.op_type == "Where" and slot == 0) or not index.is_constant(name) or name in sites:
                     continue
-                if quantizable(name):
+                if quantizable(name) and _finite_constant(index, name, left_in_float):
                     sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(""),
                                                 config.model_input_quantized, shape=index.shape.get(name))
 
@@ -261,6 +263,14 @@ def place_quantizers(
         if root != name:
             groups[root].tensors.append(name)
     return Placement(list(groups.values()), left_in_float, index_tensors)
+
+
+def _finite_constant(index: GraphIndex, name: str, left_in_float: list) -> bool:
+    """Constants holding inf/NaN (e.g. a -inf fill value before a Max) cannot be put on a grid."""
+    if np.isfinite(index.constant_value(name)).all():
+        return True
+    left_in_float.append((name, "constant holds inf/NaN values"))
+    return False
 
 
 def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:

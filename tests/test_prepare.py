@@ -62,7 +62,9 @@ def feeds_for(model):
 def assert_same(original, prepared, feeds=None, rtol=1e-5):
     """Outputs equal within ``rtol`` of each output's largest magnitude."""
     feeds = feeds or feeds_for(original)
-    for want, got in zip(run(original, feeds), run(prepared, feeds)):
+    wanted, got_all = run(original, feeds), run(prepared, feeds)
+    assert len(got_all) == len(wanted)
+    for want, got in zip(wanted, got_all):
         assert got.shape == want.shape
         assert np.abs(got - want).max() <= rtol * max(np.abs(want).max(), 1e-30)
 

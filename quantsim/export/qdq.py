@@ -15,7 +15,9 @@ integer kernels and other toolchains expect:
   not an 8-bit Q/DQ tensor runs in float in onnxruntime anyway, but ``DequantizeLinear(int8 weight) ->
   MatMul`` would be rewritten into MatMulNBits, which computes the activation in 8 bits (hundreds of
   16-bit steps off); a float weight instead would be requantized by onnxruntime's WeightBiasQuantization.
-  Such weights keep their codes in an int16/uint16 container: the same values, no rewrite.
+  Such weights keep their codes in an int16/uint16 container: the same values, no rewrite. Where the
+  activation is float (no DequantizeLinear feeds the op), the weight is stored as its dequantized float
+  values instead (no DQ input, so WeightBiasQuantization does not apply).
 * **float weights stay float**: onnxruntime's WeightBiasQuantization re-quantizes a float weight (to
   int8 per tensor) of a Conv/ConvTranspose/Gemm/MatMul that reads a DequantizeLinear output. Where the
   sim keeps a weight in float (its quantizer disabled or float16), that op reads its input through
@@ -144,6 +146,21 @@ _WIDER = {TensorProto.INT8: TensorProto.INT16, TensorProto.UINT8: TensorProto.UI
           TensorProto.INT4: TensorProto.INT16, TensorProto.UINT4: TensorProto.UINT16}
 
 
+def _dequantized_constant(index: GraphIndex, dq: onnx.NodeProto) -> np.ndarray | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+    if "block_size" in attrs or not all(index.is_constant(n) for n in dq.input if n):
+        return None
+    codes = index.constant_value(dq.input[0]).astype(np.int64)
+    scale = index.constant_value(dq.input[1]).astype(np.float32)
+    zp = index.constant_value(dq.input[2]).astype(np.int64) if len(dq.input) > 2 and dq.input[2] else 0
+    if scale.ndim:
+        view = [1] * codes.ndim
+        view[attrs.get("axis", 1) % codes.ndim] = scale.size
+        scale = scale.reshape(view)
+        zp = np.reshape(zp, view) if np.ndim(zp) else zp
+    return ((codes - zp).astype(np.float32) * scale).astype(np.float32)
+
+
 def _widened(tensor: onnx.TensorProto) -> onnx.TensorProto:
     wide = helper.tensor_dtype_to_np_dtype(_WIDER[tensor.data_type])
     return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.int64).astype(wide), tensor.name)
@@ -154,6 +171,7 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
     (module docstring); the codes and hence the values are unchanged."""
     index = GraphIndex(model)
     widen: set[str] = set()
+    folded: set[str] = set()
     for node in index.nodes:
         if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
             continue
@@ -164,9 +182,24 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
         weight = index.producer_of(node.input[1])
         if eight_bit or weight is None or weight.op_type != "DequantizeLinear":
             continue
+        if activation is None or activation.op_type != "DequantizeLinear" or index.opset() < 21:
+            # a float activation: no DQ feeds the op, so a float weight is safe from WeightBiasQuantization
+            values = _dequantized_constant(index, weight)
+            if values is not None and len(index.uses(node.input[1])) == 1:
+                model.graph.initializer.append(numpy_helper.from_array(values, node.input[1]))
+                folded.add(weight.name)
+            continue
         names = [n for i, n in enumerate(weight.input) if n and i != 1 and index.is_constant(n)]
         if all(index.elem_type.get(n) in _WIDER for n in names) and index.is_constant(weight.input[0]):
             widen.update(names)
+    if folded:
+        kept = [n for n in model.graph.node if n.name not in folded]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        used = {n for node in kept for n in node.input}
+        initializers = [t for t in model.graph.initializer if t.name in used or t.name in widen]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(initializers)
     if widen:
         initializers = [_widened(t) if t.name in widen else t for t in model.graph.initializer]
         del model.graph.initializer[:]
