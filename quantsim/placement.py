@@ -9,8 +9,7 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
    elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
    (fill values such as -inf before a Max) stay float and are listed as such.
-3. Shape and index arithmetic is never quantized: tensors in the shape/index slots of `SHAPE_SLOTS`,
-   everything computed only from them or from Shape/Size, and everything that feeds them.
+3. Shape and index arithmetic and normalization statistics are never quantized (`tensor_roles`).
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
    last op's output quantizer; the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s constant into a bias.
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
@@ -27,9 +26,10 @@ import onnx
 from .config import QuantsimConfig
 from .dtypes import int8, qtype
 from .graph import GraphIndex
+from .tensor_roles import find_index_tensors, find_normalization_statistics
 from .spec import PerChannel, PerTensor, QSpec
 
-__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "PARAM_SLOTS", "GRID_PRESERVING", "SHAPE_SLOTS"]
+__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "PARAM_SLOTS", "GRID_PRESERVING"]
 
 PARAM_SLOTS: dict[str, dict[int, str]] = {
     "Conv": {1: "weight", 2: "bias"},
@@ -54,19 +54,6 @@ GRID_PRESERVING = frozenset(
     TopK Transpose Unsqueeze GlobalMaxPool Shape Size Cast""".split()
 )
 
-SHAPE_SLOTS: dict[str, frozenset[int]] = {
-    op: frozenset(slots)
-    for op, slots in {
-        "Reshape": {1}, "Expand": {1}, "Tile": {1}, "Slice": {1, 2, 3, 4}, "Range": {0, 1, 2},
-        "Gather": {1}, "GatherElements": {1}, "GatherND": {1}, "Scatter": {1}, "ScatterElements": {1},
-        "ScatterND": {1}, "TopK": {1}, "ConstantOfShape": {0}, "Resize": {1, 2, 3}, "Upsample": {1},
-        "Pad": {1, 3}, "Unsqueeze": {1}, "Squeeze": {1}, "Split": {1}, "OneHot": {0, 1}, "CumSum": {1},
-        "NonMaxSuppression": {2, 3, 4}, "RoiAlign": {2}, "Trilu": {1}, "MaxUnpool": {2}, "ReduceSum": {1},
-        "ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceL1": {1},
-        "ReduceL2": {1}, "ReduceLogSumExp": {1}, "ReduceSumSquare": {1}, "ReduceLogSum": {1},
-    }.items()
-}
-SHAPE_SOURCES = frozenset({"Shape", "Size"})
 CONSTANT_INPUT_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Concat", "Where"})
 FORWARD_TIED = frozenset({"Relu", "AveragePool", "Resize", "Upsample"})
 BACKWARD_TIED = frozenset({"Concat"})
@@ -116,35 +103,6 @@ def channel_axis_of(node: onnx.NodeProto, slot: int, shape: tuple | None) -> int
     return None
 
 
-def find_index_tensors(index: GraphIndex) -> frozenset[str]:
-    """Tensors on shape/index arithmetic (rule 3 of the module docstring)."""
-    marked: set[str] = set()
-    for node in index.nodes:
-        slots = SHAPE_SLOTS.get(node.op_type, ())
-        marked.update(name for pos, name in enumerate(node.input) if name and pos in slots)
-        if node.op_type in SHAPE_SOURCES:
-            marked.update(node.output)
-    changed = True
-    while changed:
-        changed = False
-        for node in index.nodes:
-            inputs = [n for n in node.input if n]
-            if node.op_type not in SHAPE_SOURCES and any(o in marked for o in node.output):
-                new = {n for n in inputs if n not in marked}
-                if new:
-                    marked |= new
-                    changed = True
-            if (
-                inputs
-                and any(n in marked for n in inputs)
-                and all(n in marked or index.is_constant(n) for n in inputs)
-                and not all(o in marked for o in node.output if o)
-            ):
-                marked.update(o for o in node.output if o)
-                changed = True
-    return frozenset(marked)
-
-
 class _UnionFind:
     def __init__(self) -> None:
         self.parent: dict[str, str] = {}
@@ -165,8 +123,11 @@ def place_quantizers(
 ) -> Placement:
     """Plan every quantizer of the model (see the module docstring for the rules)."""
     index_tensors = find_index_tensors(index)
+    statistics = find_normalization_statistics(index)
     sites: dict[str, QuantizerPlan] = {}
-    left_in_float: list[tuple[str, str]] = []
+    left_in_float: list[tuple[str, str]] = [
+        (name, "normalization statistic (mean/variance/1-std of a decomposed norm layer)") for name in sorted(statistics)
+    ]
 
     def activation_spec(op_type: str) -> QSpec:
         rule = config.op_rule(op_type) if op_type else None
@@ -174,7 +135,7 @@ def place_quantizers(
         return QSpec(activation_type, PerTensor(), symmetric, config.strict_symmetric, config.unsigned_symmetric)
 
     def quantizable(name: str) -> bool:
-        return index.is_float(name) and name not in index_tensors
+        return index.is_float(name) and name not in index_tensors and name not in statistics
 
     # 1. parameters
     bias_of_matmul = _matmul_add_biases(index, config)

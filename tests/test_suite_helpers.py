@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks.suite import fetch, ocr, text
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.suite import fetch, ocr, text  # noqa: E402
 
 TOY_VOCAB = {t: i for i, t in enumerate(
     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "##aff", "##able", "the", "cafe", ",", "!", "hello", "world",

@@ -8,7 +8,7 @@ decides "sim >= baseline" and whether higher is better.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,6 @@ class Case:
     higher_is_better: bool
     data: str
     fp32_check: Callable[[Outputs], str] | None = None  # sanity of FP32 against ground truth
-    extra: dict = field(default_factory=dict)
 
 
 def _sizes_note(n_cal: int, n_eval: int, unit: str) -> str:

@@ -1,0 +1,103 @@
+"""Tensors that carry something other than activations, found by graph analysis. Read-only.
+
+* **Index tensors**: shape and index arithmetic. Tensors in the shape/index slots of `SHAPE_SLOTS`
+  (Reshape's shape, Gather's indices, Range's bounds, ...), everything computed only from them or from
+  Shape/Size, and everything that feeds them. Quantizing them would change shapes or counts (a float
+  Range step of 1.0 rounded to 0.999999 changes the number of anchors).
+* **Normalization statistics**: the per-row mean, variance and 1/std inside a decomposed normalization
+  layer, i.e. the tensors on a path from a reduction (ReduceMean, ReduceSum, ReduceSumSquare, ReduceL2)
+  to a Sqrt or Reciprocal (both ends included), plus what is computed only to be reduced into them
+  (the ``x * x`` before the ReduceSum of a variance). Fused LayerNormalization kernels keep these in float or
+  int32; on an 8-bit grid the variance computed as ``E[x^2] - E[x]^2`` cancels to noise (magika's
+  LayerNorm drops to 34% top-1 agreement from that one tensor). They are per-row scalars, so keeping
+  them float costs nothing.
+"""
+from __future__ import annotations
+
+from .graph import GraphIndex
+
+__all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "STATISTIC_REDUCTIONS", "find_index_tensors", "find_normalization_statistics"]
+
+SHAPE_SLOTS: dict[str, frozenset[int]] = {
+    op: frozenset(slots)
+    for op, slots in {
+        "Reshape": {1}, "Expand": {1}, "Tile": {1}, "Slice": {1, 2, 3, 4}, "Range": {0, 1, 2},
+        "Gather": {1}, "GatherElements": {1}, "GatherND": {1}, "Scatter": {1}, "ScatterElements": {1},
+        "ScatterND": {1}, "TopK": {1}, "ConstantOfShape": {0}, "Resize": {1, 2, 3}, "Upsample": {1},
+        "Pad": {1, 3}, "Unsqueeze": {1}, "Squeeze": {1}, "Split": {1}, "OneHot": {0, 1}, "CumSum": {1},
+        "NonMaxSuppression": {2, 3, 4}, "RoiAlign": {2}, "Trilu": {1}, "MaxUnpool": {2}, "ReduceSum": {1},
+        "ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceL1": {1},
+        "ReduceL2": {1}, "ReduceLogSumExp": {1}, "ReduceSumSquare": {1}, "ReduceLogSum": {1},
+    }.items()
+}
+SHAPE_SOURCES = frozenset({"Shape", "Size"})
+
+
+def find_index_tensors(index: GraphIndex) -> frozenset[str]:
+    """Tensors on shape/index arithmetic (module docstring)."""
+    marked: set[str] = set()
+    for node in index.nodes:
+        slots = SHAPE_SLOTS.get(node.op_type, ())
+        marked.update(name for pos, name in enumerate(node.input) if name and pos in slots)
+        if node.op_type in SHAPE_SOURCES:
+            marked.update(node.output)
+    changed = True
+    while changed:
+        changed = False
+        for node in index.nodes:
+            inputs = [n for n in node.input if n]
+            if node.op_type not in SHAPE_SOURCES and any(o in marked for o in node.output):
+                new = {n for n in inputs if n not in marked}
+                if new:
+                    marked |= new
+                    changed = True
+            if (
+                inputs
+                and any(n in marked for n in inputs)
+                and all(n in marked or index.is_constant(n) for n in inputs)
+                and not all(o in marked for o in node.output if o)
+            ):
+                marked.update(o for o in node.output if o)
+                changed = True
+    return frozenset(marked)
+
+
+STATISTIC_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"})
+_ROOT_OPS = frozenset({"Sqrt", "Reciprocal"})
+
+
+def find_normalization_statistics(index: GraphIndex) -> frozenset[str]:
+    """Tensors on a path from a reduction's output to a Sqrt/Reciprocal output (module docstring)."""
+    forward: set[str] = set()
+    frontier = [o for n in index.nodes if n.op_type in STATISTIC_REDUCTIONS for o in n.output if o]
+    while frontier:
+        name = frontier.pop()
+        if name in forward:
+            continue
+        forward.add(name)
+        frontier.extend(o for use in index.uses(name) if use.index >= 0 for o in use.node.output if o)
+    backward: set[str] = set()
+    frontier = [o for n in index.nodes if n.op_type in _ROOT_OPS for o in n.output if o]
+    while frontier:
+        name = frontier.pop()
+        if name in backward or name not in forward:
+            continue
+        backward.add(name)
+        producer = index.producer_of(name)
+        if producer is not None:
+            frontier.extend(n for n in producer.input if n)
+    # what is computed only to be reduced into a statistic (x * x before ReduceSum) is part of it
+    changed = True
+    while changed:
+        changed = False
+        for node in index.nodes:
+            if not all(o in backward for o in node.output if o):
+                continue
+            for name in node.input:
+                uses = index.uses(name)
+                if (name and name not in backward and index.producer_of(name) is not None and uses
+                        and name not in index.graph_outputs
+                        and all(u.index >= 0 and all(o in backward for o in u.node.output if o) for u in uses)):
+                    backward.add(name)
+                    changed = True
+    return frozenset(backward)
