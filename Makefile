@@ -22,5 +22,13 @@ demo: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.bench_core
+	$(PY) -m benchmarks.bench_integer
+	$(PY) -m benchmarks.suite.run

@@ -169,16 +169,17 @@ class CalibrationSession:
             self.stats.setdefault(self._groups[tensor], TensorStats()).update_range(lo, hi)
         for tensor, out in self._outputs.full.items():
             data = values[out]
-            if not np.isfinite(data).all():  # same policy as min-max: the tensor ignores this batch
+            if data.size == 0:
+                continue
+            lo, hi = float(data.min()), float(data.max())  # NaN/inf anywhere shows up here
+            if not (np.isfinite(lo) and np.isfinite(hi)):  # same policy as min-max: ignore this batch
                 self._nonfinite_tensors.add(tensor)
                 continue
             stats = self.stats.setdefault(self._groups[tensor], TensorStats())
             if stats.histogram is None:
                 stats.histogram = HistogramObserver()
-            stats.histogram.update(data)
-            finite = data[np.isfinite(data)]
-            if finite.size:
-                stats.update_range(float(finite.min()), float(finite.max()))
+            stats.histogram.update(data, value_range=(lo, hi))
+            stats.update_range(lo, hi)
 
     def finish(self) -> dict[str, TensorStats]:
         if self._nonfinite_tensors:

@@ -69,10 +69,18 @@ def _initial_grid(mn: np.ndarray, mx: np.ndarray, num_bins: int) -> tuple[np.nda
 
 
 def _bin_index(x: np.ndarray, lo, w, num_bins: int) -> np.ndarray:
-    """Bin of each value (clipped into the histogram, which only fixes float rounding at the edges)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        idx = np.floor((x - lo) / w)
-    return np.clip(idx, 0, num_bins - 1).astype(np.int64)
+    """Bin of each value (clipped into the histogram, which only fixes float rounding at the edges).
+
+    ``x`` holds finite values; computed in ``x``'s float type with in-place passes.
+    """
+    if np.ndim(lo):  # per-channel grids (weights): float64 broadcasting
+        with np.errstate(over="ignore", invalid="ignore"):
+            idx = np.floor((x - lo) / w)
+        return np.clip(idx, 0, num_bins - 1).astype(np.int64)
+    idx = np.subtract(x, x.dtype.type(lo), dtype=x.dtype)
+    idx *= x.dtype.type(1.0 / w)
+    np.clip(idx, 0, num_bins - 1, out=idx)
+    return idx.astype(np.intp)  # truncation == floor for values >= 0
 
 
 class HistogramObserver:
@@ -118,13 +126,25 @@ class HistogramObserver:
             raise ValueError("no data observed: the histogram observer has not seen any finite value")
 
     # ---------------------------------------------------------------- accumulation
-    def update(self, x: np.ndarray) -> None:
-        """Add the finite values of ``x`` (any shape) to the histogram, growing its range if needed."""
-        x = np.asarray(x, dtype=np.float64).ravel()
-        x = x[np.isfinite(x)]
-        if x.size == 0:
-            return
-        mn, mx = float(x.min()), float(x.max())
+    def update(self, x: np.ndarray, value_range: tuple[float, float] | None = None) -> None:
+        """Add the finite values of ``x`` (any shape) to the histogram, growing its range if needed.
+
+        ``value_range`` may pass ``(x.min(), x.max())`` when the caller already knows them to be finite.
+        Binning runs in float32 for float32 data (bin edges are 512ths of the range: far coarser than
+        float32 rounding) with in-place passes, since this is the hot loop of histogram calibration.
+        """
+        x = np.asarray(x).ravel()
+        if x.dtype not in (np.float32, np.float64):
+            x = x.astype(np.float32)
+        if value_range is None:
+            mn, mx = (float(x.min()), float(x.max())) if x.size else (math.nan, math.nan)
+        else:
+            mn, mx = float(value_range[0]), float(value_range[1])
+        if not (math.isfinite(mn) and math.isfinite(mx)):
+            x = x[np.isfinite(x)]
+            if x.size == 0:
+                return
+            mn, mx = float(x.min()), float(x.max())
         if self.is_empty:
             lo, w = _initial_grid(np.float64(mn), np.float64(mx), self.num_bins)
             self.lo, self.bin_width = float(lo), float(w)

@@ -9,7 +9,8 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
    elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
    (fill values such as -inf before a Max) stay float and are listed as such.
-3. Shape and index arithmetic and normalization statistics are never quantized (`tensor_roles`).
+3. Shape and index arithmetic, normalization statistics and attention-mask fill arithmetic are never
+   quantized (`tensor_roles`).
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
    last op's output quantizer; the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s constant into a bias.
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
@@ -26,7 +27,7 @@ import onnx
 from .config import QuantsimConfig
 from .dtypes import int8, qtype
 from .graph import GraphIndex
-from .tensor_roles import find_index_tensors, find_normalization_statistics
+from .tensor_roles import find_index_tensors, find_mask_tensors, find_normalization_statistics
 from .spec import PerChannel, PerTensor, QSpec
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "PARAM_SLOTS", "GRID_PRESERVING"]
@@ -124,10 +125,11 @@ def place_quantizers(
     """Plan every quantizer of the model (see the module docstring for the rules)."""
     index_tensors = find_index_tensors(index)
     statistics = find_normalization_statistics(index)
+    masks = find_mask_tensors(index)
     sites: dict[str, QuantizerPlan] = {}
     left_in_float: list[tuple[str, str]] = [
         (name, "normalization statistic (mean/variance/1-std of a decomposed norm layer)") for name in sorted(statistics)
-    ]
+    ] + [(name, "attention-mask fill arithmetic (huge fill values)") for name in sorted(masks)]
 
     def activation_spec(op_type: str) -> QSpec:
         rule = config.op_rule(op_type) if op_type else None
@@ -135,7 +137,7 @@ def place_quantizers(
         return QSpec(activation_type, PerTensor(), symmetric, config.strict_symmetric, config.unsigned_symmetric)
 
     def quantizable(name: str) -> bool:
-        return index.is_float(name) and name not in index_tensors and name not in statistics
+        return index.is_float(name) and name not in index_tensors and name not in statistics and name not in masks
 
     # 1. parameters
     bias_of_matmul = _matmul_add_biases(index, config)

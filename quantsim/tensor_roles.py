@@ -11,12 +11,22 @@
   int32; on an 8-bit grid the variance computed as ``E[x^2] - E[x]^2`` cancels to noise (magika's
   LayerNorm drops to 34% top-1 agreement from that one tensor). They are per-row scalars, so keeping
   them float costs nothing.
+* **Mask fill arithmetic**: attention masks built as ``(1 - mask) * -3.4e38`` (or any float constant of
+  magnitude >= `MASK_FILL_MAGNITUDE`) and everything computed from them up to the Softmax that consumes
+  them (the masked scores included). One grid over ``[-3.4e38, x]`` has steps of 1e36 and flattens the
+  attention scores (paraphrase-MiniLM's embeddings drop to cosine 0.7); AIMET's MaskedSoftmax pass leaves
+  the same tensors unquantized. The Softmax output is quantized as usual.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .graph import GraphIndex
 
-__all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "STATISTIC_REDUCTIONS", "find_index_tensors", "find_normalization_statistics"]
+__all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "STATISTIC_REDUCTIONS", "MASK_FILL_MAGNITUDE", "find_index_tensors",
+           "find_normalization_statistics", "find_mask_tensors"]
+
+MASK_FILL_MAGNITUDE = 1e9
 
 SHAPE_SLOTS: dict[str, frozenset[int]] = {
     op: frozenset(slots)
@@ -101,3 +111,27 @@ def find_normalization_statistics(index: GraphIndex) -> frozenset[str]:
                     backward.add(name)
                     changed = True
     return frozenset(backward)
+
+
+_MASK_SINKS = frozenset({"Softmax", "LogSoftmax"})
+
+
+def find_mask_tensors(index: GraphIndex) -> frozenset[str]:
+    """Tensors computed from a huge fill constant, up to (not including) a Softmax's output."""
+    seeds = []
+    for name, tensor in index.initializers.items():
+        if index.is_float(name) and tensor.data_type != 0:
+            values = index.constant_value(name)
+            if values.size and np.any(np.abs(values[np.isfinite(values)]) >= MASK_FILL_MAGNITUDE):
+                seeds.append(name)
+    marked: set[str] = set()
+    frontier = [o for s in seeds for use in index.uses(s) if use.index >= 0 and use.node.op_type not in _MASK_SINKS
+                for o in use.node.output if o]
+    while frontier:
+        name = frontier.pop()
+        if name in marked:
+            continue
+        marked.add(name)
+        frontier.extend(o for use in index.uses(name) if use.index >= 0 and use.node.op_type not in _MASK_SINKS
+                        for o in use.node.output if o)
+    return frozenset(marked | set(seeds))

@@ -102,3 +102,48 @@ def test_normalization_statistics_stay_float_and_keep_accuracy():
     got = sim.session.run(None, data[0])[0]
     # with an 8-bit variance (E[x^2] - E[x]^2 cancels) this error is several units, not a few steps
     assert np.abs(got - expected).max() < 0.1
+
+
+def _masked_attention() -> onnx.ModelProto:
+    """BERT-style extended attention mask: (1 - mask) * -3.4e38 added to the scores before Softmax."""
+    nodes = [
+        helper.make_node("MatMul", ["q", "k_t"], ["scores"]),
+        helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["one", "mask_f"], ["inverted"]),
+        helper.make_node("Mul", ["inverted", "fill"], ["extended"]),
+        helper.make_node("Add", ["scores", "extended"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+    ]
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "fill")]
+    graph = helper.make_graph(
+        nodes, "attn",
+        [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["N", 6, 8]),
+         helper.make_tensor_value_info("k_t", TensorProto.FLOAT, ["N", 8, 6]),
+         helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", 1, 6])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 6, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def test_attention_mask_fill_arithmetic_is_not_quantized():
+    model = _masked_attention()
+    sim = QuantizationSimModel(model, progress=False)
+    for name in ("fill", "extended", "masked"):
+        assert name not in sim.qc_quantize_op_dict, name
+    assert sim.qc_quantize_op_dict["scores"].enabled and sim.qc_quantize_op_dict["probs"].enabled
+    rng = np.random.default_rng(5)
+
+    def feed():
+        mask = np.ones((2, 1, 6), np.int64)
+        mask[:, :, 4:] = 0
+        return {"q": rng.normal(size=(2, 6, 8)).astype(np.float32),
+                "k_t": rng.normal(size=(2, 8, 6)).astype(np.float32), "mask": mask}
+
+    sim.compute_encodings([feed() for _ in range(4)])
+    data = feed()
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, data)[0]
+    got = sim.session.run(None, data)[0]
+    assert np.abs(got - expected).max() < 0.05  # one grid over [-3.4e38, x] would flatten every row
+    assert np.all(got[..., 4:] == 0)  # masked positions stay exactly masked
