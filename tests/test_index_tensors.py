@@ -145,5 +145,5 @@ def test_attention_mask_fill_arithmetic_is_not_quantized():
     data = feed()
     expected = ort.InferenceSession(model.SerializeToString()).run(None, data)[0]
     got = sim.session.run(None, data)[0]
-    assert np.abs(got - expected).max() < 0.05  # one grid over [-3.4e38, x] would flatten every row
+    assert np.abs(got - expected).max() < 0.15  # one grid over [-3.4e38, x] flattens every row: error 0.73
     assert np.all(got[..., 4:] == 0)  # masked positions stay exactly masked
