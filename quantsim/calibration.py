@@ -51,30 +51,50 @@ class TensorStats:
 @dataclass
 class _Outputs:
     model_outputs: list[str]
-    minmax: dict[str, tuple[str, str]] = field(default_factory=dict)  # tensor -> (min output, max output)
+    minmax: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # tensor -> (min or None, max)
     full: dict[str, str] = field(default_factory=dict)  # tensor -> exposed output name
 
 
 def add_statistics_outputs(
-    model: onnx.ModelProto, minmax_tensors: Iterable[str], full_tensors: Iterable[str]
+    model: onnx.ModelProto,
+    minmax_tensors: Iterable[str],
+    full_tensors: Iterable[str],
+    *,
+    nonnegative: frozenset[str] = frozenset(),
+    ranks: Mapping[str, int] | None = None,
 ) -> tuple[onnx.ModelProto, _Outputs]:
-    """Extend ``model`` (modified in place) with statistics outputs; returns the output map."""
+    """Extend ``model`` (modified in place) with statistics outputs; returns the output map.
+
+    Min-max tensors get ``ReduceMax`` (``GlobalMaxPool`` first for 4-D tensors: onnxruntime keeps that in
+    its blocked NCHWc layout, so the convolutions around it stay in their fast path) and ``ReduceMin``,
+    except ``nonnegative`` ones, whose minimum is known to be >= 0 and therefore irrelevant.
+    """
     graph = model.graph
     outputs = _Outputs([o.name for o in graph.output])
     existing = {o.name for o in graph.output}
     used = {n for node in graph.node for n in list(node.input) + list(node.output)} | existing
     used |= {i.name for i in graph.input} | {t.name for t in graph.initializer}
+
+    def fresh(base: str) -> str:
+        while base in used:
+            base += "_"
+        used.add(base)
+        return base
+
     for name in minmax_tensors:
-        pair = []
-        for op in ("ReduceMin", "ReduceMax"):
-            out = f"{name}/calibration_{op.lower()}"
-            while out in used:
-                out += "_"
-            used.add(out)
-            graph.node.append(helper.make_node(op, [name], [out], name=out, keepdims=0))
-            graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, []))
-            pair.append(out)
-        outputs.minmax[name] = (pair[0], pair[1])
+        source = name
+        if (ranks or {}).get(name) == 4:
+            source = fresh(f"{name}/calibration_channel_max")
+            graph.node.append(helper.make_node("GlobalMaxPool", [name], [source], name=source))
+        hi = fresh(f"{name}/calibration_max")
+        graph.node.append(helper.make_node("ReduceMax", [source], [hi], name=hi, keepdims=0))
+        graph.output.append(helper.make_tensor_value_info(hi, TensorProto.FLOAT, []))
+        lo = None
+        if name not in nonnegative:
+            lo = fresh(f"{name}/calibration_min")
+            graph.node.append(helper.make_node("ReduceMin", [name], [lo], name=lo, keepdims=0))
+            graph.output.append(helper.make_tensor_value_info(lo, TensorProto.FLOAT, []))
+        outputs.minmax[name] = (lo, hi)
     for name in full_tensors:
         if name not in existing:
             graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
@@ -128,7 +148,7 @@ class CalibrationSession:
         self._groups = groups  # tensor -> quantizer name
         self._histogram = histogram
         self._fetch = list(outputs.model_outputs)
-        extra = [n for pair in outputs.minmax.values() for n in pair] + list(outputs.full.values())
+        extra = [n for pair in outputs.minmax.values() for n in pair if n] + list(outputs.full.values())
         self._fetch += [n for n in extra if n not in self._fetch]
         self.stats: dict[str, TensorStats] = {}
         self.batches_used = 0
@@ -162,7 +182,8 @@ class CalibrationSession:
 
     def _record(self, values: dict[str, np.ndarray]) -> None:
         for tensor, (lo_name, hi_name) in self._outputs.minmax.items():
-            lo, hi = float(values[lo_name]), float(values[hi_name])
+            hi = float(values[hi_name])
+            lo = 0.0 if lo_name is None else float(values[lo_name])
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 self._nonfinite_tensors.add(tensor)
                 continue

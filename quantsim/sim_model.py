@@ -25,6 +25,7 @@ from .placement import place_quantizers
 from .prepare import prepare
 from .quantizer import QcQuantizeOp
 from .session import make_session
+from .tensor_roles import find_nonnegative_tensors
 from .simulate import build_sim_model
 
 __all__ = ["QuantizationSimModel", "load_model"]
@@ -225,7 +226,11 @@ class QuantizationSimModel:
         if self._calibration_cache is None or self._calibration_cache[0] != key:
             model = build_sim_model(self.model, [q for q in constants if q.enabled])
             full = list(groups) if histogram else []
-            model, outputs = add_statistics_outputs(model, [] if histogram else list(groups), full)
+            shapes = self._index.shape
+            model, outputs = add_statistics_outputs(
+                model, [] if histogram else list(groups), full, nonnegative=find_nonnegative_tensors(self._index),
+                ranks={t: len(shapes[t]) for t in groups if shapes.get(t) is not None},
+            )
             session = make_session(model, self.providers, session_options_kwargs=self._session_options_kwargs)
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache

@@ -16,6 +16,9 @@
   them (the masked scores included). One grid over ``[-3.4e38, x]`` has steps of 1e36 and flattens the
   attention scores (paraphrase-MiniLM's embeddings drop to cosine 0.7); AIMET's MaskedSoftmax pass leaves
   the same tensors unquantized. The Softmax output is quantized as usual.
+* **Non-negative tensors**: outputs of Relu, Sigmoid, Softmax, Exp, Abs, Clip with a constant lower
+  bound >= 0, ..., and of value-preserving or averaging ops over non-negative inputs. Calibration needs
+  no minimum for them: encodings include zero, so an observed minimum >= 0 is the same as 0.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import numpy as np
 from .graph import GraphIndex
 
 __all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "STATISTIC_REDUCTIONS", "MASK_FILL_MAGNITUDE", "find_index_tensors",
-           "find_normalization_statistics", "find_mask_tensors"]
+           "find_normalization_statistics", "find_mask_tensors", "find_nonnegative_tensors"]
 
 MASK_FILL_MAGNITUDE = 1e9
 
@@ -135,3 +138,33 @@ def find_mask_tensors(index: GraphIndex) -> frozenset[str]:
         frontier.extend(o for use in index.uses(name) if use.index >= 0 and use.node.op_type not in _MASK_SINKS
                         for o in use.node.output if o)
     return frozenset(marked | set(seeds))
+
+
+_NONNEGATIVE_OPS = frozenset({"Relu", "Sigmoid", "Softmax", "Exp", "Abs", "HardSigmoid", "Softplus", "ReduceL2",
+                              "ReduceSumSquare", "Sqrt"})
+_PRESERVE_SIGN = frozenset({"MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool", "Reshape", "Flatten",
+                            "Transpose", "Squeeze", "Unsqueeze", "Slice", "Resize", "Upsample", "Identity", "Concat",
+                            "Split", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Gather", "ReduceMax",
+                            "ReduceMean", "Mul", "Add"})
+
+
+def find_nonnegative_tensors(index: GraphIndex) -> frozenset[str]:
+    """Float tensors provably >= 0 (module docstring), in one pass over the topologically sorted nodes."""
+    found: set[str] = set()
+
+    def nonnegative_constant(name: str) -> bool:
+        return index.is_constant(name) and bool(np.all(index.constant_value(name) >= 0))
+
+    for node in index.nodes:
+        outputs = [o for o in node.output if o]
+        if node.op_type in _NONNEGATIVE_OPS:
+            found.update(outputs[:1])
+        elif node.op_type == "Clip":
+            lower = node.input[1] if len(node.input) > 1 else ""
+            if lower and nonnegative_constant(lower):
+                found.update(outputs)
+        elif node.op_type in _PRESERVE_SIGN:
+            data = [n for i, n in enumerate(node.input) if n and (i == 0 or node.op_type in ("Concat", "Mul", "Add"))]
+            if data and all(n in found or nonnegative_constant(n) for n in data):
+                found.update(outputs if node.op_type != "MaxPool" else outputs[:1])
+    return frozenset(found)
