@@ -4,6 +4,8 @@ from __future__ import annotations
 import onnx
 import onnxruntime as ort
 
+from .model_io import session_model_source
+
 __all__ = ["make_session", "DEFAULT_PROVIDERS"]
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
@@ -40,11 +42,14 @@ def make_session(
         # DQ(weight) -> MatMul may become MatMulNBits, which at its default accuracy level computes the
         # activation in 8 bits: wrong for 16-bit activations. Level 1 keeps float activations there.
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
+    source, keepalive = session_model_source(model)
     try:
-        return ort.InferenceSession(
-            model.SerializeToString(), sess_options=options, providers=list(providers or DEFAULT_PROVIDERS),
+        session = ort.InferenceSession(
+            source, sess_options=options, providers=list(providers or DEFAULT_PROVIDERS),
             disabled_optimizers=disabled,
         )
+        session._quantsim_external_data = keepalive  # a large model's files live as long as its session
+        return session
     except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
         if not fuse_qdq:
             raise

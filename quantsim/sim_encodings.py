@@ -8,16 +8,15 @@ everything only after every entry has been validated, so a failed load leaves th
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from .dtypes import QuantizationDataType, float16, qtype
 from .encodings import TensorEncoding, encodings_from_dict, encodings_to_dict, read_encodings_file, write_json_atomic
+from .model_io import commit_staged, discard_staged, stage_model
 from .numerics import Encoding, grid_bounds
 from .quantizer import QcQuantizeOp
 from .spec import PerBlock, PerChannel, PerTensor, QSpec
@@ -30,7 +29,6 @@ __all__ = [
     "sim_records",
     "int32_bias_records",
     "set_and_freeze_param_encodings",
-    "save_model_atomic",
     "load_records",
 ]
 
@@ -104,21 +102,6 @@ def _quantizer_args(sim) -> dict:
     }
 
 
-def save_model_atomic(model: onnx.ModelProto | bytes, path: Path) -> None:
-    """Serialise ``model`` (or write its serialised bytes) to a temp file beside ``path``; rename it into place."""
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(model if isinstance(model, bytes) else model.SerializeToString())
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
-
-
 def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, export_int32_bias, force) -> None:
     """``sim.export``: encodings file (and float model), both written atomically."""
     if not sim.quantizers or not any(q.enabled and q.is_initialized() for q in sim.quantizers):
@@ -133,11 +116,14 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
         known = {r.name for r in records}
         records += [r for r in int32_bias_records(sim) if r.name not in known]
     data = encodings_to_dict(records, version, quantizer_args=_quantizer_args(sim), force_activation_as=force)
-    # serialise the model before writing anything, so a failure there leaves both old files in place
-    model_bytes = sim.model.SerializeToString() if export_model else None
-    write_json_atomic(path / f"{prefix}.encodings", data)
-    if model_bytes is not None:
-        save_model_atomic(model_bytes, path / f"{prefix}.onnx")
+    # stage the model before writing anything, so a failure there leaves both old files in place
+    staged = stage_model(sim.model, path / f"{prefix}.onnx") if export_model else []
+    try:
+        write_json_atomic(path / f"{prefix}.encodings", data)
+    except BaseException:
+        discard_staged(staged)
+        raise
+    commit_staged(staged)
 
 
 def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, Encoding | None]:

@@ -287,7 +287,8 @@ class QuantizationSimModel:
                qdq: bool = False) -> None:
         """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float
         model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`."""
-        from .sim_encodings import export_sim, save_model_atomic
+        from .model_io import save_model_atomic
+        from .sim_encodings import export_sim
 
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
                    force_activation_as)

@@ -938,7 +938,7 @@ def test_export_model_serialisation_failure_keeps_both_old_files(tmp_path, monke
     sim.qc_quantize_op_dict["x"].set_bitwidth(4)
     sim.compute_encodings(batches())
 
-    def broken_serialise(self):
+    def broken_serialise(self, **kwargs):
         raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB (simulated)")
 
     monkeypatch.setattr(onnx.ModelProto, "SerializeToString", broken_serialise)
@@ -954,7 +954,7 @@ def test_export_model_serialisation_failure_keeps_both_old_files(tmp_path, monke
 
 
 def test_export_model_write_failure_keeps_old_model(tmp_path, monkeypatch):
-    import quantsim.sim_encodings as sim_encodings
+    import quantsim.model_io as model_io
 
     sim = calibrated_sim()
     sim.export(str(tmp_path), "model")
@@ -963,9 +963,9 @@ def test_export_model_write_failure_keeps_old_model(tmp_path, monkeypatch):
     def failing_fsync(fd):
         raise OSError("I/O error (simulated)")
 
-    monkeypatch.setattr(sim_encodings.os, "fsync", failing_fsync)
+    monkeypatch.setattr(model_io.os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="simulated"):
-        sim_encodings.save_model_atomic(sim.model, tmp_path / "model.onnx")
+        model_io.save_model_atomic(sim.model, tmp_path / "model.onnx")
     monkeypatch.undo()
     assert (tmp_path / "model.onnx").read_bytes() == old_model
     assert sorted(os.listdir(tmp_path)) == ["model.encodings", "model.onnx"]
