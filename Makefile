@@ -31,4 +31,5 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.bench_core
 	$(PY) -m benchmarks.bench_integer
+	$(PY) -m benchmarks.bench_prepare
 	$(PY) -m benchmarks.suite.run
