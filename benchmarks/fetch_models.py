@@ -32,23 +32,35 @@ def cache_dir(path: str | os.PathLike | None = None) -> Path:
     return root.expanduser()
 
 
-def _find_wheel(wheel_dir: Path) -> Path | None:
-    found = sorted(wheel_dir.glob(f"magika-{MAGIKA_VERSION}-*.whl"))
+def _norm(name: str) -> str:
+    """PEP 503 normalisation, also applied to wheel file-name prefixes (``-``/``.`` -> ``_``, lower)."""
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def find_wheel(wheel_dir: Path, name: str, version: str) -> Path | None:
+    """A cached wheel of ``name==version`` in ``wheel_dir`` (wheel file names may differ in case)."""
+    if not wheel_dir.is_dir():
+        return None
+    want = f"{_norm(name)}-{version}-"
+    found = sorted(p for p in wheel_dir.glob("*.whl") if _norm(p.name.split("-", 1)[0]) + "-"
+                   + p.name.split("-", 2)[1] + "-" == want)
     return found[0] if found else None
 
 
-def _download_wheel(wheel_dir: Path) -> Path:
-    wheel = _find_wheel(wheel_dir)
+def fetch_wheel(name: str, version: str, cache: str | os.PathLike | None = None) -> Path:
+    """``<cache>/wheels/<wheel>`` for ``name==version``, downloading it with pip only when missing."""
+    wheel_dir = cache_dir(cache) / "wheels"
+    wheel = find_wheel(wheel_dir, name, version)
     if wheel is not None:
         return wheel
     wheel_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", f"magika=={MAGIKA_VERSION}", "-d", str(wheel_dir)]
+           "--disable-pip-version-check", "-q", f"{name}=={version}", "-d", str(wheel_dir)]
     print(f"[fetch] {' '.join(cmd)}", file=sys.stderr)
     subprocess.run(cmd, check=True)
-    wheel = _find_wheel(wheel_dir)
+    wheel = find_wheel(wheel_dir, name, version)
     if wheel is None:
-        raise RuntimeError(f"pip download did not produce a magika {MAGIKA_VERSION} wheel in {wheel_dir}")
+        raise RuntimeError(f"pip download did not produce a {name} {version} wheel in {wheel_dir}")
     return wheel
 
 
@@ -78,7 +90,7 @@ def fetch_magika(cache: str | os.PathLike | None = None) -> Path:
     model_dir = root / "models" / "magika"
     if all((model_dir / f).is_file() for f in MAGIKA_FILES):
         return model_dir
-    wheel = _download_wheel(root / "wheels")
+    wheel = fetch_wheel("magika", MAGIKA_VERSION, root)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".magika-", dir=model_dir.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700

