@@ -12,7 +12,7 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
 3. Shape and index arithmetic, normalization statistics and attention-mask fill arithmetic are never
    quantized (`tensor_roles`).
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
-   last op's output quantizer; the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s constant into a bias.
+   last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s constant into a bias.
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
    share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
    other consumers keeps its own). Tied tensors form one `QuantizerPlan`.
@@ -196,6 +196,11 @@ def place_quantizers(
                 for name in member.output:
                     if name in sites:
                         sites[name].enabled = False
+    for node in index.nodes:  # HardSwish spelled x * HardSigmoid(x): one activation, one quantizer
+        gate = node.output[0] if node.op_type == "HardSigmoid" else None
+        mul = index.single_consumer(gate) if gate else None
+        if mul is not None and mul.op_type == "Mul" and node.input[0] in mul.input and gate in sites:
+            sites[gate].enabled = False
     for add_node in bias_of_matmul.values():
         matmul_out = next(n for n in add_node.input if not index.is_constant(n))
         if matmul_out in sites:

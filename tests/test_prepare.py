@@ -381,3 +381,49 @@ def _copy(model):
     work.CopyFrom(model)
     return work
 
+
+
+def _hard_activation_chain(opset: int, divide: bool = True) -> onnx.ModelProto:
+    """Paddle's HardSwish: x * clip(x + 3, 0, 6) / 6, plus a HardSigmoid gate clip(y + 3, 0, 6) * (1/6)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Add", ["x", "three"], ["x3"]),
+        helper.make_node("Clip", ["x3", "zero", "six"], ["r6"]),
+        helper.make_node("Mul", ["x", "r6"], ["xr6"]),
+        helper.make_node("Div" if divide else "Mul", ["xr6", "six" if divide else "sixth"], ["hswish"]),
+        helper.make_node("Add", ["hswish", "three"], ["h3"]),
+        helper.make_node("Clip", ["h3", "zero", "six"], ["g6"]),
+        helper.make_node("Mul", ["g6", "sixth"], ["gate"]),
+        helper.make_node("Mul", ["hswish", "gate"], ["y"]),
+    ]
+    consts = {"three": 3.0, "zero": 0.0, "six": 6.0, "sixth": 1.0 / 6.0}
+    graph = helper.make_graph(
+        nodes, "hard", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 5, 5])],
+        [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("opset, divide", [(13, True), (14, True), (17, False)])
+def test_fuse_activations_replaces_hard_chains_and_keeps_outputs(opset, divide):
+    import importlib
+
+    import onnxruntime as ort
+
+    fuse = importlib.import_module("quantsim.prepare.activations").fuse_activations
+    model = _hard_activation_chain(opset, divide)
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    fused, modified = fuse(work)
+    assert modified
+    ops = [n.op_type for n in fused.graph.node]
+    assert "Clip" not in ops and "Div" not in ops and ops.count("HardSigmoid") >= 1
+    assert ("HardSwish" in ops) == (opset >= 14)
+    x = np.linspace(-8, 8, 200, dtype=np.float32).repeat(1).tolist()
+    feed = {"x": np.resize(np.array(x, np.float32), (2, 4, 5, 5))}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feed)[0]
+    got = ort.InferenceSession(fused.SerializeToString()).run(None, feed)[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

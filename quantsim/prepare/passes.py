@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .batchnorm import fold_batchnorm
 from .constants import constants_to_initializers
+from .activations import fuse_activations
 from .folding import fold_constants
 from .naming import check_graph, name_nodes
 from .opset import upgrade_opset
@@ -21,5 +22,6 @@ __all__ = [
     "infer_shapes",
     "fold_batchnorm",
     "fold_constants",
+    "fuse_activations",
     "optimize_with_ort",
 ]
