@@ -24,7 +24,7 @@ def make_session(
     ``fuse_qdq=False`` (the exact sim) sets ``session.disable_quant_qdq`` so onnxruntime runs every
     QuantizeLinear/DequantizeLinear as written: the outputs are the float fake-quantization the sim
     defines. ``fuse_qdq=True`` lets onnxruntime rewrite Q/DQ groups into integer kernels (QLinearConv,
-    QGemm, ...): faster, and within about one output step of the exact sim.
+    QGemm, ...): faster, and a few output steps from the exact sim (rounding inside the kernels).
     """
     options = ort.SessionOptions()
     for key, value in (session_options_kwargs or {}).items():
