@@ -48,12 +48,14 @@ class QcQuantizeOp:
         quant_scheme: QuantScheme = QuantScheme.min_max,
         percentile: float = 100.0,
         notify: Callable[[], None] | None = None,
+        param_type: str | None = None,
     ):
         self.name = name
         self.role = role
         self.tensors = tensors
         self.shape = shape
         self.channel_axis = channel_axis
+        self.param_type = param_type  # "weight", "bias", ... for parameters (AIMET's param type names)
         self._spec = spec
         self._enabled = bool(enabled)
         self._encoding: Encoding | None = None

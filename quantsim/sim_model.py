@@ -64,6 +64,14 @@ def load_model(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelPr
     return proto, label
 
 
+def _constant_state(q: QcQuantizeOp) -> tuple:
+    """What the calibration graph bakes in for a weight/constant quantizer (its cache key)."""
+    enc = q.encoding
+    grid = None if enc is None else (enc.scale.tobytes(), enc.zero_point.tobytes(), enc.qmin, enc.qmax, enc.axis,
+                                     enc.block_axis, enc.block_size)
+    return q.name, q.enabled, q.spec, grid
+
+
 class QuantizationSimModel:
     """Quantization simulation of an ONNX model on plain onnxruntime (AIMET-compatible surface).
 
@@ -132,9 +140,8 @@ class QuantizationSimModel:
             quantizer = QcQuantizeOp(
                 plan.name, plan.role, plan.spec, enabled=plan.enabled, tensors=tuple(plan.tensors),
                 shape=plan.shape, channel_axis=plan.channel_axis, quant_scheme=self._quant_scheme,
-                percentile=percentile, notify=self._invalidate,
+                percentile=percentile, notify=self._invalidate, param_type=plan.param_type,
             )
-            quantizer.param_type = plan.param_type
             self._quantizers.append(quantizer)
             for tensor in plan.tensors:
                 self.qc_quantize_op_dict[tensor] = quantizer
@@ -222,7 +229,7 @@ class QuantizationSimModel:
         histogram = any(q.quant_scheme is not QuantScheme.min_max for q in observed)
         groups = {t: q.name for q in observed for t in q.tensors if not self._index.is_constant(t)}
         constants = [q for q in self._quantizers if q.role == "param" or self._is_constant_quantizer(q)]
-        key = (tuple((id(q), q.enabled, id(q.encoding)) for q in constants), tuple(sorted(groups)), histogram)
+        key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), histogram)
         if self._calibration_cache is None or self._calibration_cache[0] != key:
             model = build_sim_model(self.model, [q for q in constants if q.enabled])
             full = list(groups) if histogram else []
