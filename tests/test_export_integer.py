@@ -469,3 +469,28 @@ def test_signed_int8_activations_become_uint8():
     exported = _export_checked(sim, integer_io=True)
     assert exported.report == [] and exported.io["x"]["zero_point"] == 128
     assert exported.model.graph.input[0].type.tensor_type.elem_type == TensorProto.UINT8
+
+
+@pytest.mark.parametrize("opset", [13, 14])
+def test_paddle_hardswish_chain_is_one_table(opset):
+    """Paddle's x * clip(x + 3, 0, 6) / 6 after a Conv: preparation fuses it (HardSwish at opset 14,
+    x * HardSigmoid(x) below), and the integer export applies it as one HardSwish table either way."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "three"], ["c3"]),
+             helper.make_node("Clip", ["c3", "zero", "six"], ["r6"]),
+             helper.make_node("Mul", ["c", "r6"], ["cr6"]),
+             helper.make_node("Div", ["cr6", "six"], ["y"])]
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")] + [
+        numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("three", 3.0), ("zero", 0.0), ("six", 6.0))]
+    graph = helper.make_graph(nodes, "hswish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    sim = _sim(model, (1, 3, 8, 8))
+    assert sum(q.enabled for q in sim.quantizers if q.role == "activation") == 3  # x, conv output, y
+    exported = export_integer(sim)
+    assert exported.report == []
+    assert {"LUT"} <= {entry["op"] for entry in exported.requant.values()}
+    steps = _steps(sim, exported, _feeds((1, 3, 8, 8), 99))
+    assert max(float(s.max()) for s in steps.values()) <= 1

@@ -56,12 +56,19 @@ __all__ = ["export_integer", "IntegerExport", "ReportEntry", "LOWERINGS", "Integ
 REQUANT_FORMAT = "quantsim.requant/1"
 MIN_OPSET = 10  # QuantizeLinear / QLinearConv; uint8 Clip and MaxPool need 12 (rules refuse below)
 
+def _lower_mul(ctx, node: onnx.NodeProto) -> None:
+    """``x * HardSigmoid(x)`` is HardSwish (one table); any other Mul is QLinearMul or a scalar table."""
+    if not lowering_lut.lower_hard_swish_product(ctx, node):
+        lowering_elementwise.RULES["Mul"](ctx, node)
+
+
 LOWERINGS = {
     **lowering_lut.RULES,
     **{op: lowering_lut.lower_scalar_binary for op in ("Sub", "Div", "Pow", "Max", "Min", "PRelu")},
     **lowering_movement.RULES,
     **lowering_elementwise.RULES,
     **lowering_linear.RULES,
+    "Mul": _lower_mul,
 }
 
 

@@ -30,7 +30,8 @@ from ..session import make_session
 from .epilogue import epilogue, finish
 from .lowering_context import Grid, LoweringContext, QTensor, Unsupported
 
-__all__ = ["RULES", "UNARY_OPS", "SCALAR_BINARY_OPS", "lut_table", "apply_table", "regrid", "lower_lut"]
+__all__ = ["RULES", "UNARY_OPS", "SCALAR_BINARY_OPS", "lut_table", "apply_table", "regrid", "lower_lut",
+           "hard_swish_gate", "lower_hard_sigmoid", "lower_hard_swish_product"]
 
 UNARY_OPS = frozenset(
     """HardSigmoid HardSwish Tanh Erf Exp Log Gelu Softplus Softsign Elu Selu Celu Mish ThresholdedRelu Neg
@@ -40,15 +41,16 @@ SCALAR_BINARY_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", 
 
 
 def lut_table(ctx: LoweringContext, grid_in: Grid, grid_out: Grid, node: onnx.NodeProto | None = None,
-              data_slot: int = 0) -> np.ndarray:
-    """``table[c] = Q_out(f(DQ_in(c)))`` for the 256 codes, ``f`` = ``node`` (identity when None)."""
+              data_slot: int = 0, opset: int | None = None) -> np.ndarray:
+    """``table[c] = Q_out(f(DQ_in(c)))`` for the 256 codes, ``f`` = ``node`` (identity when None);
+    ``opset`` overrides the model's for ``f`` (a HardSwish tabulated for an opset-13 model)."""
     inits = [numpy_helper.from_array(np.float32(grid_in.scale), "s_in"),
              numpy_helper.from_array(np.uint8(grid_in.zero_point), "z_in"),
              numpy_helper.from_array(np.float32(grid_out.scale), "s_out"),
              numpy_helper.from_array(np.uint8(grid_out.zero_point), "z_out")]
     nodes = [helper.make_node("DequantizeLinear", ["codes", "s_in", "z_in"], ["x"])]
     result = "x"
-    opsets = {"": ctx.opset}
+    opsets = {"": max(ctx.opset, opset or 0)}
     if node is not None:
         inputs = []
         for slot, name in enumerate(node.input):
@@ -101,12 +103,16 @@ def regrid(ctx: LoweringContext, x: QTensor, grid: Grid, base: str) -> QTensor:
     return QTensor(apply_table(ctx, x, table, base), grid)
 
 
-def _lut(ctx: LoweringContext, node: onnx.NodeProto, data_slot: int) -> None:
+def _lut(ctx: LoweringContext, node: onnx.NodeProto, data_slot: int, function: onnx.NodeProto | None = None,
+         opset: int | None = None) -> None:
+    """Tabulate ``function`` (default: ``node`` itself) of input ``data_slot`` onto ``node``'s output grid."""
     x = ctx.int_input(node.input[data_slot])
     ep = epilogue(ctx, node)
-    table = np.clip(lut_table(ctx, x.grid, ep.grid, node, data_slot), ep.low, ep.high)
+    function = node if function is None else function
+    table = np.clip(lut_table(ctx, x.grid, ep.grid, function, 0 if function is not node else data_slot, opset),
+                    ep.low, ep.high)
     codes = apply_table(ctx, x, table, ep.tensor)
-    ctx.record(node, {"op": "LUT", "function": node.op_type, "output": ep.tensor,
+    ctx.record(node, {"op": "LUT", "function": function.op_type, "output": ep.tensor,
                       "input_scale": x.grid.scale, "input_zero_point": x.grid.zero_point,
                       "output_scale": ep.grid.scale, "output_zero_point": ep.grid.zero_point,
                       "table": table.astype(int).tolist()})
@@ -141,3 +147,37 @@ def lower_scalar_binary(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 
 RULES = {op: lower_lut for op in UNARY_OPS}
+
+
+def hard_swish_gate(ctx: LoweringContext, node: onnx.NodeProto) -> onnx.NodeProto | None:
+    """The ``Mul(x, gate)`` when ``node`` is ``gate = HardSigmoid(x)`` with HardSwish's constants
+    (how preparation spells HardSwish below opset 14), else None."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type != "HardSigmoid" or not (np.isclose(attrs.get("alpha", 0.2), 1 / 6)
+                                             and np.isclose(attrs.get("beta", 0.5), 0.5)):
+        return None
+    mul = ctx.index.single_consumer(node.output[0])
+    if mul is None or mul.op_type != "Mul" or sorted(mul.input) != sorted([node.input[0], node.output[0]]):
+        return None
+    return mul
+
+
+def lower_hard_sigmoid(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """A HardSwish gate emits nothing (its Mul is tabulated as HardSwish); otherwise a lookup table."""
+    if hard_swish_gate(ctx, node) is None:
+        _lut(ctx, node, 0)
+
+
+def lower_hard_swish_product(ctx: LoweringContext, node: onnx.NodeProto) -> bool:
+    """``Mul(x, HardSigmoid(x))`` as one HardSwish table of ``x``; False when ``node`` is not that."""
+    for slot, name in enumerate(node.input):
+        gate = ctx.index.producer_of(name)
+        if gate is not None and hard_swish_gate(ctx, gate) is node:
+            x_slot = 1 - slot
+            function = helper.make_node("HardSwish", ["x"], ["y"])
+            _lut(ctx, node, x_slot, function, opset=14)
+            return True
+    return False
+
+
+RULES["HardSigmoid"] = lower_hard_sigmoid
