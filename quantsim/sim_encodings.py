@@ -30,6 +30,7 @@ __all__ = [
     "int32_bias_records",
     "set_and_freeze_param_encodings",
     "load_records",
+    "REQUANT_KEY",
 ]
 
 _BIAS_OPS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
@@ -102,8 +103,14 @@ def _quantizer_args(sim) -> dict:
     }
 
 
-def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, export_int32_bias, force) -> None:
-    """``sim.export``: encodings file (and float model), both written atomically."""
+REQUANT_KEY = "quantsim_requantization"
+
+
+def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, export_int32_bias, force,
+               requant: dict | None = None) -> None:
+    """``sim.export``: encodings file (and float model), both written atomically. ``requant`` (the
+    integer export's fixed-point table) goes into the file under `REQUANT_KEY`; AIMET's readers and
+    ours ignore unknown top-level keys."""
     if not sim.quantizers or not any(q.enabled and q.is_initialized() for q in sim.quantizers):
         raise RuntimeError("nothing to export: call compute_encodings (or load encodings) first")
     uncalibrated = [q.name for q in sim.quantizers if q.enabled and not q.is_initialized()]
@@ -116,6 +123,8 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
         known = {r.name for r in records}
         records += [r for r in int32_bias_records(sim) if r.name not in known]
     data = encodings_to_dict(records, version, quantizer_args=_quantizer_args(sim), force_activation_as=force)
+    if requant is not None:
+        data[REQUANT_KEY] = requant
     # stage the model before writing anything, so a failure there leaves both old files in place
     staged = stage_model(sim.model, path / f"{prefix}.onnx") if export_model else []
     try:

@@ -292,14 +292,17 @@ class QuantizationSimModel:
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
                export_int32_bias: bool | None = None, force_activation_as: str = "unsigned",
-               qdq: bool = False) -> None:
+               qdq: bool = False, requant_table: bool = False) -> None:
         """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float
-        model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`."""
+        model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`; with
+        ``requant_table=True`` the encodings file also carries the integer export's fixed-point
+        requantization table (key ``quantsim_requantization``)."""
         from .model_io import save_model_atomic
         from .sim_encodings import export_sim
 
+        requant = self.export_integer().requant_document() if requant_table else None
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
-                   force_activation_as)
+                   force_activation_as, requant)
         if qdq:
             save_model_atomic(self.to_onnx_qdq(), Path(path) / f"{filename_prefix}.qdq.onnx")
 

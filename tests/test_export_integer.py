@@ -494,3 +494,14 @@ def test_paddle_hardswish_chain_is_one_table(opset):
     assert {"LUT"} <= {entry["op"] for entry in exported.requant.values()}
     steps = _steps(sim, exported, _feeds((1, 3, 8, 8), 99))
     assert max(float(s.max()) for s in steps.values()) <= 1
+
+
+def test_requant_table_can_travel_in_the_encodings_file(tmp_path):
+    sim = _sim(_one_conv(), (2, 8, 6, 6))
+    sim.export(str(tmp_path), "m", requant_table=True)
+    data = json.loads((tmp_path / "m.encodings").read_text())
+    table = data["quantsim_requantization"]
+    mantissas = [e["mantissa"] for e in table["requant"].values() if "mantissa" in e]
+    assert mantissas and all(2**30 <= int(np.max(m)) < 2**31 for m in mantissas)
+    fresh = quantsim.QuantizationSimModel(_one_conv(), progress=False)
+    quantsim.load_encodings_to_sim(fresh, str(tmp_path / "m.encodings"))  # readers ignore the extra key
