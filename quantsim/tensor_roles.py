@@ -1,8 +1,9 @@
 """Tensors that carry something other than activations, found by graph analysis. Read-only.
 
 * **Index tensors**: shape and index arithmetic. Tensors in the shape/index slots of `SHAPE_SLOTS`
-  (Reshape's shape, Gather's indices, Range's bounds, ...), everything computed only from them or from
-  Shape/Size, and everything that feeds them. Quantizing them would change shapes or counts (a float
+  (Reshape's shape, Gather's indices, Range's bounds, ...) and everything computed only from Shape/Size
+  outputs (and constants). Only float tensors matter here (integer tensors are never quantized); an
+  embedding table gathered by token ids, or logits ranked by TopK, stay data. Quantizing them would change shapes or counts (a float
   Range step of 1.0 rounded to 0.999999 changes the number of anchors).
 * **Normalization statistics**: the per-row mean, variance and 1/std inside a decomposed normalization
   layer, i.e. the tensors on a path from a reduction (ReduceMean, ReduceSum, ReduceSumSquare, ReduceL2)
@@ -47,32 +48,20 @@ SHAPE_SOURCES = frozenset({"Shape", "Size"})
 
 
 def find_index_tensors(index: GraphIndex) -> frozenset[str]:
-    """Tensors on shape/index arithmetic (module docstring)."""
+    """Tensors on shape/index arithmetic (module docstring): the values in shape/index slots, and
+    everything computed only from Shape/Size outputs (and constants). Data that merely selects or is
+    selected by indices (an embedding table, the logits TopK ranks) is not index arithmetic."""
     marked: set[str] = set()
+    derived: set[str] = set()  # computed only from Shape/Size (and constants)
     for node in index.nodes:
         slots = SHAPE_SLOTS.get(node.op_type, ())
         marked.update(name for pos, name in enumerate(node.input) if name and pos in slots)
-        if node.op_type in SHAPE_SOURCES:
-            marked.update(node.output)
-    changed = True
-    while changed:
-        changed = False
-        for node in index.nodes:
-            inputs = [n for n in node.input if n]
-            if node.op_type not in SHAPE_SOURCES and any(o in marked for o in node.output):
-                new = {n for n in inputs if n not in marked}
-                if new:
-                    marked |= new
-                    changed = True
-            if (
-                inputs
-                and any(n in marked for n in inputs)
-                and all(n in marked or index.is_constant(n) for n in inputs)
-                and not all(o in marked for o in node.output if o)
-            ):
-                marked.update(o for o in node.output if o)
-                changed = True
-    return frozenset(marked)
+        inputs = [n for n in node.input if n]
+        if node.op_type in SHAPE_SOURCES or (
+            inputs and any(n in derived for n in inputs) and all(n in derived or index.is_constant(n) for n in inputs)
+        ):
+            derived.update(o for o in node.output if o)
+    return frozenset(marked | derived)
 
 
 STATISTIC_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"})
@@ -119,17 +108,26 @@ def find_normalization_statistics(index: GraphIndex) -> frozenset[str]:
 _MASK_SINKS = frozenset({"Softmax", "LogSoftmax"})
 
 
+_MASK_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Where", "Expand", "Cast", "Unsqueeze", "Reshape"})
+
+
 def find_mask_tensors(index: GraphIndex) -> frozenset[str]:
-    """Tensors computed from a huge fill constant, up to (not including) a Softmax's output."""
+    """Tensors computed from a huge fill constant, up to (not including) a Softmax's output.
+
+    Seeds are float constants with a value of magnitude >= `MASK_FILL_MAGNITUDE` used as an operand of
+    mask arithmetic (`_MASK_ARITHMETIC`); a huge Clip/Min/Max bound (``Clip(x, 0, FLT_MAX)``) is not a
+    mask fill.
+    """
     seeds = []
     for name, tensor in index.initializers.items():
-        if index.is_float(name) and tensor.data_type != 0:
-            values = index.constant_value(name)
-            if values.size and np.any(np.abs(values[np.isfinite(values)]) >= MASK_FILL_MAGNITUDE):
-                seeds.append(name)
+        if not index.is_float(name) or not any(u.node.op_type in _MASK_ARITHMETIC for u in index.uses(name)):
+            continue
+        values = index.constant_value(name)
+        if values.size and np.any(np.abs(values[np.isfinite(values)]) >= MASK_FILL_MAGNITUDE):
+            seeds.append(name)
     marked: set[str] = set()
-    frontier = [o for s in seeds for use in index.uses(s) if use.index >= 0 and use.node.op_type not in _MASK_SINKS
-                for o in use.node.output if o]
+    frontier = [o for s in seeds for use in index.uses(s)
+                if use.index >= 0 and use.node.op_type in _MASK_ARITHMETIC for o in use.node.output if o]
     while frontier:
         name = frontier.pop()
         if name in marked:

@@ -147,3 +147,29 @@ def test_attention_mask_fill_arithmetic_is_not_quantized():
     got = sim.session.run(None, data)[0]
     assert np.abs(got - expected).max() < 0.15  # one grid over [-3.4e38, x] flattens every row: error 0.73
     assert np.all(got[..., 4:] == 0)  # masked positions stay exactly masked
+
+
+def test_gathered_embeddings_and_topk_ranked_logits_stay_data():
+    """An embedding table gathered by token ids, and logits that TopK ranks, are values, not indices."""
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+        helper.make_node("Add", ["emb", "pos"], ["h"]),
+        helper.make_node("MatMul", ["h", "w"], ["logits"]),
+        helper.make_node("TopK", ["logits", "k"], ["top_values", "top_ids"], axis=-1),
+        helper.make_node("Gather", ["table", "top_ids"], ["picked"], axis=0),
+    ]
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.normal(size=(10, 4)).astype(np.float32), "table"),
+             numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "pos"),
+             numpy_helper.from_array(rng.normal(size=(4, 10)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([2], np.int64), "k")]
+    graph = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
+                              [helper.make_tensor_value_info("picked", TensorProto.FLOAT, [3, 2, 4]),
+                               helper.make_tensor_value_info("top_values", TensorProto.FLOAT, [3, 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    sim = QuantizationSimModel(model, progress=False)
+    assert "emb" in sim.qc_quantize_op_dict  # data (its quantizer is off only because Gather preserves the grid)
+    for name in ("h", "logits"):
+        assert sim.qc_quantize_op_dict[name].enabled, name
+    assert "top_ids" not in sim.qc_quantize_op_dict and "k" not in sim.qc_quantize_op_dict
