@@ -26,6 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 from .encodings import TensorEncoding
 from .graph import GraphIndex
 from .numerics import Encoding
+from .prepare.common import drop_unused_initializers
+from .prepare.naming import name_nodes
 
 __all__ = ["strip_qdq", "sim_from_qdq"]
 
@@ -102,6 +104,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     """The float model hidden in a QDQ model and the encodings its Q/DQ (and Cast pairs) describe."""
     work = onnx.ModelProto()
     work.CopyFrom(model)
+    work, _ = name_nodes(work)  # nodes are removed by name below: unnamed ones need names first
     graph = work.graph
     index = GraphIndex(work)
     remove, renames, records = set(), {}, []
@@ -153,13 +156,12 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     kept = [n for n in graph.node if n.name not in remove]
     _apply_renames(kept, graph, renames)
     replaced = {t.name for t in new_initializers}
-    used = {n for node in kept for n in node.input}
-    initializers = [t for t in graph.initializer if t.name not in replaced and (t.name in used or t.name in
-                    {o.name for o in graph.output})] + new_initializers
+    initializers = [t for t in graph.initializer if t.name not in replaced] + new_initializers
     del graph.node[:]
     graph.node.extend(kept)
     del graph.initializer[:]
     graph.initializer.extend(initializers)
+    drop_unused_initializers(graph, {t.name for t in initializers})
     del graph.value_info[:]
     return work, records
 

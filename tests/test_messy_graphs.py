@@ -194,3 +194,36 @@ def test_large_model_paths_use_external_data(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.encodings", "big.onnx", "big.onnx.data"]
     reloaded = onnx.load(str(tmp_path / "big.onnx"))
     assert {t.name for t in reloaded.graph.initializer} == {t.name for t in sim.model.graph.initializer}
+
+
+def test_from_onnx_qdq_with_unnamed_nodes_keeps_the_float_graph():
+    """Third-party QDQ models often leave node names empty; stripping their Q/DQ must keep the rest."""
+    scale = numpy_helper.from_array(np.array(0.05, np.float32), "s")
+    zero = numpy_helper.from_array(np.array(128, np.uint8), "z")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("Relu", ["xd"], ["r"]),
+             helper.make_node("Neg", ["r"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [scale, zero])
+    sim = QuantizationSimModel.from_onnx_qdq(model, progress=False)
+    assert [n.op_type for n in sim.model.graph.node] == ["Relu", "Neg"]
+    x = np.array([[-1.0, 0.52, 3.0], [2.0, -0.2, 0.1]], np.float32)
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(sim.session.run(None, {"x": x})[0], expected)
+
+
+def test_qdq_export_leaves_integer_outputs_of_movement_ops_alone():
+    """MaxPool's int64 Indices output must not get a derived QuantizeLinear."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p", "where"], kernel_shape=[2, 2], strides=[2, 2])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                   [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 4, 4, 4]),
+                    helper.make_tensor_value_info("where", TensorProto.INT64, [1, 4, 4, 4])], [_init("w", 4, 3, 1, 1)])
+    sim = QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([{"x": RNG.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(2)])
+    qdq = sim.to_onnx_qdq()
+    onnx.checker.check_model(qdq)
+    outs = ort.InferenceSession(qdq.SerializeToString()).run(None, {"x": np.ones((1, 3, 8, 8), np.float32)})
+    assert outs[1].dtype == np.int64

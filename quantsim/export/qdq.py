@@ -37,6 +37,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..graph import GraphIndex
+from ..prepare.common import drop_unused_initializers
 from .bias import quantize_bias
 
 __all__ = ["to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "protect_float_weights", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
@@ -124,7 +125,7 @@ def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
         params = list(source.input[1:])
         for position, out in enumerate(node.output):
             uses = index.uses(out)
-            if not out or (uses and all(u.node.op_type == "QuantizeLinear" for u in uses)):
+            if not out or not index.is_float(out) or (uses and all(u.node.op_type == "QuantizeLinear" for u in uses)):
                 continue
             raw, codes = index.fresh_name(f"{out}/float"), index.fresh_name(f"{out}/codes")
             node.output[position] = raw
@@ -196,10 +197,7 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
         kept = [n for n in model.graph.node if n.name not in folded]
         del model.graph.node[:]
         model.graph.node.extend(kept)
-        used = {n for node in kept for n in node.input}
-        initializers = [t for t in model.graph.initializer if t.name in used or t.name in widen]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(initializers)
+        drop_unused_initializers(model.graph, {t.name for t in model.graph.initializer} - widen)
     if widen:
         initializers = [_widened(t) if t.name in widen else t for t in model.graph.initializer]
         del model.graph.initializer[:]
@@ -259,10 +257,7 @@ def drop_zero_zero_points(model: onnx.ModelProto) -> onnx.ModelProto:
             node.attribute.append(helper.make_attribute("output_dtype", index.elem_type[zp_name]))
         del node.input[2]
         dropped.add(zp_name)
-    still_used = {n for node in model.graph.node for n in node.input}
-    kept = [t for t in model.graph.initializer if t.name not in dropped or t.name in still_used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
+    drop_unused_initializers(model.graph, dropped)
     return model
 
 

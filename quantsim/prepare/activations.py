@@ -23,6 +23,7 @@ import onnx
 from onnx import helper
 
 from ..graph import GraphIndex
+from .common import drop_unused_initializers, drop_value_info
 
 __all__ = ["fuse_activations"]
 
@@ -97,11 +98,6 @@ def fuse_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     nodes = [replace.get(id(n), n) for n in model.graph.node if id(n) not in remove]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    used = {n for node in nodes for n in node.input}
-    kept = [t for t in model.graph.initializer if t.name in used or t.name in {i.name for i in model.graph.input}]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
-    kept_info = [v for v in model.graph.value_info if v.name not in stale]
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(kept_info)
+    drop_unused_initializers(model.graph, {t.name for t in model.graph.initializer})
+    drop_value_info(model.graph, stale)
     return model, True
