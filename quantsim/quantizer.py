@@ -109,8 +109,10 @@ class QcQuantizeOp:
 
     def set_encoding(self, encoding: Encoding | None) -> None:
         """Install an encoding computed or loaded elsewhere (checked against the spec and shape)."""
+        if self._frozen:
+            raise RuntimeError(f"quantizer {self.name!r} is frozen: its encoding cannot change")
         if encoding is not None:
-            self._check_encoding(encoding)
+            self._check_encoding(encoding, self._spec)
         self._encoding = encoding
         self._notify()
 
@@ -241,8 +243,9 @@ class QcQuantizeOp:
             block_axis=block.block_axis if block else None,
             block_size=block.block_size if block else None,
         )
-        if enc.bits != self.bitwidth:
-            self._spec = self._spec.with_(dtype=qtype.int(enc.bits))
+        spec = self._spec if enc.bits == self.bitwidth else self._spec.with_(dtype=qtype.int(enc.bits))
+        self._check_encoding(enc, spec)  # validate before changing anything
+        self._spec = spec
         self.set_encoding(enc)
 
     # checks --------------------------------------------------------------------------------------
@@ -263,8 +266,12 @@ class QcQuantizeOp:
                     f"divisible by block size {granularity.block_size}"
                 )
 
-    def _check_encoding(self, enc: Encoding) -> None:
-        granularity = self._spec.granularity
+    def _check_encoding(self, enc: Encoding, spec: QSpec) -> None:
+        if spec.is_float:
+            raise ValueError(f"quantizer {self.name!r} simulates {spec.dtype}: it takes no integer encoding")
+        if enc.bits != spec.dtype.bits:
+            raise ValueError(f"encoding for {self.name!r} is {enc.bits}-bit but the quantizer is {spec.dtype}")
+        granularity = spec.granularity
         expected: tuple = ()
         if isinstance(granularity, PerChannel):
             expected = (self.shape[granularity.axis],)

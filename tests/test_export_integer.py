@@ -505,3 +505,21 @@ def test_requant_table_can_travel_in_the_encodings_file(tmp_path):
     assert mantissas and all(2**30 <= int(np.max(m)) < 2**31 for m in mantissas)
     fresh = quantsim.QuantizationSimModel(_one_conv(), progress=False)
     quantsim.load_encodings_to_sim(fresh, str(tmp_path / "m.encodings"))  # readers ignore the extra key
+
+
+def test_hardswish_pair_falls_back_to_float_when_not_tabulable():
+    """With 16-bit activations there is no 8-bit table: the pair is exported in float, not dropped."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSigmoid", ["c"], ["g"], alpha=1.0 / 6.0, beta=0.5),
+             helper.make_node("Mul", ["c", "g"], ["y"])]
+    rng = np.random.default_rng(12)
+    graph = helper.make_graph(nodes, "hs16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    sim = _sim(model, (1, 3, 8, 8), activation_type="int16")
+    exported = export_integer(sim)
+    assert {entry.op_type for entry in exported.report} >= {"Mul"}
+    steps = _steps(sim, exported, _feeds((1, 3, 8, 8), 5))
+    assert max(float(s.max()) for s in steps.values()) <= 1

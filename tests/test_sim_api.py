@@ -969,3 +969,18 @@ def test_export_model_write_failure_keeps_old_model(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert (tmp_path / "model.onnx").read_bytes() == old_model
     assert sorted(os.listdir(tmp_path)) == ["model.encodings", "model.onnx"]
+
+
+def test_set_encoding_checks_bitwidth_and_frozen_state():
+    from quantsim.numerics import encoding_from_range
+
+    sim = calibrated_sim()
+    q = next(q for q in sim.quantizers if q.role == "activation" and q.enabled)
+    before = q.encoding
+    with pytest.raises(ValueError, match="16-bit"):
+        q.set_encoding(encoding_from_range(-1.0, 1.0, 16, symmetric=False))
+    assert q.encoding is before
+    q.freeze_encodings()
+    with pytest.raises(RuntimeError, match="frozen"):
+        q.set_encoding(encoding_from_range(-1.0, 1.0, 8, symmetric=False))
+    assert q.encoding is before
