@@ -9,7 +9,9 @@ from .config import ConfigError, QuantsimConfig, load_config
 from .dtypes import QuantizationDataType, QuantScheme, float16, float32, int2, int4, int8, int16, qtype
 from .encodings import EncodingFormatError
 from .numerics import Encoding
+from .export.lowering_context import IntegerExportError
 from .prepare import prepare
+from .prepare.common import PrepareError, PrepareWarning
 from .quantizer import QcQuantizeOp, TfEncoding
 from .sim_encodings import EncodingMismatch, EncodingMismatchError, load_encodings_to_sim
 from .sim_model import QuantizationSimModel
@@ -43,5 +45,8 @@ __all__ = [
     "QuantsimConfig",
     "load_config",
     "prepare",
+    "PrepareError",
+    "PrepareWarning",
+    "IntegerExportError",
     "__version__",
 ]

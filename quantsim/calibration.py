@@ -41,12 +41,10 @@ class TensorStats:
 
     min: float = np.inf
     max: float = -np.inf
-    batches: int = 0
     histogram: HistogramObserver | None = None
 
     def update_range(self, lo: float, hi: float) -> None:
         self.min, self.max = min(self.min, lo), max(self.max, hi)
-        self.batches += 1
 
 
 @dataclass
@@ -235,19 +233,10 @@ class CalibrationSession:
         return self.stats
 
 
-def run_calibration(
-    session: CalibrationSession,
-    data,
-    callback_args=None,
-    *,
-    progress: bool = True,
-) -> dict[str, TensorStats]:
-    """Drive ``session`` with an iterable of feeds, or with ``data(session)`` / ``data(session, args)``."""
+def run_calibration(session: CalibrationSession, data, *, progress: bool = True) -> dict[str, TensorStats]:
+    """Drive ``session`` with an iterable of feeds, or with a callback ``data(session)``."""
     if callable(data):
-        if callback_args is None:
-            data(session)
-        else:
-            data(session, callback_args)
+        data(session)
         return session.finish()
     if isinstance(data, Mapping) or not isinstance(data, Iterable):
         raise TypeError(

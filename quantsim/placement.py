@@ -237,7 +237,9 @@ def _finite_constant(index: GraphIndex, name: str, left_in_float: list) -> bool:
     """Constants holding inf/NaN (e.g. a -inf fill value before a Max) cannot be put on a grid."""
     if np.isfinite(index.constant_value(name)).all():
         return True
-    left_in_float.append((name, "constant holds inf/NaN values"))
+    entry = (name, "constant holds inf/NaN values")
+    if entry not in left_in_float:
+        left_in_float.append(entry)
     return False
 
 

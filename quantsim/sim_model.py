@@ -23,6 +23,7 @@ from .graph import GraphIndex
 from .legacy_args import map_legacy_arguments
 from .placement import place_quantizers
 from .prepare import prepare
+from .prepare.common import is_large
 from .quantizer import QcQuantizeOp
 from .session import make_session
 from .tensor_roles import find_nonnegative_tensors
@@ -52,7 +53,10 @@ def load_model(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelPr
     if not proto.graph.node:
         raise ValueError(f"{label} has no nodes (is it an ONNX model?)")
     try:
-        onnx.checker.check_model(proto)
+        if isinstance(model, (str, os.PathLike)):
+            onnx.checker.check_model(str(model))  # from the file: works past 2 GiB, no re-serialisation
+        elif not is_large(proto):  # a >2 GiB ModelProto cannot be serialised for the checker
+            onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
         raise ValueError(f"{label} fails onnx.checker: {str(error).splitlines()[0]}") from error
     quantized = [n.name or n.op_type for n in proto.graph.node if n.op_type in _QDQ_OPS]
@@ -133,6 +137,7 @@ class QuantizationSimModel:
         self._version = 0
         self._session = None
         self._session_version = -1
+        self._fused: tuple | None = None
         self._calibration_cache: tuple | None = None
         self.qc_quantize_op_dict: dict[str, QcQuantizeOp] = {}
         self._quantizers: list[QcQuantizeOp] = []
@@ -226,7 +231,7 @@ class QuantizationSimModel:
                 q.set_encoding(new[q.name])
 
     def _calibration_session(self, observed: list[QcQuantizeOp]) -> CalibrationSession:
-        histogram = any(q.quant_scheme is not QuantScheme.min_max for q in observed)
+        histogram = any(q.quant_scheme.uses_histogram for q in observed)
         groups = {t: q.name for q in observed for t in q.tensors if not self._index.is_constant(t)}
         constants = [q for q in self._quantizers if q.role == "param" or self._is_constant_quantizer(q)]
         key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), histogram)
@@ -270,8 +275,11 @@ class QuantizationSimModel:
         """A session of the QDQ export with onnxruntime's integer kernels: faster; its fixed-point requantization
         makes outputs differ from the exact sim by a few output steps (3 on the benchmark CNNs)."""
         self._ensure_param_encodings()
-        return make_session(self.to_onnx_qdq(), self.providers, fuse_qdq=True,
-                            session_options_kwargs=self._session_options_kwargs)
+        if self._fused is None or self._fused[0] != self._version:
+            session = make_session(self.to_onnx_qdq(), self.providers, fuse_qdq=True,
+                                   session_options_kwargs=self._session_options_kwargs)
+            self._fused = (self._version, session)
+        return self._fused[1]
 
     def to_onnx_qdq(self, *, int32_bias: bool = True) -> onnx.ModelProto:
         """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases

@@ -25,9 +25,8 @@ from .dtypes import int8, int16, qtype
 from .numerics import Encoding, fake_quantize, fp16_round_trip, grid_bounds, quantize
 from .quantizer import QcQuantizeOp
 
-__all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET", "MAX_ORT_OPSET"]
+__all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
 
-MAX_ORT_OPSET = 21
 IR_FOR_OPSET = ((21, 10), (19, 9), (15, 8), (1, 7))
 
 

@@ -35,8 +35,6 @@ those rules refuse and the nodes run in float.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -45,7 +43,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..encodings import write_json_atomic
 from ..graph import GraphIndex
+from ..model_io import save_model_atomic
 from ..simulate import IR_FOR_OPSET
 from . import lowering_elementwise, lowering_linear, lowering_lut, lowering_movement
 from .fallback import apply_quantizer, lower_in_float
@@ -96,23 +96,14 @@ class IntegerExport:
                 "io": self.io, "report": [list(r) for r in self.report], "requant": self.requant}
 
     def save(self, path_prefix) -> tuple[Path, Path]:
-        """Write ``<prefix>.onnx`` and ``<prefix>.requant.json`` atomically (temp file + os.replace)."""
+        """Write ``<prefix>.onnx`` (external data past 2 GiB) and ``<prefix>.requant.json``, each atomically."""
         prefix = Path(path_prefix)
         prefix.parent.mkdir(parents=True, exist_ok=True)
-        targets = (prefix.with_name(prefix.name + ".onnx"), prefix.with_name(prefix.name + ".requant.json"))
-        payloads = (self.model.SerializeToString(),
-                    json.dumps(self.requant_document(), indent=1, sort_keys=True).encode())
-        for target, payload in zip(targets, payloads):
-            handle, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(handle, "wb") as stream:
-                    stream.write(payload)
-                os.replace(temp, target)
-            except BaseException:
-                if os.path.exists(temp):
-                    os.unlink(temp)
-                raise
-        return targets
+        model_path = prefix.with_name(prefix.name + ".onnx")
+        table_path = prefix.with_name(prefix.name + ".requant.json")
+        save_model_atomic(self.model, model_path)
+        write_json_atomic(table_path, self.requant_document())
+        return model_path, table_path
 
 
 def _check_sim(sim) -> None:
