@@ -47,7 +47,7 @@ import math
 
 import numpy as np
 
-from .numerics import Encoding, encoding_from_range
+from .numerics import Encoding, encoding_from_range, round_half_away
 
 __all__ = ["HistogramObserver", "tf_enhanced_encoding_of", "DEFAULT_NUM_BINS", "MIN_RANGE", "SATURATION_WEIGHT"]
 
@@ -250,14 +250,10 @@ class HistogramObserver:
 
 
 # -------------------------------------------------------------------- TF-enhanced search
-def _round_away(x: np.ndarray) -> np.ndarray:
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
-
-
 def _asymmetric_candidates(mn: np.ndarray, mx: np.ndarray, n_steps: int):
     """(delta, offset, valid), each (C, 17*21 + 1): the clamped AIMET grid plus the observed grid."""
     delta0 = (mx - mn) / n_steps
-    offset0 = _round_away(mn / delta0)
+    offset0 = round_half_away(mn / delta0)
     gmin = delta0 * offset0
     gmax = gmin + delta0 * n_steps
     f = np.arange(1, 18, dtype=np.float64) / 16.0
@@ -272,7 +268,7 @@ def _asymmetric_candidates(mn: np.ndarray, mx: np.ndarray, n_steps: int):
     delta = (cmax - cmin) / n_steps
     valid &= delta > 0
     safe = np.where(valid, delta, 1.0)
-    offset = np.where(valid, _round_away(cmin / safe), 0.0)
+    offset = np.where(valid, round_half_away(cmin / safe), 0.0)
     delta = np.concatenate([safe, delta0[:, None]], axis=1)
     offset = np.concatenate([offset, offset0[:, None]], axis=1)
     valid = np.concatenate([valid, np.ones((mn.size, 1), dtype=bool)], axis=1)

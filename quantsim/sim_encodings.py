@@ -16,6 +16,8 @@ import numpy as np
 
 from .dtypes import QuantizationDataType, float16, qtype
 from .encodings import TensorEncoding, encodings_from_dict, encodings_to_dict, read_encodings_file, write_json_atomic
+from .export.bias import bias_scale
+from .export.qdq import BIAS_SLOT
 from .model_io import commit_staged, discard_staged, stage_model
 from .numerics import Encoding, grid_bounds
 from .quantizer import QcQuantizeOp
@@ -33,7 +35,6 @@ __all__ = [
     "REQUANT_KEY",
 ]
 
-_BIAS_OPS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def int32_bias_records(sim) -> list[TensorEncoding]:
     records = []
     qmin, qmax = grid_bounds(32, signed=True)
     for node in sim._index.nodes:
-        slot = _BIAS_OPS.get(node.op_type)
+        slot = BIAS_SLOT.get(node.op_type)
         if slot is None or len(node.input) <= slot or not sim._index.is_constant(node.input[slot]):
             continue
         q_in, q_w = sim.qc_quantize_op_dict.get(node.input[0]), sim.qc_quantize_op_dict.get(node.input[1])
@@ -83,7 +84,7 @@ def int32_bias_records(sim) -> list[TensorEncoding]:
             continue
         if not q_in.encoding.is_per_tensor or q_w.encoding.block_size is not None:
             continue
-        scale = float(np.float32(q_in.encoding.scale)) * q_w.encoding.scale.astype(np.float32).astype(np.float64)
+        scale = bias_scale(q_in.encoding.scale, q_w.encoding.scale).astype(np.float64)  # what the QDQ model uses
         axis = 0 if scale.ndim else None
         enc = Encoding(scale, 0, 32, True, qmin, qmax, True, axis)
         records.append(TensorEncoding.from_encoding(node.input[slot], enc, "param", tuple(sim._index.shape[node.input[slot]])))

@@ -40,7 +40,7 @@ from ..graph import GraphIndex
 from ..prepare.common import drop_unused_initializers
 from .bias import quantize_bias
 
-__all__ = ["to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "protect_float_weights", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
+__all__ = ["BIAS_SLOT", "to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "protect_float_weights", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
 
 #: ops whose output values are a subset of their (single quantized) data input's values
 GRID_MOVEMENT_OPS = frozenset(
@@ -48,7 +48,7 @@ GRID_MOVEMENT_OPS = frozenset(
     DepthToSpace SpaceToDepth Gather Split""".split()
 )
 
-_BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}  # input slot of the bias
 _WEIGHT_AXIS_FOR_OUTPUT = {"Conv": 0, "ConvTranspose": 1}
 
 
@@ -68,7 +68,7 @@ def quantize_biases(model: onnx.ModelProto) -> onnx.ModelProto:
     index = GraphIndex(model)
     replaced: dict[str, onnx.NodeProto] = {}
     for node in index.nodes:
-        slot = _BIAS_SLOT.get(node.op_type)
+        slot = BIAS_SLOT.get(node.op_type)
         if slot is None or len(node.input) <= slot or not index.is_constant(node.input[slot]):
             continue
         bias_name = node.input[slot]
