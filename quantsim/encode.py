@@ -49,8 +49,17 @@ def encoding_for_values(q: QcQuantizeOp, values: np.ndarray) -> Encoding:
 
 
 def encoding_for_stats(q: QcQuantizeOp, stats: TensorStats) -> Encoding:
-    """Encoding of an activation quantizer from its streamed statistics and its quant scheme."""
+    """Encoding of an activation quantizer from its streamed statistics and its quant scheme; a fixed
+    range (config ``encoding_constraints``) replaces the observed bounds it names, and a range
+    symmetric about zero makes the grid symmetric (AIMET's rule)."""
     bits = q.spec.dtype.bits
+    if q.fixed_range is not None:
+        lo = stats.min if q.fixed_range[0] is None else q.fixed_range[0]
+        hi = stats.max if q.fixed_range[1] is None else q.fixed_range[1]
+        flags = _grid_flags(q)
+        if lo == -hi:
+            flags["symmetric"] = True
+        return encoding_from_range(lo, hi, bits, **flags)
     scheme = q.quant_scheme
     if scheme is QuantScheme.post_training_tf_enhanced and stats.histogram is not None:
         return stats.histogram.tf_enhanced_encoding(bits, **_grid_flags(q))

@@ -13,6 +13,7 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    quantized (`tensor_roles`).
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
    last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s constant into a bias.
+   An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
    share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
    other consumers keeps its own). Tied tensors form one `QuantizerPlan`.
@@ -74,6 +75,7 @@ class QuantizerPlan:
     op_type: str = ""
     shape: tuple | None = None
     channel_axis: int | None = None
+    fixed_range: tuple[float | None, float | None] | None = None  # config encoding_constraints
 
 
 @dataclass
@@ -179,7 +181,7 @@ def place_quantizers(
             if config.model_output_quantized and name in index.graph_outputs:
                 enabled = True
             sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(node.op_type), enabled,
-                                        op_type=node.op_type)
+                                        op_type=node.op_type, fixed_range=rule.encoding_constraints)
         if node.op_type in CONSTANT_INPUT_OPS:
             for slot, name in enumerate(node.input):
                 if (node.op_type == "Where" and slot == 0) or not index.is_constant(name) or name in sites:

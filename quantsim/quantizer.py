@@ -49,6 +49,7 @@ class QcQuantizeOp:
         percentile: float = 100.0,
         notify: Callable[[], None] | None = None,
         param_type: str | None = None,
+        fixed_range: tuple[float | None, float | None] | None = None,
     ):
         self.name = name
         self.role = role
@@ -56,6 +57,7 @@ class QcQuantizeOp:
         self.shape = shape
         self.channel_axis = channel_axis
         self.param_type = param_type  # "weight", "bias", ... for parameters (AIMET's param type names)
+        self.fixed_range = fixed_range  # (min | None, max | None) used instead of observed values
         self._spec = spec
         self._enabled = bool(enabled)
         self._encoding: Encoding | None = None
@@ -187,6 +189,15 @@ class QcQuantizeOp:
         if self.channel_axis is None:
             raise ValueError(f"quantizer {self.name!r} has no channel axis (only weights can be per-channel)")
         self.set_qspec(self._spec.with_(granularity=PerChannel(self.channel_axis)))
+
+    def set_fixed_encoding_range(self, fixed_range: tuple[float | None, float | None] | None) -> None:
+        """Calibrate with this ``(min, max)`` instead of the observed one (None keeps that side observed);
+        ``None`` clears it. AIMET's config ``encoding_constraints`` set the same thing."""
+        if fixed_range is not None:
+            lo, hi = fixed_range
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"quantizer {self.name!r}: fixed range min {lo} > max {hi}")
+        self.fixed_range = None if fixed_range is None else tuple(fixed_range)
 
     @property
     def quant_scheme(self) -> QuantScheme:

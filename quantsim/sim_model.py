@@ -146,6 +146,7 @@ class QuantizationSimModel:
                 plan.name, plan.role, plan.spec, enabled=plan.enabled, tensors=tuple(plan.tensors),
                 shape=plan.shape, channel_axis=plan.channel_axis, quant_scheme=self._quant_scheme,
                 percentile=percentile, notify=self._invalidate, param_type=plan.param_type,
+                fixed_range=plan.fixed_range,
             )
             self._quantizers.append(quantizer)
             for tensor in plan.tensors:

@@ -984,3 +984,30 @@ def test_set_encoding_checks_bitwidth_and_frozen_state():
     with pytest.raises(RuntimeError, match="frozen"):
         q.set_encoding(encoding_from_range(-1.0, 1.0, 8, symmetric=False))
     assert q.encoding is before
+
+
+def test_config_encoding_constraints_fix_the_output_range(tmp_path):
+    """An op type's encoding_constraints (HTP configs: Sigmoid [0, 1]) replace the observed range."""
+    import json as _json
+
+    from onnx import TensorProto, helper
+
+    from quantsim.config import CONFIG_DIR
+
+    config = _json.loads((CONFIG_DIR / "default_config_per_channel.json").read_text())
+    config["op_type"]["Sigmoid"] = {"encoding_constraints": {"min": 0.0, "max": 1.0}}
+    path = tmp_path / "config.json"
+    path.write_text(_json.dumps(config))
+    graph = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["y"])], "sig",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    sim = QuantizationSimModel(model, config_file=str(path), progress=False)
+    sim.compute_encodings([{"x": np.array([-0.1, 0.0, 0.2, 0.3], np.float32)}])  # sigmoid in ~[0.47, 0.58]
+    enc = sim.qc_quantize_op_dict["y"].encoding
+    assert float(enc.min) == 0.0 and abs(float(enc.max) - 1.0) < 1e-9
+    q = sim.qc_quantize_op_dict["x"]
+    q.set_fixed_encoding_range((-2.0, 2.0))
+    sim.compute_encodings([{"x": np.array([-0.1, 0.0, 0.2, 0.3], np.float32)}])
+    assert q.encoding.symmetric and abs(float(q.encoding.max) - 2.0) < 1e-9  # scale max(2/127, 2/128)
