@@ -119,6 +119,12 @@ class QuantizationSimModel:
         self.activation_type = qtype.as_qtype(options["activation_type"] or int8)
         self._quant_scheme = QuantScheme.from_str(options["quant_scheme"])
         self.config = load_config(options["config_file"])
+        ignored = [p for p in self.config.supergroup_pass_list if p != "MatmulAdd"]
+        if ignored or self.config.hw_version:
+            warnings.warn(f"config {self.config.source}: "
+                          + (f"supergroup passes {ignored} are not applied; " if ignored else "")
+                          + (f"hw_version {self.config.hw_version!r} exception rules are not applied" if
+                             self.config.hw_version else ""), UserWarning, stacklevel=2)
         self.providers = list(options["providers"] or ["CPUExecutionProvider"])
         self.path = Path(options["path"]) if options["path"] is not None else None
         if self.path is not None:
