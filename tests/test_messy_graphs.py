@@ -227,3 +227,25 @@ def test_qdq_export_leaves_integer_outputs_of_movement_ops_alone():
     onnx.checker.check_model(qdq)
     outs = ort.InferenceSession(qdq.SerializeToString()).run(None, {"x": np.ones((1, 3, 8, 8), np.float32)})
     assert outs[1].dtype == np.int64
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_transpose_weights_per_channel_on_axis_1_and_qdq_matches_sim(group):
+    """ConvTranspose weights are [C_in, C_out/group, k, k]: per-channel along axis 1 (group 1), per
+    tensor for grouped ones (AIMET); the QDQ export in a default session is within one output step."""
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], strides=[2, 2], group=group),
+             helper.make_node("Relu", ["t"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 11, 11])],
+                   [_init("w", 4, 6 // group, 3, 3), _init("b", 6)])
+    sim = QuantizationSimModel(model, progress=False)
+    granularity = sim.qc_quantize_op_dict["w"].spec.granularity
+    assert (isinstance(granularity, PerChannel) and granularity.axis == 1) if group == 1 else \
+        not isinstance(granularity, PerChannel)
+    sim.compute_encodings([{"x": RNG.normal(size=(1, 4, 5, 5)).astype(np.float32)} for _ in range(3)])
+    qdq = sim.to_onnx_qdq()
+    onnx.checker.check_model(qdq)
+    feed = {"x": RNG.normal(size=(1, 4, 5, 5)).astype(np.float32)}
+    step = float(sim.qc_quantize_op_dict["y"].encoding.scale)
+    diff = np.abs(ort.InferenceSession(qdq.SerializeToString()).run(None, feed)[0] - sim.session.run(None, feed)[0])
+    assert diff.max() <= step * 1.001
