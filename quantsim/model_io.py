@@ -44,6 +44,7 @@ def commit_staged(staged: list[tuple[Path, Path]]) -> None:
 
 
 def discard_staged(staged: list[tuple[Path, Path]]) -> None:
+    """Remove staged files without committing them (a later step failed)."""
     if staged:
         shutil.rmtree(staged[0][0].parent, ignore_errors=True)
 

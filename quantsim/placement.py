@@ -31,7 +31,7 @@ from .graph import GraphIndex
 from .tensor_roles import find_index_tensors, find_mask_tensors, find_normalization_statistics
 from .spec import PerChannel, PerTensor, QSpec
 
-__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "PARAM_SLOTS", "GRID_PRESERVING"]
+__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "channel_axis_of", "PARAM_SLOTS", "GRID_PRESERVING"]
 
 PARAM_SLOTS: dict[str, dict[int, str]] = {
     "Conv": {1: "weight", 2: "bias"},
@@ -80,6 +80,8 @@ class QuantizerPlan:
 
 @dataclass
 class Placement:
+    """Every planned quantizer, what stays float and why, and the index tensors found on the way."""
+
     plans: list[QuantizerPlan]
     left_in_float: list[tuple[str, str]] = field(default_factory=list)  # (node or tensor, why)
     index_tensors: frozenset[str] = frozenset()

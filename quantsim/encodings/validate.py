@@ -57,6 +57,7 @@ def require(where: Where, mapping: Any, key: str, default: Any = MISSING) -> Any
 
 
 def as_str(where: Where, value: Any, field: str) -> str:
+    """The value as a string, or an error naming the entry and field."""
     if not isinstance(value, str) or not value:
         raise where.error(f"'{field}' must be a non-empty string, got {value!r}")
     return value
@@ -73,6 +74,7 @@ def as_int(where: Where, value: Any, field: str, *, minimum: int | None = None) 
 
 
 def as_number(where: Where, value: Any, field: str) -> float:
+    """The value (a JSON number) as a float, or an error naming the entry and field."""
     if not _is_real(value):
         raise where.error(f"'{field}' must be a number, got {value!r}")
     return float(value)

@@ -56,6 +56,7 @@ def clip_bounds(ctx: LoweringContext, node: onnx.NodeProto) -> tuple[float, floa
 
 
 def code_clamp(grid: Grid, low: float, high: float) -> tuple[int, int]:
+    """The uint8 codes a clamp of real values to ``[low, high]`` becomes on ``grid`` (infinite: 0 / 255)."""
     lo = 0 if not np.isfinite(low) else int(grid.quantize(low))
     hi = 255 if not np.isfinite(high) else int(grid.quantize(high))
     return lo, hi

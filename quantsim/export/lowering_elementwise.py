@@ -48,6 +48,7 @@ def _grid_entry(op: str, output: str, inputs, out_grid) -> dict:
 
 
 def lower_add_mul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Add/Mul of two 8-bit tensors -> com.microsoft QLinearAdd/QLinearMul (requantized to the output grid)."""
     if scalar_operand_slot(ctx, node) is not None:
         lower_scalar_binary(ctx, node)
         return
@@ -68,6 +69,7 @@ def lower_add_mul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 
 def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Concat -> plain uint8 Concat when every input is on the output grid, else QLinearConcat."""
     parts = [ctx.int_input(name) for name in node.input]
     shared = parts[0].grid if all(p.grid == parts[0].grid for p in parts) else None
     tensor = node.output[0]
@@ -88,6 +90,7 @@ def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 
 def lower_average_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """AveragePool -> com.microsoft QLinearAveragePool (same attributes, input and output grids)."""
     attrs = _attrs(node)
     if any(d != 1 for d in attrs.get("dilations", [])):
         raise Unsupported("QLinearAveragePool has no dilations")
@@ -107,6 +110,7 @@ def lower_average_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 
 def lower_global_average_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """GlobalAveragePool -> com.microsoft QLinearGlobalAveragePool."""
     x = ctx.int_input(node.input[0])
     ep = epilogue(ctx, node)
     out = ctx.fresh(f"{ep.tensor}/codes")

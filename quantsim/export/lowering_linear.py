@@ -83,6 +83,7 @@ def _record(ctx, node, op, x: QTensor, w: dict, y, bias_scale=None, weight=None,
 
 
 def lower_conv(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Conv -> QLinearConv with int8 weights (per channel or per tensor) and an int32 bias on ``s_in * s_w``."""
     x = ctx.int_input(node.input[0])
     w_name = node.input[1]
     w = _weight(ctx, w_name, axis=0)
@@ -112,6 +113,7 @@ def _qgemm(ctx, node, x: QTensor, a_name: str, w_name: str, w: dict, bias, ep, a
 
 
 def lower_gemm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Gemm -> com.microsoft QGemm (alpha folded into the weight scale, beta into the int32 bias)."""
     attrs = _attrs(node)
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
@@ -142,6 +144,7 @@ def _reshape(ctx: LoweringContext, codes: str, shape: list, base: str) -> str:
 
 
 def lower_matmul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """MatMul -> QLinearMatMul (constant weight, or two 8-bit activations); with a bias Add -> QGemm."""
     a_name, b_name = node.input[0], node.input[1]
     x = ctx.int_input(a_name)
     if not ctx.index.is_constant(b_name):

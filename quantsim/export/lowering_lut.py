@@ -31,7 +31,8 @@ from .epilogue import epilogue, finish
 from .lowering_context import Grid, LoweringContext, QTensor, Unsupported
 
 __all__ = ["RULES", "UNARY_OPS", "SCALAR_BINARY_OPS", "lut_table", "apply_table", "regrid", "lower_lut",
-           "hard_swish_gate", "lower_hard_sigmoid", "lower_hard_swish_product"]
+           "hard_swish_gate", "lower_hard_sigmoid", "lower_hard_swish_product", "scalar_operand_slot",
+           "lower_scalar_binary"]
 
 UNARY_OPS = frozenset(
     """HardSigmoid HardSwish Tanh Erf Exp Log Gelu Softplus Softsign Elu Selu Celu Mish ThresholdedRelu Neg

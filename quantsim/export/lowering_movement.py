@@ -57,6 +57,7 @@ def _settle(ctx: LoweringContext, tensor: str, codes: QTensor) -> None:
 
 
 def lower_direct(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Data movement (`DIRECT_OPS`) applied to the uint8 codes themselves: the values keep their grid."""
     if ctx.opset < DIRECT_OPS[node.op_type]:
         raise Unsupported(f"no uint8 {node.op_type} kernel before opset {DIRECT_OPS[node.op_type]}")
     attrs = _attrs(node)
@@ -93,6 +94,7 @@ def lower_alias(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 
 def lower_shape(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Shape/Size read the codes tensor: its shape is the float tensor's shape."""
     ctx.emit(node.op_type, [ctx.any_input(node.input[0])], list(node.output), name=node.name, attributes_of=node)
 
 
