@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-__all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "subgraph_references"]
+__all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "subgraph_references", "node_attributes"]
 
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
 
@@ -24,6 +24,11 @@ class Use:
 
     node: onnx.NodeProto
     index: int
+
+
+def node_attributes(node: onnx.NodeProto) -> dict:
+    """``{attribute name: Python value}`` of ``node``."""
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def subgraph_references(node: onnx.NodeProto) -> set[str]:

@@ -27,7 +27,7 @@ import onnx
 
 from .config import QuantsimConfig
 from .dtypes import int8, qtype
-from .graph import GraphIndex
+from .graph import GraphIndex, node_attributes
 from .tensor_roles import find_index_tensors, find_mask_tensors, find_normalization_statistics
 from .spec import PerChannel, PerTensor, QSpec
 
@@ -96,7 +96,7 @@ def channel_axis_of(node: onnx.NodeProto, slot: int, shape: tuple | None) -> int
         return 1 if rank >= 2 else 0  # [directions, gates * hidden, ...]
     if slot != 1 or rank == 1:
         return 0
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attributes(node)
     if node.op_type == "Conv" or node.op_type in NORM_OPS or node.op_type == "PRelu":
         return 0
     if node.op_type == "ConvTranspose":

@@ -21,10 +21,10 @@ import warnings
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from .encodings import TensorEncoding
-from .graph import GraphIndex
+from .graph import GraphIndex, node_attributes
 from .numerics import Encoding
 from .prepare.common import drop_unused_initializers
 from .prepare.naming import name_nodes
@@ -43,7 +43,7 @@ def _constant(index: GraphIndex, name: str) -> np.ndarray | None:
 def _storage(index: GraphIndex, node: onnx.NodeProto) -> int:
     if len(node.input) > 2 and node.input[2]:
         return index.elem_type[node.input[2]]
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attributes(node)
     return attrs.get("output_dtype", TensorProto.UINT8) or TensorProto.UINT8
 
 
@@ -84,7 +84,7 @@ def _encoding(index, node, storage, clip_bounds=None, shape=None) -> Encoding:
         grid_bits = int(np.log2(levels + 1)) if strict else int(np.ceil(np.log2(levels)))
         if not strict:
             qmin, qmax = (-(1 << (grid_bits - 1)), (1 << (grid_bits - 1)) - 1) if signed else (0, (1 << grid_bits) - 1)
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attributes(node)
     symmetric = signed and not np.any(zero_point)
     axis = block_axis = block_size = None
     if scale.ndim >= 1 and "block_size" in attrs:
@@ -220,11 +220,11 @@ def _dequantize_constant(codes: np.ndarray, enc: Encoding, node) -> np.ndarray:
 
 
 def _is_fp16_pair(index: GraphIndex, node: onnx.NodeProto) -> bool:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attributes(node)
     back = index.single_consumer(node.output[0])
     if attrs.get("to") != TensorProto.FLOAT16 or back is None or back.op_type != "Cast":
         return False
-    return {a.name: helper.get_attribute_value(a) for a in back.attribute}.get("to") == TensorProto.FLOAT
+    return node_attributes(back).get("to") == TensorProto.FLOAT
 
 
 def _unmatched(node: onnx.NodeProto, strict: bool) -> None:

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .graph import GraphIndex
 from .dtypes import int8, int16, qtype
 from .numerics import Encoding, fake_quantize, fp16_round_trip, grid_bounds, quantize
+from .prepare.common import default_opset
 from .quantizer import QcQuantizeOp
 
 __all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
@@ -66,7 +67,7 @@ def _needs_clip(enc: Encoding, container: qtype) -> bool:
 
 
 def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    current = default_opset(model) or 0
     if current >= opset:
         return model
     try:

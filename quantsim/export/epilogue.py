@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from ..graph import node_attributes
 from .lowering_context import Grid, LoweringContext, QTensor, Unsupported
 
 __all__ = ["Epilogue", "epilogue", "finish", "clip_bounds", "clamp_codes", "code_clamp"]
@@ -43,7 +44,7 @@ def clip_bounds(ctx: LoweringContext, node: onnx.NodeProto) -> tuple[float, floa
     """``(min, max)`` of a Relu or Clip node (``-inf``/``inf`` when absent); Unsupported if not constant."""
     if node.op_type == "Relu":
         return 0.0, float("inf")
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attributes(node)
     low, high = float(attrs.get("min", -np.inf)), float(attrs.get("max", np.inf))
     for slot in (1, 2):
         if len(node.input) > slot and node.input[slot]:

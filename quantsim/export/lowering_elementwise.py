@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ..graph import node_attributes
 from .epilogue import epilogue, finish
 from .fixed_point import multiplier_record
 from .lowering_context import MS_DOMAIN, LoweringContext, Unsupported
@@ -31,10 +32,6 @@ from .lowering_lut import lower_scalar_binary, scalar_operand_slot
 __all__ = ["RULES"]
 
 _POOL_ATTRS = ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _f32(value) -> np.float64:
@@ -75,7 +72,7 @@ def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     tensor = node.output[0]
     grid = ctx.output_grid(tensor, shared)
     out = ctx.fresh(f"{tensor}/codes")
-    axis = _attrs(node)["axis"]
+    axis = node_attributes(node)["axis"]
     if all(p.grid == grid for p in parts):
         ctx.emit("Concat", [p.name for p in parts], [out], name=node.name, axis=axis)
     else:
@@ -91,7 +88,7 @@ def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 def lower_average_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """AveragePool -> com.microsoft QLinearAveragePool (same attributes, input and output grids)."""
-    attrs = _attrs(node)
+    attrs = node_attributes(node)
     if any(d != 1 for d in attrs.get("dilations", [])):
         raise Unsupported("QLinearAveragePool has no dilations")
     x = ctx.int_input(node.input[0])
@@ -134,9 +131,9 @@ def _unary_kernel(op: str, **fixed):
         ep = epilogue(ctx, node)
         attrs = dict(fixed)
         if op == "QLinearLeakyRelu":
-            attrs["alpha"] = float(_attrs(node).get("alpha", 0.01))
+            attrs["alpha"] = float(node_attributes(node).get("alpha", 0.01))
         if op == "QLinearSoftmax":
-            attrs = {"axis": int(_attrs(node).get("axis", -1 if ctx.opset >= 13 else 1)), "opset": ctx.opset}
+            attrs = {"axis": int(node_attributes(node).get("axis", -1 if ctx.opset >= 13 else 1)), "opset": ctx.opset}
         out = ctx.fresh(f"{ep.tensor}/codes")
         ctx.emit(op, [x.name, *ctx.grid_inputs(x.grid, node.input[0]), *ctx.grid_inputs(ep.grid, ep.tensor)],
                  [out], name=node.name, domain=MS_DOMAIN, **attrs)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ..graph import node_attributes
 from ..numerics import quantize
 from .bias import quantize_bias
 from .epilogue import epilogue, finish
@@ -35,10 +36,6 @@ from .lowering_context import MS_DOMAIN, LoweringContext, QTensor, Unsupported
 __all__ = ["RULES", "lower_conv", "lower_gemm", "lower_matmul"]
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _weight(ctx: LoweringContext, name: str, axis: int, extra_scale: float = 1.0) -> dict:
@@ -114,7 +111,7 @@ def _qgemm(ctx, node, x: QTensor, a_name: str, w_name: str, w: dict, bias, ep, a
 
 def lower_gemm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """Gemm -> com.microsoft QGemm (alpha folded into the weight scale, beta into the int32 bias)."""
-    attrs = _attrs(node)
+    attrs = node_attributes(node)
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
     x = ctx.int_input(node.input[0])

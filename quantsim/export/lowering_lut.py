@@ -28,6 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..session import make_session
 from .epilogue import epilogue, finish
+from ..graph import node_attributes
 from .lowering_context import Grid, LoweringContext, QTensor, Unsupported
 
 __all__ = ["RULES", "UNARY_OPS", "SCALAR_BINARY_OPS", "lut_table", "apply_table", "regrid", "lower_lut",
@@ -153,7 +154,7 @@ RULES = {op: lower_lut for op in UNARY_OPS}
 def hard_swish_gate(ctx: LoweringContext, node: onnx.NodeProto) -> onnx.NodeProto | None:
     """The ``Mul(x, gate)`` when ``node`` is ``gate = HardSigmoid(x)`` with HardSwish's constants
     (how preparation spells HardSwish below opset 14), else None."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attributes(node)
     if node.op_type != "HardSigmoid" or not (np.isclose(attrs.get("alpha", 0.2), 1 / 6)
                                              and np.isclose(attrs.get("beta", 0.5), 0.5)):
         return None

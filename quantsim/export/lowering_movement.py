@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ..graph import node_attributes
 from .epilogue import clamp_codes, clip_bounds, code_clamp
 from .lowering_context import LoweringContext, QTensor, Unsupported
 from .lowering_lut import lower_lut, regrid
@@ -35,10 +36,6 @@ DIRECT_OPS: dict[str, int] = {
     "Resize": 10, "Split": 2, "Pad": 11, "DepthToSpace": 1, "SpaceToDepth": 1, "Tile": 6, "Expand": 8,
     "Gather": 1, "GatherElements": 11, "ReduceMax": 12, "ReduceMin": 12,
 }
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _data_outputs(ctx: LoweringContext, node: onnx.NodeProto) -> list[int]:
@@ -60,7 +57,7 @@ def lower_direct(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """Data movement (`DIRECT_OPS`) applied to the uint8 codes themselves: the values keep their grid."""
     if ctx.opset < DIRECT_OPS[node.op_type]:
         raise Unsupported(f"no uint8 {node.op_type} kernel before opset {DIRECT_OPS[node.op_type]}")
-    attrs = _attrs(node)
+    attrs = node_attributes(node)
     if node.op_type == "Resize" and attrs.get("mode", b"nearest") not in (b"nearest", "nearest"):
         raise Unsupported(f"Resize mode {attrs['mode']!r} interpolates (only nearest moves codes)")
     x = ctx.int_input(node.input[0])

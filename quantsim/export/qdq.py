@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..graph import GraphIndex
+from ..graph import GraphIndex, node_attributes
 from ..prepare.common import drop_unused_initializers
 from .bias import quantize_bias
 
@@ -57,7 +57,7 @@ def _dq_params(index: GraphIndex, name: str):
     node = index.producer_of(name)
     if node is None or node.op_type != "DequantizeLinear" or not index.is_constant(node.input[1]):
         return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attributes(node)
     if "block_size" in attrs:
         return None
     return index.constant_value(node.input[1]), attrs.get("axis", 1)
@@ -78,7 +78,7 @@ def quantize_biases(model: onnx.ModelProto) -> onnx.ModelProto:
         if x_params is None or w_params is None or x_params[0].ndim != 0:
             continue
         w_scale, w_axis = w_params
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attributes(node)
         if node.op_type == "Gemm":
             if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0):
                 continue
@@ -148,7 +148,7 @@ _WIDER = {TensorProto.INT8: TensorProto.INT16, TensorProto.UINT8: TensorProto.UI
 
 
 def _dequantized_constant(index: GraphIndex, dq: onnx.NodeProto) -> np.ndarray | None:
-    attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+    attrs = node_attributes(dq)
     if "block_size" in attrs or not all(index.is_constant(n) for n in dq.input if n):
         return None
     codes = index.constant_value(dq.input[0]).astype(np.int64)

@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph import GraphIndex
+from ..graph import GraphIndex, node_attributes
 from .common import PrepareWarning, constant_names, describe, drop_unused_initializers, drop_value_info
 
 __all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm"]
@@ -105,7 +105,7 @@ def _matches(index: GraphIndex) -> list[_Match]:
 
 def _check(index: GraphIndex, constants: set[str], match: _Match) -> str | None:
     bn, layer = match.bn, match.layer
-    if _attr(bn, "training_mode", 0) or sum(1 for name in bn.output if name) != 1:
+    if node_attributes(bn).get("training_mode", 0) or sum(1 for name in bn.output if name) != 1:
         return "it is in training mode (more than one output)"
     between = bn.input[0]
     others = [use.node for use in index.uses(between) if use.node is not bn]
@@ -140,17 +140,17 @@ def _output_channels(layer: onnx.NodeProto, shape: tuple[int, ...]) -> int | Non
     if layer.op_type == "Conv":
         return shape[0] if len(shape) >= 3 else None
     if layer.op_type == "ConvTranspose":
-        group = _attr(layer, "group", 1)
+        group = node_attributes(layer).get("group", 1)
         return group * shape[1] if len(shape) >= 3 and shape[0] % group == 0 else None
     if len(shape) != 2:
         return None
-    return shape[0] if _attr(layer, "transB", 0) else shape[1]
+    return shape[0] if node_attributes(layer).get("transB", 0) else shape[1]
 
 
 def _rewrite(graph: onnx.GraphProto, index: GraphIndex, match: _Match) -> None:
     bn, layer = match.bn, match.layer
     gamma, beta, mean, var = (index.constant_value(name).astype(np.float64).reshape(-1) for name in bn.input[1:5])
-    scale = gamma / np.sqrt(var + _attr(bn, "epsilon", 1e-5))
+    scale = gamma / np.sqrt(var + node_attributes(bn).get("epsilon", 1e-5))
     weight_tensor = index.initializers[layer.input[1]]
     weight = numpy_helper.to_array(weight_tensor)
     dtype = weight.dtype
@@ -159,7 +159,7 @@ def _rewrite(graph: onnx.GraphProto, index: GraphIndex, match: _Match) -> None:
     has_bias = len(layer.input) > 2 and layer.input[2]
     bias = index.constant_value(layer.input[2]).astype(np.float64) if has_bias else np.zeros(1)
     if layer.op_type == "Gemm":
-        bias = _attr(layer, "beta", 1.0) * bias if has_bias else np.zeros(1)
+        bias = node_attributes(layer).get("beta", 1.0) * bias if has_bias else np.zeros(1)
         _set_attr(layer, "beta", 1.0)
     new_bias = ((bias - mean) * scale + beta).astype(dtype)
     if has_bias:
@@ -176,11 +176,11 @@ def _scale_weight(layer: onnx.NodeProto, weight: np.ndarray, scale: np.ndarray) 
     if layer.op_type == "Conv":
         return weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
     if layer.op_type == "ConvTranspose":
-        group = _attr(layer, "group", 1)
+        group = node_attributes(layer).get("group", 1)
         grouped = weight.reshape((group, weight.shape[0] // group) + weight.shape[1:])
         factor = scale.reshape((group, 1, weight.shape[1]) + (1,) * (weight.ndim - 2))
         return (grouped * factor).reshape(weight.shape)
-    return weight * (scale[:, None] if _attr(layer, "transB", 0) else scale[None, :])
+    return weight * (scale[:, None] if node_attributes(layer).get("transB", 0) else scale[None, :])
 
 
 def _remove(graph: onnx.GraphProto, folded: list[_Match]) -> None:
@@ -189,13 +189,6 @@ def _remove(graph: onnx.GraphProto, folded: list[_Match]) -> None:
     del graph.node[:]
     graph.node.extend(keep)
     drop_unused_initializers(graph, {name for m in folded for name in m.bn.input[1:5]})
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for attr in node.attribute:
-        if attr.name == name:
-            return helper.get_attribute_value(attr)
-    return default
 
 
 def _set_attr(node: onnx.NodeProto, name: str, value) -> None:
