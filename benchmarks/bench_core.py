@@ -1,10 +1,13 @@
 """Core quantsim benchmark: calibration cost and simulated-inference latency vs plain onnxruntime.
 
-    python -m benchmarks.bench_core [--batches 16] [--batch-size 16] [--repeats 3] [--models magika,resnet,mobilenet]
+    python -m benchmarks.bench_core [--batches 16] [--batch-size 16] [--repeats 3] [--models magika,det,rec,cls,minilm,resnet,mobilenet]
 
 Models: magika (real model, real files from this machine as calibration data; fetched
-via benchmarks.fetch_models) and two conv nets built here with onnx.helper with seeded
-random weights and N(0,1) calibration data (benchmarks.models).
+via benchmarks.fetch_models); the real-model suite's PP-OCRv4 det / rec / cls convolutional
+nets and paraphrase-MiniLM-L3-v2 with their suite calibration splits (rendered documents, text
+lines, stdlib sentences; benchmarks.suite); and two small conv nets built here with onnx.helper
+with seeded random weights and N(0,1) 64x64 calibration data (benchmarks.models), whose whole
+FP32 pass takes a few tens of milliseconds, so fixed costs (session creation) weigh most there.
 
 Per model, measured side by side in one process (best of ``--repeats``):
   * FP32: plain onnxruntime InferenceSession over the N calibration batches;
@@ -31,10 +34,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import activation_scales, best_of, interleaved_best, quiet_kwargs, ratio_cell, run_feeds, top1_agreement
+from benchmarks.common import activation_scales, best_of, interleaved_best, quiet_kwargs, ratio_cell, top1_agreement
 
 TARGETS = {"min_max": 1.5, "tf_enhanced": 3.0, "sim": 1.5}
 RESULTS = Path(__file__).resolve().parent / "results"
+SUITE_CASES = {"det": "det_case", "rec": "rec_case", "cls": "cls_case", "minilm": "minilm_case"}
+NOT_CLASSIFIERS = {"det", "rec", "minilm"}  # their top-1 column would be meaningless: the suite scores them
 
 
 def load_models(names: list[str], n_batches: int, batch_size: int):
@@ -49,13 +54,20 @@ def load_models(names: list[str], n_batches: int, batch_size: int):
             d = fetch_magika()
             feats = mi.features(mi.find_real_files(n_batches * batch_size, seed=1), d)
             out.append(("magika", onnx.load(str(d / "model.onnx")),
-                        mi.batches(feats, batch_size, mi.input_name(d)), f"{len(feats)} real files"))
+                        mi.batches(feats, batch_size, mi.input_name(d)), f"{len(feats)} real files", True))
+        elif name in SUITE_CASES:
+            from benchmarks.suite import cases as suite_cases
+            from benchmarks.suite.fetch import fetch_minilm, fetch_ppocr
+
+            directory = fetch_minilm() if name == "minilm" else fetch_ppocr()
+            case = getattr(suite_cases, SUITE_CASES[name])(directory, suite_cases.FULL)
+            out.append((case.name, onnx.load(str(case.model_path)), case.calib, case.data, name not in NOT_CLASSIFIERS))
         elif name == "resnet":
             m = models.resnet_like(seed=0)
-            out.append(("resnet_like (BN unfolded)", m, models.random_feeds(m, n_batches, batch_size, seed=10), "N(0,1)"))
+            out.append(("resnet_like (BN unfolded)", m, models.random_feeds(m, n_batches, batch_size, seed=10), "N(0,1)", True))
         elif name == "mobilenet":
             m = models.mobilenet_like(seed=1)
-            out.append(("mobilenet_like (dw, Clip 0-6)", m, models.random_feeds(m, n_batches, batch_size, seed=11), "N(0,1)"))
+            out.append(("mobilenet_like (dw, Clip 0-6)", m, models.random_feeds(m, n_batches, batch_size, seed=11), "N(0,1)", True))
         else:
             raise SystemExit(f"unknown model {name!r}")
     return out
@@ -93,13 +105,23 @@ def _fused(QSM, model, feeds, kwargs, exact_sim):
     return None, "SDK has no fused integer kernels (no sim.fused_session / use_integer_kernels)"
 
 
-def bench_model(QSM, name, model, feeds, data_desc, repeats):
+def _first_outputs(session, feeds) -> list[np.ndarray]:
+    """Output 0 of every feed (batches may differ in shape, so they are not concatenated)."""
+    return [session.run(None, dict(f))[0] for f in feeds]
+
+
+def _pass(session, feeds):
+    """One timed inference pass: every feed, all outputs, nothing else."""
+    return lambda: [session.run(None, f) for f in feeds]
+
+
+def bench_model(QSM, name, model, feeds, data_desc, repeats, classifier=True):
     row = {"model": name, "data": data_desc, "batches": len(feeds),
            "batch": next(iter(feeds[0].values())).shape[0], "notes": []}
     fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     out_name = fp32.get_outputs()[0].name
-    ref = run_feeds(fp32, feeds)
-    fp32_pass = lambda: run_feeds(fp32, feeds)  # noqa: E731
+    ref = _first_outputs(fp32, feeds)
+    fp32_pass = _pass(fp32, feeds)
     fp32_pass()  # warm-up
     # Calibration: each repeat times an FP32 pass, then a fresh sim's compute_encodings, so the
     # best-of FP32 and best-of calibration come from the same stretch of machine load.
@@ -120,9 +142,10 @@ def bench_model(QSM, name, model, feeds, data_desc, repeats):
         sims[scheme] = sim
     row["fp32"] = min(t_fp32)
     sim = sims["min_max"]
-    sim_out = run_feeds(sim.session, feeds)
-    row["agree"] = top1_agreement(ref, sim_out)
-    fns = {"fp32": fp32_pass, "sim": lambda: run_feeds(sim.session, feeds)}
+    sim_out = _first_outputs(sim.session, feeds)
+    if classifier:
+        row["agree"] = top1_agreement(np.concatenate(ref), np.concatenate(sim_out))
+    fns = {"fp32": fp32_pass, "sim": _pass(sim.session, feeds)}
     try:
         sess, how = _fused(QSM, model, feeds, dict(param_type="int8", activation_type="int8", quant_scheme="min_max",
                                                    **quiet_kwargs(QSM)), sim)
@@ -131,10 +154,10 @@ def bench_model(QSM, name, model, feeds, data_desc, repeats):
     if sess is None:
         row["notes"].append(how)
     else:
-        fns["fused"] = lambda: run_feeds(sess, feeds)
-        fused_out = run_feeds(sess, feeds)
-        step, src = _output_step(sim, out_name, sim_out)
-        row["fused_dev"] = float(np.abs(fused_out.astype(np.float64) - sim_out).max() / step)
+        fns["fused"] = _pass(sess, feeds)
+        fused_out = _first_outputs(sess, feeds)
+        step, src = _output_step(sim, out_name, np.concatenate([o.ravel() for o in sim_out]))
+        row["fused_dev"] = float(max(np.abs(f.astype(np.float64) - o).max() for f, o in zip(fused_out, sim_out)) / step)
         row["notes"].append(f"fused via {how}; deviation in output steps ({src} scale {step:.3g})")
     lat = interleaved_best(fns, repeats=max(repeats, 5))
     row["lat_fp32"] = lat["fp32"]
@@ -156,11 +179,12 @@ def to_markdown(rows, header: str) -> str:
             continue
         fused = ratio_cell(r["fused"]) if "fused" in r else "n/a"
         dev = f"{r['fused_dev']:.2f}" if "fused_dev" in r else "n/a"
+        agree = f"{100 * r['agree']:.1f}%" if "agree" in r else "n/a (see suite)"
         lines.append(
             f"| {r['model']} | {r['data']}, {r['batches']}x{r['batch']} | {ms(r['fp32'])} | {ms(r['min_max'])} "
             f"| {ratio_cell(r['min_max'] / r['fp32'], TARGETS['min_max'])} | {ms(r['tf_enhanced'])} "
             f"| {ratio_cell(r['tf_enhanced'] / r['fp32'], TARGETS['tf_enhanced'])} "
-            f"| {ratio_cell(r['sim'], TARGETS['sim'])} | {fused} | {dev} | {100 * r['agree']:.1f}% |")
+            f"| {ratio_cell(r['sim'], TARGETS['sim'])} | {fused} | {dev} | {agree} |")
     short = lambda n: n if len(n) <= 400 else n[:400] + " ..."  # noqa: E731
     notes = [f"- {r['model']}: {short(n)}" for r in rows for n in r.get("notes", [])]
     builds = [f"{r['model']} {r['min_max_build'] * 1e3:.0f} ms" for r in rows if "min_max_build" in r]
@@ -174,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=16, help="calibration batches (N)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3, help="repeats for compute_encodings (best of); latencies use max(5, this)")
-    ap.add_argument("--models", default="magika,resnet,mobilenet")
+    ap.add_argument("--models", default="magika,det,rec,cls,minilm,resnet,mobilenet")
     ap.add_argument("--out", default=str(RESULTS / "core.md"))
     args = ap.parse_args(argv)
 
@@ -185,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     rows = []
-    for name, model, feeds, desc in load_models(args.models.split(","), args.batches, args.batch_size):
+    for name, model, feeds, desc, classifier in load_models(args.models.split(","), args.batches, args.batch_size):
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         try:
-            rows.append(bench_model(QSM, name, model, feeds, desc, args.repeats))
+            rows.append(bench_model(QSM, name, model, feeds, desc, args.repeats, classifier))
         except Exception as e:
             rows.append({"model": name, "data": desc, "error": f"{type(e).__name__}: {e}"})
     load = ", load average at end {:.1f}/{:.1f}/{:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .calibration import CalibrationSession, add_statistics_outputs, run_calibration
+from .calibration import CALIBRATION_EXECUTION_ORDER, CalibrationSession, run_calibration
 from .config import load_config
 from .dtypes import QuantScheme, int8, qtype
 from .encode import encoding_for_stats, encoding_for_values
@@ -28,6 +28,7 @@ from .quantizer import QcQuantizeOp
 from .session import make_session
 from .tensor_roles import find_nonnegative_tensors
 from .simulate import build_sim_model
+from .statistics_graph import add_statistics_outputs
 
 __all__ = ["QuantizationSimModel", "load_model"]
 
@@ -244,16 +245,16 @@ class QuantizationSimModel:
         key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), histogram)
         if self._calibration_cache is None or self._calibration_cache[0] != key:
             model = build_sim_model(self.model, [q for q in constants if q.enabled])
-            full = list(groups) if histogram else []
             shapes = self._index.shape
             model, outputs = add_statistics_outputs(
-                model, [] if histogram else list(groups), full, nonnegative=find_nonnegative_tensors(self._index),
+                model, list(groups), list(groups) if histogram else [], nonnegative=find_nonnegative_tensors(self._index),
                 ranks={t: len(shapes[t]) for t in groups if shapes.get(t) is not None},
             )
-            session = make_session(model, self.providers, session_options_kwargs=self._session_options_kwargs)
+            options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
+            session = make_session(model, self.providers, session_options_kwargs=options)
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
-        return CalibrationSession(session, outputs, groups, histogram)
+        return CalibrationSession(session, outputs, groups)
 
     # the simulation ------------------------------------------------------------------------------
     def _ensure_param_encodings(self) -> None:

@@ -1,0 +1,167 @@
+"""The calibration graph's statistics outputs: per-tensor min/max and histogram samples, computed in-graph.
+
+Every observed tensor gets reduction nodes whose scalar results become extra graph outputs, so the
+reductions run inside onnxruntime (multi-threaded, next to the producer) and only a few floats per tensor
+cross into Python. Tensors observed for a histogram scheme (TF-enhanced, percentile) additionally get an
+in-graph strided sample of at most about `HISTOGRAM_SAMPLE` values: the full activations never become
+graph outputs, which would keep every one of them alive until the end of the run.
+
+How a tensor is reduced (chosen by measurement on onnxruntime's CPU provider):
+
+* rank >= 2: first over the trailing axes (``[2, ...]`` for rank >= 3, ``[1]`` for rank 2), then over the
+  small remainder. onnxruntime runs the first stage as a parallel row reduction, about twice as fast as
+  a single reduction over all axes;
+* the maximum of a 4-D tensor produced by a convolution-like op uses ``GlobalMaxPool``, which
+  onnxruntime runs on its blocked NCHWc layout, so no layout conversion is inserted for it;
+* no minimum for tensors proven non-negative (``nonnegative``): it is known to be >= 0, and encodings
+  always include zero. Histogram tensors get both (the histogram's range needs the true minimum).
+
+onnxruntime's reductions skip NaN; an infinite value yields an infinite statistic, which the caller
+treats as an unusable batch for that tensor.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["StatisticsOutputs", "add_statistics_outputs", "HISTOGRAM_SAMPLE", "NCHWC_PRODUCERS"]
+
+HISTOGRAM_SAMPLE = 1 << 16
+"""Histogram tensors are sampled with stride ``max(1, size // HISTOGRAM_SAMPLE)``: fewer than
+``2 * HISTOGRAM_SAMPLE`` evenly spread values per batch. The exact batch min/max come from all values
+(they set the histogram range and AIMET's search bounds); 65k values estimate a 512-bin distribution to
+well under 1% per bin, and binning then costs a fixed amount however large the activation is."""
+
+NCHWC_PRODUCERS = frozenset({"Conv", "MaxPool", "AveragePool", "Relu", "Clip", "BatchNormalization"})
+"""Producers whose 4-D outputs onnxruntime keeps in its NCHWc layout (their max goes through GlobalMaxPool)."""
+
+_REDUCE_AXES_AS_INPUT = 18  # ReduceMin/ReduceMax take ``axes`` as an input from opset 18 on
+
+
+@dataclass
+class StatisticsOutputs:
+    """Names of the outputs `add_statistics_outputs` added, per observed tensor."""
+
+    model_outputs: list[str]
+    minmax: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # tensor -> (min or None, max)
+    samples: dict[str, str] = field(default_factory=dict)  # tensor -> strided-sample output
+
+    @property
+    def statistics(self) -> list[str]:
+        """Every added output, in a fixed order."""
+        names = [n for lo, hi in self.minmax.values() for n in (lo, hi) if n]
+        return names + list(self.samples.values())
+
+
+class _Builder:
+    """Appends nodes, constants and outputs to a graph under fresh names."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.graph = model.graph
+        g = self.graph
+        self.used = {n for node in g.node for n in list(node.input) + list(node.output)}
+        self.used |= {o.name for o in g.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+        self.opset = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), 13)
+        self._constants: dict[tuple, str] = {}
+
+    def fresh(self, base: str) -> str:
+        while base in self.used:
+            base += "_"
+        self.used.add(base)
+        return base
+
+    def constant(self, values, dtype=np.int64) -> str:
+        array = np.asarray(values, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._constants:
+            name = self.fresh(f"calibration_constant_{len(self._constants)}")
+            self.graph.initializer.append(numpy_helper.from_array(array, name))
+            self._constants[key] = name
+        return self._constants[key]
+
+    def node(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        self.graph.node.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+    def reduce(self, op: str, x: str, output: str, axes: list[int] | None = None) -> str:
+        if axes is None:
+            return self.node(op, [x], output, keepdims=0)
+        if self.opset >= _REDUCE_AXES_AS_INPUT:
+            return self.node(op, [x, self.constant(axes)], output, keepdims=0)
+        return self.node(op, [x], output, keepdims=0, axes=axes)
+
+    def output(self, name: str, elem_type: int = TensorProto.FLOAT, shape=None) -> None:
+        self.graph.output.append(helper.make_tensor_value_info(name, elem_type, shape))
+
+
+def _leading_reduction_axes(rank: int | None) -> list[int] | None:
+    """Axes of the parallel first stage (trailing axes, keeping rows), or None for a single stage."""
+    if rank is None or rank < 2:
+        return None
+    return [1] if rank == 2 else list(range(2, rank))
+
+
+def _add_extreme(b: _Builder, tensor: str, op: str, rank: int | None, producer: str | None) -> str:
+    kind = "max" if op == "ReduceMax" else "min"
+    out = b.fresh(f"{tensor}/calibration_{kind}")
+    if op == "ReduceMax" and rank == 4 and producer in NCHWC_PRODUCERS:
+        pooled = b.node("GlobalMaxPool", [tensor], b.fresh(f"{tensor}/calibration_channel_max"))
+        return b.reduce(op, pooled, out)
+    axes = _leading_reduction_axes(rank)
+    if axes is None:
+        return b.reduce(op, tensor, out)
+    rows = b.reduce(op, tensor, b.fresh(f"{tensor}/calibration_row_{kind}"), axes)
+    return b.reduce(op, rows, out)
+
+
+def _add_sample(b: _Builder, tensor: str) -> str:
+    """``Slice(Reshape(x, [-1]), step = max(1, Size(x) // HISTOGRAM_SAMPLE))``: the numpy ``flat[::step]``."""
+    flat = b.node("Reshape", [tensor, b.constant([-1])], b.fresh(f"{tensor}/calibration_flat"))
+    size = b.node("Size", [tensor], b.fresh(f"{tensor}/calibration_size"))
+    ratio = b.node("Div", [size, b.constant(HISTOGRAM_SAMPLE)], b.fresh(f"{tensor}/calibration_stride_raw"))
+    stride = b.node("Max", [ratio, b.constant(1)], b.fresh(f"{tensor}/calibration_stride_scalar"))
+    steps = b.node("Reshape", [stride, b.constant([1])], b.fresh(f"{tensor}/calibration_stride"))
+    return b.node("Slice", [flat, b.constant([0]), b.constant([np.iinfo(np.int64).max]), b.constant([0]), steps],
+                  b.fresh(f"{tensor}/calibration_sample"))
+
+
+def add_statistics_outputs(
+    model: onnx.ModelProto,
+    minmax_tensors: Iterable[str],
+    sampled_tensors: Iterable[str] = (),
+    *,
+    nonnegative: frozenset[str] = frozenset(),
+    ranks: Mapping[str, int] | None = None,
+) -> tuple[onnx.ModelProto, StatisticsOutputs]:
+    """Extend ``model`` (modified in place) with statistics outputs; returns it and the output map.
+
+    ``minmax_tensors`` get min/max outputs; ``sampled_tensors`` get min/max (the minimum even when
+    non-negative) plus a strided sample. ``ranks`` (tensor -> rank, where known) picks the reductions.
+    """
+    b = _Builder(model)
+    outputs = StatisticsOutputs([o.name for o in model.graph.output])
+    producer = {out: node.op_type for node in model.graph.node for out in node.output}
+    ranks = ranks or {}
+    sampled = list(dict.fromkeys(sampled_tensors))
+    for tensor in list(dict.fromkeys(minmax_tensors)) + [t for t in sampled if t not in outputs.minmax]:
+        if tensor in outputs.minmax:
+            continue
+        rank, made_by = ranks.get(tensor), producer.get(tensor)
+        hi = _add_extreme(b, tensor, "ReduceMax", rank, made_by)
+        lo = None
+        if tensor not in nonnegative or tensor in sampled:
+            lo = _add_extreme(b, tensor, "ReduceMin", rank, made_by)
+        outputs.minmax[tensor] = (lo, hi)
+    for tensor in sampled:
+        outputs.samples[tensor] = _add_sample(b, tensor)
+    for lo, hi in outputs.minmax.values():
+        for name in (lo, hi):
+            if name:
+                b.output(name, shape=[])
+    for name in outputs.samples.values():
+        b.output(name, shape=["calibration_sample_size"])
+    return model, outputs

@@ -1,0 +1,126 @@
+"""The calibration graph's in-graph statistics: min/max reductions and strided histogram samples.
+
+Oracle: numpy over the same tensors (the model exposes them as ordinary outputs next to the statistics).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import quantsim
+from quantsim import statistics_graph
+from quantsim.calibration import CALIBRATION_EXECUTION_ORDER
+from quantsim.statistics_graph import add_statistics_outputs
+
+
+def _identity_model(shape: list[int], opset: int, producer: str = "Identity") -> onnx.ModelProto:
+    """x -> producer -> t (also a model output), so the oracle sees exactly what is reduced."""
+    inits = []
+    if producer == "Conv":  # a 1x1 identity convolution keeps the values and makes ORT use NCHWc
+        c = shape[1]
+        inits.append(numpy_helper.from_array(np.eye(c, dtype=np.float32).reshape(c, c, 1, 1), "w"))
+        node = helper.make_node("Conv", ["x", "w"], ["t"], kernel_shape=[1, 1])
+    else:
+        node = helper.make_node(producer, ["x"], ["t"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("t", TensorProto.FLOAT, shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _run(model, feed):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("shape", [[7], [3, 5], [2, 3, 4], [2, 8, 5, 6], [2, 2, 3, 2, 3]])
+def test_min_max_equal_numpy(opset, shape):
+    rng = np.random.default_rng(len(shape) + opset)
+    x = (rng.standard_normal(shape) * 3 + 0.5).astype(np.float32)
+    model, out = add_statistics_outputs(_identity_model(shape, opset), ["t"], ranks={"t": len(shape)})
+    onnx.checker.check_model(model)
+    values = _run(model, {"x": x})
+    lo, hi = out.minmax["t"]
+    assert values[lo] == x.min() and values[hi] == x.max()
+    assert out.statistics == [lo, hi]
+
+
+def test_unknown_rank_and_nonnegative_tensors():
+    x = np.abs(np.random.default_rng(0).standard_normal((4, 6))).astype(np.float32) + 0.25
+    model, out = add_statistics_outputs(_identity_model([4, 6], 13), ["t"], nonnegative=frozenset({"t"}))
+    lo, hi = out.minmax["t"]
+    assert lo is None  # the minimum of a non-negative tensor is never computed
+    assert _run(model, {"x": x})[hi] == x.max()
+
+
+def test_conv_output_max_goes_through_global_max_pool():
+    x = np.random.default_rng(1).standard_normal((2, 8, 5, 7)).astype(np.float32)
+    model, out = add_statistics_outputs(_identity_model([2, 8, 5, 7], 13, "Conv"), ["t"], ranks={"t": 4})
+    assert "GlobalMaxPool" in {n.op_type for n in model.graph.node}
+    values = _run(model, {"x": x})
+    lo, hi = out.minmax["t"]
+    np.testing.assert_allclose([values[lo], values[hi]], [values["t"].min(), values["t"].max()], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("size", [1, 5, 6, 11, 12, 13, 40, 97])
+def test_histogram_sample_is_numpy_strided_slice(monkeypatch, size):
+    monkeypatch.setattr(statistics_graph, "HISTOGRAM_SAMPLE", 6)
+    x = np.arange(size, dtype=np.float32).reshape(1, size) - size / 3
+    model, out = add_statistics_outputs(_identity_model([1, size], 13), [], ["t"], nonnegative=frozenset({"t"}),
+                                        ranks={"t": 2})
+    values = _run(model, {"x": x})
+    step = max(1, size // 6)
+    np.testing.assert_array_equal(values[out.samples["t"]], x.reshape(-1)[::step])
+    lo, hi = out.minmax["t"]
+    assert lo is not None, "histogram tensors need their true minimum even when non-negative"
+    assert (values[lo], values[hi]) == (x.min(), x.max())
+
+
+def test_names_never_collide_and_model_outputs_are_kept():
+    model = _identity_model([2, 3], 13)
+    model.graph.node[0].output[0] = "t/calibration_max"  # a tensor already named like our output
+    model.graph.output[0].name = "t/calibration_max"
+    model, out = add_statistics_outputs(model, ["t/calibration_max"], ["t/calibration_max"])
+    onnx.checker.check_model(model)
+    assert out.model_outputs == ["t/calibration_max"]
+    names = [o.name for o in model.graph.output]
+    assert len(names) == len(set(names))
+
+
+def test_empty_batch_is_skipped_and_infinite_batch_warns():
+    """A tensor that is empty in a batch teaches nothing (no warning); an infinite one is ignored with one."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reciprocal", ["r"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    sim = quantsim.QuantizationSimModel(model)
+    sim.progress = False
+    good = {"x": np.full((2, 3), 2.0, np.float32)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sim.compute_encodings([good, {"x": np.zeros((0, 3), np.float32)}])
+    assert not caught, [str(w.message) for w in caught]
+    assert sim.qc_quantize_op_dict["y"].get_encodings()[0].max == pytest.approx(0.5, abs=0.01)
+    with pytest.warns(RuntimeWarning, match="non-finite") as caught:
+        sim.compute_encodings([good, {"x": np.zeros((1, 3), np.float32)}])  # 1/0 = inf in y
+    assert "'y'" in str(caught[0].message)
+    assert sim.qc_quantize_op_dict["y"].get_encodings()[0].max == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("scheme", ["min_max", "tf_enhanced"])
+def test_calibration_session_uses_priority_order(scheme):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    sim = quantsim.QuantizationSimModel(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                                        quant_scheme=scheme)
+    sim.progress = False
+    sim.compute_encodings([{"x": np.ones((2, 3), np.float32)}])
+    session = sim._calibration_cache[1]
+    assert session.get_session_options().execution_order == CALIBRATION_EXECUTION_ORDER
