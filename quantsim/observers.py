@@ -29,10 +29,12 @@ TF-enhanced (AIMET ``TfEnhancedEncodingAnalyzer``, reference §6.3)
     Cost of a candidate over bin midpoints ``c_i`` with probabilities ``p_i``: with ``a``/``b`` the bins
     holding the grid min/max, ``3 * (sum_{i<a} p_i (c_i - c_a)^2 + sum_{i>=b} p_i (c_i - c_b)^2)`` (saturation
     to the nearest representable bin) ``+ sum_{a<=i<b} p_i (c_i - fq(c_i))^2`` (quantisation, ``fq``
-    rounding half away on the grid). The first lowest-cost candidate wins; candidates x bins matrices are
-    evaluated at once. The winner becomes an `Encoding` through `numerics.encoding_from_range` of its grid
-    range (same grid conventions, strict/unsigned variants and scale floor as min-max). All-zero data gives
-    the encoding of ``[-1, 1]``; nothing observed raises ``ValueError``.
+    rounding half away on the grid). The first lowest-cost candidate wins; `tf_enhanced` finds it (cost
+    bounds drop most candidates unevaluated, the rest are summed over their own bins only, near-ties are
+    settled by the full candidates x bins evaluation). The winner becomes an `Encoding` through
+    `numerics.encoding_from_range` of its grid range (same grid conventions, strict/unsigned variants and
+    scale floor as min-max). All-zero data gives the encoding of ``[-1, 1]``; nothing observed raises
+    ``ValueError``.
 
 Percentile (reference §6.4)
     ``p == 100``: left edge of the first / right edge of the last non-empty bin, tightened to the exact
@@ -47,14 +49,13 @@ import math
 
 import numpy as np
 
-from .numerics import Encoding, encoding_from_range, round_half_away
+from .numerics import Encoding, encoding_from_range
+from .tf_enhanced import SATURATION_WEIGHT, best_grids
 
 __all__ = ["HistogramObserver", "tf_enhanced_encoding_of", "DEFAULT_NUM_BINS", "MIN_RANGE", "SATURATION_WEIGHT"]
 
 DEFAULT_NUM_BINS = 512
 MIN_RANGE = 0.01  # AIMET's minimum range (initial histogram width when min == max; TF-enhanced range)
-SATURATION_WEIGHT = 3.0  # AIMET's GAMMA: saturation error weighs 3x the quantisation error
-_CHUNK_ELEMENTS = 1 << 21  # channels x candidates x bins evaluated per step (bounds temporary memory)
 
 
 def _initial_grid(mn: np.ndarray, mx: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -68,18 +69,25 @@ def _initial_grid(mn: np.ndarray, mx: np.ndarray, num_bins: int) -> tuple[np.nda
     return lo, width / num_bins
 
 
-def _bin_index(x: np.ndarray, lo, w, num_bins: int) -> np.ndarray:
+def _bin_index(x: np.ndarray, lo, w, num_bins: int, bounds: tuple[float, float] | None = None) -> np.ndarray:
     """Bin of each value (clipped into the histogram, which only fixes float rounding at the edges).
 
-    ``x`` holds finite values; computed in ``x``'s float type with in-place passes.
+    ``x`` holds finite values; computed in ``x``'s float type with in-place passes. ``bounds`` (``<= x.min()``,
+    ``>= x.max()``) lets the clip be skipped when the (monotone) scaling keeps both inside ``(-1, num_bins)``,
+    where truncation alone gives the clipped bins.
     """
     if np.ndim(lo):  # per-channel grids (weights): float64 broadcasting
         with np.errstate(over="ignore", invalid="ignore"):
             idx = np.floor((x - lo) / w)
         return np.clip(idx, 0, num_bins - 1).astype(np.int64)
-    idx = np.subtract(x, x.dtype.type(lo), dtype=x.dtype)
-    idx *= x.dtype.type(1.0 / w)
-    np.clip(idx, 0, num_bins - 1, out=idx)
+    ftype = x.dtype.type
+    lo, scale = ftype(lo), ftype(1.0 / w)
+    idx = np.subtract(x, lo, dtype=x.dtype)
+    idx *= scale
+    with np.errstate(over="ignore", invalid="ignore"):
+        ends = None if bounds is None else ((ftype(bounds[0]) - lo) * scale, (ftype(bounds[1]) - lo) * scale)
+    if ends is None or not (-1 < ends[0] and ends[1] < num_bins):
+        np.clip(idx, 0, num_bins - 1, out=idx)
     return idx.astype(np.intp)  # truncation == floor for values >= 0
 
 
@@ -133,7 +141,7 @@ class HistogramObserver:
         Binning runs in float32 for float32 data (bin edges are 512ths of the range: far coarser than
         float32 rounding) with in-place passes, since this is the hot loop of histogram calibration.
         """
-        x = np.asarray(x).ravel()
+        x = np.asarray(x).reshape(-1)  # a view for strided 1-D samples
         if x.dtype not in (np.float32, np.float64):
             x = x.astype(np.float32)
         if value_range is None:
@@ -150,7 +158,8 @@ class HistogramObserver:
             self.lo, self.bin_width = float(lo), float(w)
         else:
             self._grow_to(mn, mx)
-        self.counts += np.bincount(_bin_index(x, self.lo, self.bin_width, self.num_bins), minlength=self.num_bins)
+        idx = _bin_index(x, self.lo, self.bin_width, self.num_bins, (mn, mx))
+        self.counts += np.bincount(idx, minlength=self.num_bins)
         self.count += int(x.size)
         self._min, self._max = min(self._min, mn), max(self._max, mx)
 
@@ -249,106 +258,7 @@ class HistogramObserver:
         return lo, hi
 
 
-# -------------------------------------------------------------------- TF-enhanced search
-def _asymmetric_candidates(mn: np.ndarray, mx: np.ndarray, n_steps: int):
-    """(delta, offset, valid), each (C, 17*21 + 1): the clamped AIMET grid plus the observed grid."""
-    delta0 = (mx - mn) / n_steps
-    offset0 = round_half_away(mn / delta0)
-    gmin = delta0 * offset0
-    gmax = gmin + delta0 * n_steps
-    f = np.arange(1, 18, dtype=np.float64) / 16.0
-    offs = np.trunc(-n_steps + n_steps / 20.0 * np.arange(21, dtype=np.float64))
-    delta = np.repeat(f, offs.size)[None, :] * delta0[:, None]  # f outer, offset inner (AIMET order)
-    offset = np.broadcast_to(np.tile(offs, f.size)[None, :], delta.shape)
-    tmin = delta * offset
-    tmax = tmin + delta * n_steps
-    valid = ~((tmin < gmin[:, None]) & (tmax > gmax[:, None]))
-    cmin = np.maximum(tmin, gmin[:, None])
-    cmax = np.minimum(tmax, gmax[:, None])
-    delta = (cmax - cmin) / n_steps
-    valid &= delta > 0
-    safe = np.where(valid, delta, 1.0)
-    offset = np.where(valid, round_half_away(cmin / safe), 0.0)
-    delta = np.concatenate([safe, delta0[:, None]], axis=1)
-    offset = np.concatenate([offset, offset0[:, None]], axis=1)
-    valid = np.concatenate([valid, np.ones((mn.size, 1), dtype=bool)], axis=1)
-    return delta, offset, valid
-
-
-def _symmetric_candidates(mn: np.ndarray, mx: np.ndarray, n_steps: int, unsigned: bool):
-    """(delta, offset, valid), each (C, 101): fractions 0.01..1.01 of the largest useful delta."""
-    if unsigned:
-        delta_max, offset = mx / n_steps, 0.0
-    else:
-        delta_max, offset = 2.0 * np.maximum(np.abs(mn), np.abs(mx)) / n_steps, math.floor(-n_steps / 2)
-    delta = delta_max[:, None] * (np.arange(1, 102, dtype=np.float64) / 100.0)[None, :]
-    return delta, np.full(delta.shape, offset), np.ones(delta.shape, dtype=bool)
-
-
-def _candidate_costs(pdf, lo, w, delta, offset, n_steps: int) -> np.ndarray:
-    """Cost (C, K) of K candidate grids against C histograms (pdf (C, B), lo/w (C,)).
-
-    Saturation sums use prefix sums of ``p``, ``p*i`` and ``p*i^2`` (O(K) per histogram); the
-    quantisation sum is a candidates x non-empty-bins matrix (empty bins contribute nothing). A grid
-    lying entirely beside the histogram (all data clipped to one end) is charged the distance to that
-    grid end itself; AIMET clamps it to the outermost bin, which makes such grids look free for
-    near-constant data.
-    """
-    rows, nb = pdf.shape
-    # clip ends in bin coordinates (bin i's midpoint sits at i)
-    u_min = (delta * offset - lo[:, None]) / w[:, None] - 0.5
-    u_max = (delta * (offset + n_steps) - lo[:, None]) / w[:, None] - 0.5
-    a, b = np.floor(u_min + 0.5), np.floor(u_max + 0.5)
-    missed_high, missed_low = a > nb - 1, b < 0  # all data below gmin / above gmax
-    a = np.where(missed_high, nb, np.where(missed_low, 0, np.clip(a, 0, nb - 1)))
-    b = np.where(missed_high, nb, np.where(missed_low, 0, np.clip(b, 0, nb - 1)))
-    ua = np.where(missed_high, u_min, a)  # saturation target of the bins below a
-    ub = np.where(missed_low, u_max, b)  # ... and of the bins from b on
-    ai, bi = a.astype(np.int64), b.astype(np.int64)
-    i = np.arange(nb, dtype=np.float64)
-    zero = np.zeros((rows, 1))
-    s0, s1, s2 = (np.concatenate([zero, np.cumsum(pdf * i**k, axis=1)], axis=1) for k in range(3))
-
-    def head(s):  # sums over i < a
-        return np.take_along_axis(s, ai, axis=1)
-
-    def tail(s):  # sums over i >= b
-        return s[:, -1:] - np.take_along_axis(s, bi, axis=1)
-
-    below = head(s2) - 2 * ua * head(s1) + ua * ua * head(s0)
-    above = tail(s2) - 2 * ub * tail(s1) + ub * ub * tail(s0)
-    sat = np.maximum(below, 0.0) + np.maximum(above, 0.0)
-    # quantisation error on non-empty bins only (padded with zero-probability bins)
-    order = np.argsort(pdf == 0, axis=1, kind="stable")[:, : max(1, int((pdf > 0).sum(axis=1).max()))]
-    p = np.take_along_axis(pdf, order, axis=1)[:, None, :]
-    idx = order[:, None, :].astype(np.float64)
-    mid = lo[:, None, None] + (idx + 0.5) * w[:, None, None]
-    d3 = delta[..., None]
-    t = mid / d3 - offset[..., None]  # grid coordinate; fq error = delta * (t - q)
-    q = np.clip(np.floor(t + 0.5), 0, n_steps)
-    inside = (idx >= a[..., None]) & (idx < b[..., None])
-    quant = np.sum(np.where(inside, p * (t - q) ** 2, 0.0), axis=-1) * delta**2
-    return SATURATION_WEIGHT * sat * (w * w)[:, None] + quant
-
-
-def _tf_search(counts, lo, w, mn, mx, n_steps: int, symmetric: bool, unsigned: bool):
-    """Best (delta, offset) per histogram row."""
-    if symmetric:
-        delta, offset, valid = _symmetric_candidates(mn, mx, n_steps, unsigned)
-    else:
-        delta, offset, valid = _asymmetric_candidates(mn, mx, n_steps)
-    pdf = counts / counts.sum(axis=1, keepdims=True)
-    n_cand = delta.shape[1]
-    chunk = max(1, _CHUNK_ELEMENTS // (n_cand * counts.shape[1]))
-    best = np.empty(counts.shape[0], dtype=np.int64)
-    for s in range(0, counts.shape[0], chunk):
-        sl = slice(s, s + chunk)
-        cost = _candidate_costs(pdf[sl], lo[sl], w[sl], delta[sl], offset[sl], n_steps)
-        best[sl] = np.argmin(np.where(valid[sl], cost, np.inf), axis=1)
-    rows = np.arange(counts.shape[0])
-    return delta[rows, best], offset[rows, best]
-
-
+# -------------------------------------------------------------------- TF-enhanced
 def _tf_encoding(counts, lo, w, omin, omax, bits, symmetric, strict, unsigned_symmetric, axis) -> Encoding:
     """TF-enhanced encoding of C histograms (rows); per tensor when ``axis`` is None (C == 1)."""
     strict = bool(strict and symmetric)
@@ -361,7 +271,7 @@ def _tf_encoding(counts, lo, w, omin, omax, bits, symmetric, strict, unsigned_sy
     grid_lo = np.full(omin.shape, 0.0 if unsigned else -1.0)  # AIMET's fixed [-1, 1] for all-zero data
     grid_hi = np.ones(omin.shape)
     if nz.any():
-        delta, offset = _tf_search(counts[nz], lo[nz], w[nz], mn[nz], mx[nz], n_steps, symmetric, unsigned)
+        delta, offset = best_grids(counts[nz], lo[nz], w[nz], mn[nz], mx[nz], n_steps, symmetric, unsigned)
         grid_lo[nz] = delta * offset
         grid_hi[nz] = delta * (offset + n_steps)
     if axis is None:

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from quantsim.numerics import encoding_from_range, fake_quantize, grid_bounds
-from quantsim.observers import HistogramObserver, _candidate_costs, tf_enhanced_encoding_of
+from quantsim.observers import HistogramObserver, tf_enhanced_encoding_of
+from quantsim.tf_enhanced import candidate_costs as _candidate_costs
 
 
 def _mse(x, enc):
