@@ -172,8 +172,8 @@ def test_paddle_style_constant_weights_become_initializers_and_fold():
              helper.make_node("BatchNormalization", ["y", "s", "bb", "m", "v"], ["z"]),
              helper.make_node("Mul", ["z", "k"], ["out"])]
     prepared = checked_prepare(model_of(nodes, [("x", [1, 4, 5, 5])], ["out"]))
-    assert ops(prepared) == ["Conv", "Mul"]
-    assert {"w", "k"} <= {t.name for t in prepared.graph.initializer}
+    assert ops(prepared) == ["Conv"]  # the BatchNormalization and then the scalar Mul fold into the Conv
+    assert "w" in {t.name for t in prepared.graph.initializer} and prepared.graph.node[0].output[0] == "out"
 
 
 OPSET11 = """
@@ -427,3 +427,67 @@ def test_fuse_activations_replaces_hard_chains_and_keeps_outputs(opset, divide):
     expected = ort.InferenceSession(model.SerializeToString()).run(None, feed)[0]
     got = ort.InferenceSession(fused.SerializeToString()).run(None, feed)[0]
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+# per-channel affine (Mul / Add by a constant) folding ----------------------------------------------
+def _affine_model(layer="Conv", mul_shape=(), add_shape=(), swap=False, cout=6):
+    """layer -> Mul(k) -> Add(c) -> Relu; an empty shape tuple is a scalar, None leaves that op out."""
+    if layer == "Gemm":
+        inits, node = [init("w", f32(cout, 8)), init("b", f32(cout))], helper.make_node(
+            "Gemm", ["x", "w", "b"], ["y"], transB=1, alpha=0.5, beta=2.0)
+        inputs = [("x", [3, 8])]
+    else:
+        shape = (cout, 4, 3, 3) if layer == "Conv" else (4, cout // 2, 3, 3)
+        inits = [init("w", f32(*shape))]
+        node = helper.make_node(layer, ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=1 if layer == "Conv" else 2)
+        inputs = [("x", [2, 4, 5, 5])]
+    nodes, last = [node], "y"
+    for op, shape in (("Mul", mul_shape), ("Add", add_shape)):
+        if shape is None:
+            continue
+        inits.append(init(f"k_{op}", f32(*shape) if shape else np.float32(RNG.normal()).reshape(())))
+        operands = [f"k_{op}", last] if swap else [last, f"k_{op}"]
+        nodes.append(helper.make_node(op, operands, [f"{op}_out"], name=op.lower()))
+        last = f"{op}_out"
+    nodes.append(helper.make_node("Relu", [last], ["out"], name="relu"))
+    return model_of(nodes, inputs, ["out"], inits)
+
+
+@pytest.mark.parametrize("layer,mul_shape,add_shape,swap", [
+    ("Conv", (), (), False), ("Conv", (1,), (6, 1, 1), True), ("Conv", (1, 6, 1, 1), None, False),
+    ("Conv", None, (1, 6, 1, 1), True), ("ConvTranspose", (6, 1, 1), (), False),
+    ("Gemm", (6,), (1, 6), True), ("Gemm", (), None, False),
+])
+def test_per_channel_mul_add_fold_into_layer(layer, mul_shape, add_shape, swap):
+    prepared = checked_prepare(_affine_model(layer, mul_shape, add_shape, swap))
+    assert ops(prepared) == [layer, "Relu"]
+    assert not {"k_Mul", "k_Add"} & {t.name for t in prepared.graph.initializer}
+
+
+def test_mul_without_shift_adds_no_bias_and_add_keeps_the_weight():
+    prepared = checked_prepare(_affine_model(mul_shape=(), add_shape=None))
+    assert len(prepared.graph.node[0].input) == 2  # no zero bias invented
+    model = _affine_model(mul_shape=None, add_shape=(6, 1, 1))
+    prepared = checked_prepare(model)
+    assert numpy_helper.to_array(prepared.graph.initializer[0]).tobytes() == \
+        numpy_helper.to_array(model.graph.initializer[0]).tobytes()
+
+
+@pytest.mark.parametrize("edit", ["spatial", "rank", "input", "shared_output", "both_operands"])
+def test_affine_fold_refusals_leave_the_graph_as_is(edit):
+    model = _affine_model(mul_shape=(), add_shape=None)
+    mul = model.graph.node[1]
+    k = next(t for t in model.graph.initializer if t.name == "k_Mul")
+    if edit == "spatial":  # varies over H and W: not a per-channel scale
+        k.CopyFrom(init("k_Mul", f32(1, 1, 5, 5)))
+    elif edit == "rank":  # would broadcast the output to rank 5
+        k.CopyFrom(init("k_Mul", f32(1, 1, 1, 1, 1)))
+    elif edit == "input":  # an overridable graph input, not a constant
+        model.graph.input.append(helper.make_tensor_value_info("k_Mul", 1, []))
+    elif edit == "shared_output":
+        model.graph.node.append(helper.make_node("Sigmoid", ["y"], ["side"], name="side"))
+        model.graph.output.append(helper.make_tensor_value_info("side", 1, None))
+    elif edit == "both_operands":
+        mul.input[1] = "y"
+    prepared = checked_prepare(model)
+    assert "Mul" in ops(prepared)

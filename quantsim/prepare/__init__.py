@@ -10,9 +10,10 @@ and the on-disk cache that makes doing it twice free.
 5. ``infer_shapes``               best effort; a failure warns and goes on without shapes
 6. ``fold_batchnorm``             BatchNormalization into the preceding Conv/ConvTranspose/Gemm (optional)
 7. ``fold_constants``             constant-only nodes -> initializers (optional)
-8. ``fuse_activations``           decomposed HardSwish / HardSigmoid chains -> the ONNX ops
-9. ``infer_shapes``               again, for what the folds created
-10. ``optimize_with_ort``, ``name_nodes``, ``infer_shapes``   onnxruntime basic optimisations (optional, off)
+8. ``fold_channel_affine``        Mul/Add by a per-channel constant into the preceding layer (with 6)
+9. ``fuse_activations``           decomposed HardSwish / HardSigmoid chains -> the ONNX ops
+10. ``infer_shapes``              again, for what the folds created
+11. ``optimize_with_ort``, ``name_nodes``, ``infer_shapes``   onnxruntime basic optimisations (optional, off)
 
 The caller's ModelProto is never modified; outputs stay numerically the same. The result is cached on
 disk (see ``cache``): a second ``prepare`` of the same model with the same passes and options loads it
@@ -30,6 +31,7 @@ from .passes import (
     check_graph,
     constants_to_initializers,
     fold_batchnorm,
+    fold_channel_affine,
     fold_constants,
     fuse_activations,
     infer_shapes,
@@ -53,6 +55,7 @@ __all__ = [
     "upgrade_opset",
     "infer_shapes",
     "fold_batchnorm",
+    "fold_channel_affine",
     "fold_constants",
     "fuse_activations",
     "optimize_with_ort",
@@ -69,6 +72,8 @@ def default_passes(*, fold_batchnorm: bool = True, fold_constants: bool = True, 
         chosen.append(passes.fold_batchnorm)
     if fold_constants:
         chosen.append(passes.fold_constants)
+    if fold_batchnorm:  # after constant folding, which may compute the constants these Mul/Add read
+        chosen.append(passes.fold_channel_affine)
     chosen.append(passes.fuse_activations)
     chosen.append(passes.infer_shapes)
     if optimize:

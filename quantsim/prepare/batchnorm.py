@@ -1,34 +1,46 @@
-"""``fold_batchnorm``: an inference-mode BatchNormalization after Conv / ConvTranspose / Gemm is folded
-into that layer's weight and bias.
+"""``fold_batchnorm`` and ``fold_channel_affine``: a per-channel affine map after Conv / ConvTranspose / Gemm
+(an inference-mode BatchNormalization, or a Mul / Add by a constant) is folded into that layer's weight
+and bias.
 
-Derivation. BatchNormalization computes, per channel ``c`` of its input ``y``,
-    bn(y)_c = gamma_c * (y_c - mean_c) / sqrt(var_c + eps) + beta_c = s_c * y_c + (beta_c - s_c * mean_c)
-with ``s = gamma / sqrt(var + eps)``. When ``y = w * x + b`` is linear with output channel ``c``,
-    bn(y)_c = (s_c * w_c) * x + (s_c * (b_c - mean_c) + beta_c)
-so ``w' = w * s`` along the output-channel axis and ``b' = (b - mean) * s + beta`` (``b = 0`` if absent).
+Derivation. Each of these computes, per channel ``c`` of its input ``y``, ``f(y)_c = s_c * y_c + t_c``:
+- BatchNormalization: ``s = gamma / sqrt(var + eps)``, ``t = beta - s * mean``;
+- ``Mul(y, k)``: ``s = k``, ``t = 0``; ``Add(y, k)``: ``s = 1``, ``t = k`` (either operand order), for a
+  constant ``k`` holding one value, or one value per output channel on the channel axis (axis 1), so that
+  it broadcasts without growing ``y`` (shapes ``[]``, ``[1]``, ``[M, 1, 1]``, ``[1, M, 1, 1]``, ...).
+  PaddlePaddle exports such pairs (PP-LCNet's learnable affine blocks: Conv -> Mul -> Add by scalars).
+When ``y = w * x + b`` is linear with output channel ``c``,
+    f(y)_c = (s_c * w_c) * x + (s_c * b_c + t_c)
+so ``w' = w * s`` along the output-channel axis and ``b' = b * s + t`` (``b = 0`` if absent). Folding
+removes a tensor the sim would quantize, as BatchNormalization folding does.
 The output-channel axis of the weight is
 - Conv: ``W[M, C/group, k...]``, axis 0;
 - ConvTranspose: ``W[C, M/group, k...]``; output channel ``g * M/group + j`` is column ``j`` of the
   rows of group ``g``, so ``W`` is viewed as ``[group, C/group, M/group, k...]`` and scaled by
   ``s`` viewed as ``[group, 1, M/group, 1...]``;
 - Gemm: ``Y = alpha * A' B' + beta_g * C``: ``B[K, N]`` scaled on axis 1, or ``B[N, K]`` on axis 0
-  when ``transB = 1``; ``alpha`` commutes with ``s``; the new ``C' = beta_g * C * s + (beta - mean * s)``
+  when ``transB = 1``; ``alpha`` commutes with ``s``; the new ``C' = beta_g * C * s + t``
   (broadcast to ``[N]`` or ``C``'s shape) and ``beta_g`` becomes 1.
-Arithmetic is in float64, results are cast back to the weight's type.
+Arithmetic is in float64, results are cast back to the weight's type. A fold with ``s == 1`` leaves the
+weight untouched; one with ``t == 0`` on a layer without bias adds none.
 
 Pre: node names unique, nodes topologically sorted. Post: every foldable pair is one layer whose output
-keeps the BatchNormalization's output name; outputs equal up to float rounding.
-Match: a default-domain BatchNormalization whose input is output 0 of a Conv, ConvTranspose or Gemm.
-Check (a refusal leaves the pair unchanged and is reported as a ``PrepareWarning`` with the reason;
-``find_batchnorm_folds`` lists every decision):
+keeps the folded node's output name; outputs equal up to float rounding. Chains (Conv -> Mul -> Add,
+BatchNormalization -> BatchNormalization) fold in successive rounds.
+Match: a default-domain BatchNormalization (``fold_batchnorm``) or Mul / Add (``fold_channel_affine``)
+reading output 0 of a Conv, ConvTranspose or Gemm.
+Check (a refused BatchNormalization is reported as a ``PrepareWarning`` with the reason; a refused Mul / Add
+is left silently, being ordinary arithmetic; ``find_batchnorm_folds`` lists every BatchNormalization
+decision):
 1. the BatchNormalization is in inference mode (``training_mode`` 0, one output);
-2. the layer's output feeds only the BatchNormalization and is not a graph output;
-3. scale, B, mean and var are constant initializers (not graph inputs) with one value per output channel;
+2. the layer's output feeds only the folded node and is not a graph output;
+3. BatchNormalization: scale, B, mean and var are constant initializers (not graph inputs) with one value
+   per output channel; Mul / Add: the other operand is a floating-point constant initializer of a
+   per-channel shape (above);
 4. the weight (and the bias / Gemm C, if present) is a floating-point constant initializer that no other
    node reads (shared weights would change the other reader);
 5. the weight's shape matches the op (ConvTranspose: input channels divisible by ``group``).
 Rewrite: weight and bias replaced in place (a missing bias is added as ``<layer>.bias``), the layer takes
-the BatchNormalization's output name, the BatchNormalization and its now unused parameters are removed.
+the folded node's output name, the folded node and its now unused parameters are removed.
 """
 from __future__ import annotations
 
@@ -42,9 +54,10 @@ from onnx import helper, numpy_helper
 from ..graph import GraphIndex, node_attributes
 from .common import PrepareWarning, constant_names, describe, drop_unused_initializers, drop_value_info
 
-__all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm"]
+__all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm", "fold_channel_affine"]
 
 _LAYERS = ("Conv", "ConvTranspose", "Gemm")
+_AFFINE_OPS = ("Mul", "Add")
 
 
 @dataclass(frozen=True)
@@ -58,62 +71,82 @@ class BatchNormFold:
 
 @dataclass
 class _Match:
-    bn: onnx.NodeProto
+    bn: onnx.NodeProto  # the folded node: a BatchNormalization, Mul or Add
     layer: onnx.NodeProto
     bn_position: int
+
+    @property
+    def parameters(self) -> list[str]:
+        """The folded node's inputs other than the layer output."""
+        return [name for name in self.bn.input if name != self.layer.output[0]]
 
 
 def find_batchnorm_folds(model: onnx.ModelProto) -> list[BatchNormFold]:
     """Every layer -> BatchNormalization pair of the top-level graph, with the reason it cannot fold."""
     index = GraphIndex(model)
     constants = constant_names(model)
-    return [BatchNormFold(m.bn.name, m.layer.name, _check(index, constants, m)) for m in _matches(index)]
+    return [BatchNormFold(m.bn.name, m.layer.name, _check(index, constants, m))
+            for m in _matches(index, ("BatchNormalization",))]
 
 
 def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     """Fold every foldable BatchNormalization into its layer (rules in the module docstring)."""
+    return _fold(model, ("BatchNormalization",), warn=True)
+
+
+def fold_channel_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """Fold every Mul / Add by a per-channel constant into the layer before it (rules in the module docstring)."""
+    return _fold(model, _AFFINE_OPS, warn=False)
+
+
+def _fold(model: onnx.ModelProto, ops: tuple[str, ...], *, warn: bool) -> tuple[onnx.ModelProto, bool]:
     modified, refused = False, set()
-    while True:  # a second round catches BN -> BN chains that the first fold exposed
+    while True:  # a second round catches chains (BN -> BN, Mul -> Add) that the first fold exposed
         index = GraphIndex(model)
         constants = constant_names(model)
         folded: list[_Match] = []
-        for match in _matches(index):
+        for match in _matches(index, ops):
             reason = _check(index, constants, match)
             if reason is None:
                 _rewrite(model.graph, index, match)
                 folded.append(match)
-            elif match.bn.name not in refused:
+            elif warn and match.bn.name not in refused:
                 refused.add(match.bn.name)
-                warnings.warn(f"BatchNormalization {describe(match.bn)} not folded into {describe(match.layer)}: "
-                              f"{reason}", PrepareWarning, stacklevel=2)
+                warnings.warn(f"{match.bn.op_type} {describe(match.bn)} not folded into {describe(match.layer)}: "
+                              f"{reason}", PrepareWarning, stacklevel=3)
         if not folded:
             return model, modified
         _remove(model.graph, folded)
         modified = True
 
 
-def _matches(index: GraphIndex) -> list[_Match]:
+def _matches(index: GraphIndex, ops: tuple[str, ...]) -> list[_Match]:
     found = []
     for position, node in enumerate(index.nodes):
-        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") or not node.input:
+        if node.op_type not in ops or node.domain not in ("", "ai.onnx") or not node.input:
             continue
-        entry = index.producer.get(node.input[0])
-        if entry and entry[1] == 0 and entry[0].op_type in _LAYERS and entry[0].domain in ("", "ai.onnx"):
-            found.append(_Match(node, entry[0], position))
+        inputs = node.input[:1] if node.op_type == "BatchNormalization" else node.input
+        for name in inputs:
+            entry = index.producer.get(name)
+            if entry and entry[1] == 0 and entry[0].op_type in _LAYERS and entry[0].domain in ("", "ai.onnx"):
+                found.append(_Match(node, entry[0], position))
+                break
     return found
 
 
 def _check(index: GraphIndex, constants: set[str], match: _Match) -> str | None:
     bn, layer = match.bn, match.layer
-    if node_attributes(bn).get("training_mode", 0) or sum(1 for name in bn.output if name) != 1:
+    is_bn = bn.op_type == "BatchNormalization"
+    if is_bn and (node_attributes(bn).get("training_mode", 0) or sum(1 for name in bn.output if name) != 1):
         return "it is in training mode (more than one output)"
-    between = bn.input[0]
+    between = layer.output[0]
     others = [use.node for use in index.uses(between) if use.node is not bn]
     if between in index.graph_outputs:
         return f'the layer output "{between}" is also a graph output'
-    if others:
-        return f'the layer output "{between}" also feeds {", ".join(describe(n) for n in others)}'
-    for role, name in zip(("scale", "B", "mean", "var"), bn.input[1:5]):
+    if others or list(bn.input).count(between) != 1:
+        return f'the layer output "{between}" also feeds {", ".join(describe(n) for n in others) or "both operands"}'
+    roles = ("scale", "B", "mean", "var") if is_bn else ("constant operand",)
+    for role, name in zip(roles, match.parameters):
         if name not in constants:
             return f'its {role} "{name}" is not a constant initializer'
     params = [(1, "weight")] + ([(2, "bias")] if len(layer.input) > 2 and layer.input[2] else [])
@@ -130,10 +163,39 @@ def _check(index: GraphIndex, constants: set[str], match: _Match) -> str | None:
     channels = _output_channels(layer, tuple(weight.dims))
     if channels is None:
         return f"the weight shape {tuple(weight.dims)} does not fit {layer.op_type}"
-    for role, name in zip(("scale", "B", "mean", "var"), bn.input[1:5]):
+    if not is_bn:
+        return _check_channel_constant(index.initializers[match.parameters[0]], layer, tuple(weight.dims), channels)
+    for role, name in zip(roles, match.parameters):
         if int(np.prod(index.initializers[name].dims)) != channels:
             return f'its {role} "{name}" has shape {tuple(index.initializers[name].dims)}, not [{channels}]'
     return None
+
+
+def _check_channel_constant(tensor: onnx.TensorProto, layer: onnx.NodeProto, weight_shape: tuple, channels: int):
+    """Refusal reason unless ``tensor`` is a float constant broadcasting per channel onto the layer output."""
+    if tensor.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+        return f'the constant "{tensor.name}" is not floating point'
+    out_rank = 2 if layer.op_type == "Gemm" else len(weight_shape)
+    dims = tuple(tensor.dims)
+    if len(dims) > out_rank:
+        return f'the constant "{tensor.name}" of shape {dims} would broadcast the layer output to a higher rank'
+    aligned = (1,) * (out_rank - len(dims)) + dims  # numpy broadcasting aligns from the right
+    if any(d != 1 for axis, d in enumerate(aligned) if axis != 1) or aligned[1] not in (1, channels):
+        return f'the constant "{tensor.name}" of shape {dims} is not one value per output channel'
+    return None
+
+
+def _scale_shift(index: GraphIndex, match: _Match, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel ``(s, t)`` of the folded node (float64, shape ``[channels]``)."""
+    bn = match.bn
+    if bn.op_type == "BatchNormalization":
+        gamma, beta, mean, var = (index.constant_value(n).astype(np.float64).reshape(-1) for n in bn.input[1:5])
+        scale = gamma / np.sqrt(var + node_attributes(bn).get("epsilon", 1e-5))
+        return scale, beta - scale * mean
+    value = np.broadcast_to(index.constant_value(match.parameters[0]).astype(np.float64).reshape(-1), (channels,))
+    if bn.op_type == "Mul":
+        return value, np.zeros(channels)
+    return np.ones(channels), value
 
 
 def _output_channels(layer: onnx.NodeProto, shape: tuple[int, ...]) -> int | None:
@@ -149,22 +211,22 @@ def _output_channels(layer: onnx.NodeProto, shape: tuple[int, ...]) -> int | Non
 
 def _rewrite(graph: onnx.GraphProto, index: GraphIndex, match: _Match) -> None:
     bn, layer = match.bn, match.layer
-    gamma, beta, mean, var = (index.constant_value(name).astype(np.float64).reshape(-1) for name in bn.input[1:5])
-    scale = gamma / np.sqrt(var + node_attributes(bn).get("epsilon", 1e-5))
     weight_tensor = index.initializers[layer.input[1]]
     weight = numpy_helper.to_array(weight_tensor)
     dtype = weight.dtype
-    folded = _scale_weight(layer, weight.astype(np.float64), scale)
-    weight_tensor.CopyFrom(numpy_helper.from_array(folded.astype(dtype), weight_tensor.name))
+    scale, shift = _scale_shift(index, match, _output_channels(layer, weight.shape))
+    if np.any(scale != 1.0):
+        folded = _scale_weight(layer, weight.astype(np.float64), scale)
+        weight_tensor.CopyFrom(numpy_helper.from_array(folded.astype(dtype), weight_tensor.name))
     has_bias = len(layer.input) > 2 and layer.input[2]
     bias = index.constant_value(layer.input[2]).astype(np.float64) if has_bias else np.zeros(1)
     if layer.op_type == "Gemm":
         bias = node_attributes(layer).get("beta", 1.0) * bias if has_bias else np.zeros(1)
         _set_attr(layer, "beta", 1.0)
-    new_bias = ((bias - mean) * scale + beta).astype(dtype)
+    new_bias = (bias * scale + shift).astype(dtype)
     if has_bias:
         index.initializers[layer.input[2]].CopyFrom(numpy_helper.from_array(new_bias, layer.input[2]))
-    else:
+    elif np.any(shift != 0.0):
         name = index.fresh_name(f"{layer.name or layer.output[0]}.bias")
         graph.initializer.append(numpy_helper.from_array(new_bias, name))
         layer.input.append(name)
@@ -188,7 +250,7 @@ def _remove(graph: onnx.GraphProto, folded: list[_Match]) -> None:
     keep = [node for position, node in enumerate(graph.node) if position not in drop]
     del graph.node[:]
     graph.node.extend(keep)
-    drop_unused_initializers(graph, {name for m in folded for name in m.bn.input[1:5]})
+    drop_unused_initializers(graph, {name for m in folded for name in m.parameters})
 
 
 def _set_attr(node: onnx.NodeProto, name: str, value) -> None:

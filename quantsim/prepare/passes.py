@@ -1,11 +1,11 @@
 """The catalogue of preparation passes, one module each. Every pass takes a ModelProto it may modify
 (``prepare`` hands it a private copy) and returns ``(model, modified)``; each keeps the model's outputs
-unchanged (up to float rounding where it computes: BatchNorm and constant folding). The rules and
+unchanged (up to float rounding where it computes: BatchNorm, affine and constant folding). The rules and
 pre/post-conditions of each pass are in its module's docstring.
 """
 from __future__ import annotations
 
-from .batchnorm import fold_batchnorm
+from .batchnorm import fold_batchnorm, fold_channel_affine
 from .constants import constants_to_initializers
 from .activations import fuse_activations
 from .folding import fold_constants
@@ -21,6 +21,7 @@ __all__ = [
     "upgrade_opset",
     "infer_shapes",
     "fold_batchnorm",
+    "fold_channel_affine",
     "fold_constants",
     "fuse_activations",
     "optimize_with_ort",
