@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import onnx
@@ -48,13 +51,20 @@ def subgraph_references(node: onnx.NodeProto) -> set[str]:
 
 
 class GraphIndex:
-    """Lookup tables over ``model.graph`` built once; rebuild after changing the graph."""
+    """Lookup tables over ``model.graph`` built once; rebuild after changing the graph.
 
-    def __init__(self, model: onnx.ModelProto):
+    ``initializers`` (default: ``model.graph.initializer``) are the constants of the graph, for a model
+    whose initializers are kept apart from it.
+    """
+
+    def __init__(self, model: onnx.ModelProto, initializers: Iterable[TensorProto] | None = None):
         graph = model.graph
         self.model = model
         self.nodes: list[onnx.NodeProto] = list(graph.node)
-        self.initializers: dict[str, TensorProto] = {t.name: t for t in graph.initializer}
+        self.initializers: dict[str, TensorProto] = {
+            t.name: t for t in (graph.initializer if initializers is None else initializers)
+        }
+        self._constant_cache: dict[str, np.ndarray] | None = None
         self.graph_inputs: list[str] = [i.name for i in graph.input if i.name not in self.initializers]
         self.graph_outputs: list[str] = [o.name for o in graph.output]
         self.producer: dict[str, tuple[onnx.NodeProto, int]] = {}
@@ -69,20 +79,30 @@ class GraphIndex:
             for name in subgraph_references(node):
                 self.consumers[name].append(Use(node, -1))
         self.elem_type: dict[str, int] = {}
-        self.shape: dict[str, tuple | None] = {}
+        self._typed: list[tuple[str, onnx.TypeProto.Tensor]] = []  # typed values, in order, for `shape`
         for info in itertools.chain(graph.value_info, graph.input, graph.output):
             tensor_type = info.type.tensor_type
             if info.type.HasField("tensor_type") and tensor_type.elem_type:
                 self.elem_type[info.name] = tensor_type.elem_type
-                if tensor_type.HasField("shape"):
-                    self.shape[info.name] = tuple(
-                        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim
-                    )
+                self._typed.append((info.name, tensor_type))
         for name, tensor in self.initializers.items():
             self.elem_type[name] = tensor.data_type
-            self.shape[name] = tuple(tensor.dims)
         self._names = set(self.elem_type) | set(self.producer) | {n.name for n in self.nodes}
         self._names.update(itertools.chain.from_iterable(n.input for n in self.nodes))
+
+    @cached_property
+    def shape(self) -> dict[str, tuple | None]:
+        """``{tensor: shape}`` of typed values with a shape and of initializers (dims: int, name or None);
+        built on first use."""
+        shapes: dict[str, tuple | None] = {}
+        for name, tensor_type in self._typed:
+            if tensor_type.HasField("shape"):
+                shapes[name] = tuple(
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim
+                )
+        for name, tensor in self.initializers.items():
+            shapes[name] = tuple(tensor.dims)
+        return shapes
 
     # queries -----------------------------------------------------------------------------------
     def is_float(self, name: str) -> bool:
@@ -92,7 +112,29 @@ class GraphIndex:
         return name in self.initializers
 
     def constant_value(self, name: str) -> np.ndarray:
-        return numpy_helper.to_array(self.initializers[name])
+        """The value of initializer ``name``; inside `cached_constants`, converted once and read-only."""
+        cache = self._constant_cache
+        if cache is None:
+            return numpy_helper.to_array(self.initializers[name])
+        value = cache.get(name)
+        if value is None:
+            value = numpy_helper.to_array(self.initializers[name]).view()
+            value.flags.writeable = False
+            cache[name] = value
+        return value
+
+    @contextmanager
+    def cached_constants(self) -> Iterator["GraphIndex"]:
+        """Within this block `constant_value` converts each initializer once (the values must not change
+        meanwhile) and returns read-only arrays; they are dropped when the outermost block ends."""
+        outermost = self._constant_cache is None
+        if outermost:
+            self._constant_cache = {}
+        try:
+            yield self
+        finally:
+            if outermost:
+                self._constant_cache = None
 
     def uses(self, name: str) -> list[Use]:
         return self.consumers.get(name, [])

@@ -22,6 +22,7 @@ AIMET's file ``offset`` is ``qmin - zero_point`` (``<= 0``) and its ``min``/``ma
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,12 +82,18 @@ class Encoding:
 
     def __post_init__(self) -> None:
         scale = np.asarray(self.scale, dtype=np.float64)
-        zp = np.broadcast_to(np.asarray(self.zero_point, dtype=np.int64), scale.shape).copy()
+        if scale.ndim == 0 and np.ndim(self.zero_point) == 0:  # per tensor: plain float/int checks
+            zp = np.array(self.zero_point, dtype=np.int64)
+            scale_ok, zp_ok = 0.0 < float(scale) < math.inf, self.qmin <= int(zp) <= self.qmax
+        else:
+            zp = np.broadcast_to(np.asarray(self.zero_point, dtype=np.int64), scale.shape).copy()
+            scale_ok = bool(np.isfinite(scale).all() and not (scale <= 0).any())
+            zp_ok = not ((zp < self.qmin).any() or (zp > self.qmax).any())
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "zero_point", zp)
-        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+        if not scale_ok:
             raise ValueError("encoding scales must be finite and positive")
-        if np.any(zp < self.qmin) or np.any(zp > self.qmax):
+        if not zp_ok:
             raise ValueError(f"zero point outside the grid [{self.qmin}, {self.qmax}]")
 
     @property
@@ -131,6 +138,29 @@ def _symmetric_split(n_steps: int) -> tuple[int, int]:
     return positive, negative
 
 
+def _scalar_grid(min_val: float, max_val: float, n_steps: int, symmetric: bool,
+                 unsigned_symmetric: bool) -> tuple[float, int, int, int, bool]:
+    """`encoding_from_range` for one range in Python floats: ``(scale, zero_point, qmin, qmax, signed)``.
+
+    The same float64 operations as the array path (IEEE division and comparisons, exact floor), without
+    numpy's per-call overhead on 0-d arrays.
+    """
+    if min_val != min_val or max_val != max_val:  # NaN (np.minimum/np.maximum would keep it)
+        raise ValueError("cannot compute an encoding from a non-finite range")
+    mn = min_val if min_val < 0.0 else 0.0
+    mx = max_val if max_val > 0.0 else 0.0
+    if not (math.isfinite(mn) and math.isfinite(mx)):
+        raise ValueError("cannot compute an encoding from a non-finite range")
+    floor = min(SCALE_FLOOR_EPS, 0.01 / n_steps)
+    if symmetric and not (unsigned_symmetric and mn >= 0):
+        positive, negative = _symmetric_split(n_steps)
+        return max(mx / positive, -mn / negative, floor), 0, -negative, n_steps - negative, True
+    scale = max((mx - mn) / n_steps, floor)
+    # round_half_away(-mn / scale): the argument is >= 0 (or -0.0, which rounds to 0 either way)
+    zero_point = min(max(math.floor(abs(-mn / scale) + 0.5), 0), n_steps)
+    return scale, zero_point, 0, n_steps, False
+
+
 def encoding_from_range(
     min_val,
     max_val,
@@ -144,16 +174,20 @@ def encoding_from_range(
     block_size: int | None = None,
 ) -> Encoding:
     """AIMET 2.42 min-max encoding for observed ranges (scalars or arrays of equal shape)."""
+    strict = bool(strict and symmetric)
+    n_steps = (1 << bits) - 1 - (1 if strict else 0)
+    if np.ndim(min_val) == 0 and np.ndim(max_val) == 0:
+        scale, zero_point, qmin, qmax, signed = _scalar_grid(
+            float(min_val), float(max_val), n_steps, symmetric, unsigned_symmetric)
+        return Encoding(scale, zero_point, bits, signed, qmin, qmax, symmetric, axis, block_axis, block_size)
     mn = np.minimum(np.asarray(min_val, dtype=np.float64), 0.0)
     mx = np.maximum(np.asarray(max_val, dtype=np.float64), 0.0)
     if mn.shape != mx.shape:
         raise ValueError(f"min and max shapes differ: {mn.shape} vs {mx.shape}")
-    if not (np.all(np.isfinite(mn)) and np.all(np.isfinite(mx))):
+    if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
         raise ValueError("cannot compute an encoding from a non-finite range")
-    strict = bool(strict and symmetric)
-    n_steps = (1 << bits) - 1 - (1 if strict else 0)
     floor = min(SCALE_FLOOR_EPS, 0.01 / n_steps)
-    use_unsigned = symmetric and unsigned_symmetric and bool(np.all(mn >= 0))
+    use_unsigned = symmetric and unsigned_symmetric and bool((mn >= 0).all())
     if symmetric and not use_unsigned:
         positive, negative = _symmetric_split(n_steps)
         scale = np.maximum(np.maximum(mx / positive, -mn / negative), floor)
@@ -231,16 +265,34 @@ def broadcast_param(enc: Encoding, values: np.ndarray, shape: tuple[int, ...]) -
     return expanded.reshape(view)
 
 
-def quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
-    """ONNX QuantizeLinear on the grid: float32 division, ties to even, saturation (+-inf to the ends,
-    NaN to ``qmin`` like onnxruntime's CPU kernel). Returns int64."""
+_EXACT_FLOAT32_GRID = 1 << 23  # grids within +-2^23: codes, zero points and their differences are exact in float32
+
+
+def _float_codes(x: np.ndarray, enc: Encoding) -> np.ndarray:
+    """The codes of `quantize` as a fresh float array: float32 for grids within ``+-2^23``, else float64.
+
+    ``x / scale`` is the float32 division of QuantizeLinear. For a grid within ``+-2^23``,
+    ``rint(x / scale) + zero_point`` in float32 is exact whenever the sum lies within ``+-2^24``; beyond
+    that it is rounded but stays beyond the grid, so the clip gives the codes of exact integer arithmetic.
+    ``fmax`` sends NaN to ``qmin``; adding the zero point turns a ``-0.0`` into ``0.0``.
+    """
     x = np.asarray(x, dtype=np.float32)
     scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
-    zp = broadcast_param(enc, enc.zero_point, x.shape)
     with np.errstate(over="ignore", invalid="ignore"):
-        q = np.rint(x / scale).astype(np.float64) + zp
-    q = np.where(np.isnan(q), enc.qmin, q)  # NaN saturates low, as onnxruntime's CPU QuantizeLinear does
-    return np.clip(q, enc.qmin, enc.qmax).astype(np.int64)
+        codes = np.asarray(np.divide(x, scale, dtype=np.float32))
+    np.rint(codes, out=codes)
+    ftype = np.float32 if max(-enc.qmin, enc.qmax) < _EXACT_FLOAT32_GRID else np.float64
+    codes = codes.astype(ftype, copy=False)
+    np.add(codes, broadcast_param(enc, enc.zero_point.astype(ftype), x.shape), out=codes)
+    np.fmax(codes, ftype(enc.qmin), out=codes)  # NaN saturates low, like onnxruntime's CPU QuantizeLinear
+    np.fmin(codes, ftype(enc.qmax), out=codes)
+    return codes
+
+
+def quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
+    """ONNX QuantizeLinear on the grid: float32 division, ties to even, saturation (+-inf to the ends,
+    NaN to ``qmin`` like onnxruntime's CPU kernel). Returns int64 (a numpy scalar for a 0-d ``x``)."""
+    return _float_codes(x, enc).astype(np.int64)[()]
 
 
 def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:
@@ -252,8 +304,13 @@ def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:
 
 
 def fake_quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
-    """Quantize then dequantize (what a Q->DQ pair in the sim computes)."""
-    return dequantize(quantize(x, enc), enc)
+    """Quantize then dequantize (what a Q->DQ pair in the sim computes): `dequantize` of `quantize`,
+    with the codes kept as floats (``code - zero_point`` is an exact integer there too)."""
+    codes = _float_codes(x, enc)
+    np.subtract(codes, broadcast_param(enc, enc.zero_point.astype(codes.dtype), codes.shape), out=codes)
+    values = codes.astype(np.float32, copy=False)
+    np.multiply(values, broadcast_param(enc, enc.scale.astype(np.float32), values.shape), out=values)
+    return values[()]  # a numpy scalar for a 0-d ``x``, like numpy's own operators
 
 
 def fp16_round_trip(x: np.ndarray) -> np.ndarray:
@@ -266,17 +323,20 @@ def reduce_min_max(
     x: np.ndarray, axis: int | None = None, block_axis: int | None = None, block_size: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Min and max of ``x``: overall, per slice along ``axis``, or per (channel, block)."""
-    x = np.asarray(x, dtype=np.float64)
+    x = np.asarray(x)
+    if x.dtype.kind not in "biuf":
+        x = x.astype(np.float64)
+    # reduced in x's own type: conversion to float64 is monotone, so the extremes convert to the same values
     if axis is None:
-        return np.asarray(x.min()), np.asarray(x.max())
+        return np.asarray(x.min(), dtype=np.float64), np.asarray(x.max(), dtype=np.float64)
     axis %= x.ndim
     if block_size is None:
-        moved = np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1)
-        return moved.min(axis=1), moved.max(axis=1)
+        moved = (x if axis == 0 else np.moveaxis(x, axis, 0)).reshape(x.shape[axis], -1)
+        return moved.min(axis=1).astype(np.float64), moved.max(axis=1).astype(np.float64)
     block_axis %= x.ndim
     length = x.shape[block_axis]
     if length % block_size:
         raise ValueError(f"dimension {block_axis} of size {length} is not divisible by block size {block_size}")
     moved = np.moveaxis(x, (axis, block_axis), (0, 1))
     blocks = moved.reshape(x.shape[axis], length // block_size, -1)
-    return blocks.min(axis=2), blocks.max(axis=2)
+    return blocks.min(axis=2).astype(np.float64), blocks.max(axis=2).astype(np.float64)

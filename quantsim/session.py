@@ -1,6 +1,9 @@
 """onnxruntime sessions for the sim: exact (no Q/DQ fusion) or fused into integer kernels."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -18,8 +21,13 @@ def make_session(
     *,
     fuse_qdq: bool = False,
     session_options_kwargs: dict | None = None,
+    external_initializers: Mapping[str, np.ndarray] | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession over ``model``.
+
+    ``external_initializers`` (name -> contiguous array) supply the values of initializers that ``model``
+    holds as external-data placeholders (see `simulate.build_sim_model`); onnxruntime reads the arrays in
+    place, and the session keeps them alive.
 
     ``fuse_qdq=False`` (the exact sim) sets ``session.disable_quant_qdq`` so onnxruntime runs every
     QuantizeLinear/DequantizeLinear as written: the outputs are the float fake-quantization the sim
@@ -42,13 +50,17 @@ def make_session(
         # DQ(weight) -> MatMul may become MatMulNBits, which at its default accuracy level computes the
         # activation in 8 bits: wrong for 16-bit activations. Level 1 keeps float activations there.
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
+    values = [ort.OrtValue.ortvalue_from_numpy(array) for array in (external_initializers or {}).values()]
+    if values:
+        options.add_external_initializers(list(external_initializers), values)
     source, keepalive = session_model_source(model)
     try:
         session = ort.InferenceSession(
             source, sess_options=options, providers=list(providers or DEFAULT_PROVIDERS),
             disabled_optimizers=disabled,
         )
-        session._quantsim_external_data = keepalive  # a large model's files live as long as its session
+        # a large model's files and the external initializers' buffers live as long as the session
+        session._quantsim_external_data = (keepalive, values)
         return session
     except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
         if not fuse_qdq:

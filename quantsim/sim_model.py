@@ -217,10 +217,11 @@ class QuantizationSimModel:
         snapshot = [(q, q.encoding) for q in self._quantizers]
         version = self._version
         try:
-            self._compute_constant_encodings(only_missing=False)
-            observed = [q for q in self._quantizers if q.enabled and not q.spec.is_float
-                        and not q.is_encoding_frozen() and not self._is_constant_quantizer(q)]
-            session = self._calibration_session(observed)
+            with self._index.cached_constants():  # each weight converted once for encodings and graph
+                self._compute_constant_encodings(only_missing=False)
+                observed = [q for q in self._quantizers if q.enabled and not q.spec.is_float
+                            and not q.is_encoding_frozen() and not self._is_constant_quantizer(q)]
+                session = self._calibration_session(observed)
             stats = run_calibration(session, data, progress=self.progress)
             new = {}
             for q in observed:
@@ -244,14 +245,16 @@ class QuantizationSimModel:
         constants = [q for q in self._quantizers if q.role == "param" or self._is_constant_quantizer(q)]
         key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), histogram)
         if self._calibration_cache is None or self._calibration_cache[0] != key:
-            model = build_sim_model(self.model, [q for q in constants if q.enabled])
+            weights: dict[str, np.ndarray] = {}
+            model = build_sim_model(self.model, [q for q in constants if q.enabled], source=self._index,
+                                    external=weights)
             shapes = self._index.shape
             model, outputs = add_statistics_outputs(
                 model, list(groups), list(groups) if histogram else [], nonnegative=find_nonnegative_tensors(self._index),
                 ranks={t: len(shapes[t]) for t in groups if shapes.get(t) is not None},
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
-            session = make_session(model, self.providers, session_options_kwargs=options)
+            session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights)
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
         return CalibrationSession(session, outputs, groups)
@@ -262,20 +265,24 @@ class QuantizationSimModel:
 
     def sim_model(self) -> onnx.ModelProto:
         """The sim graph as a ModelProto (uncalibrated activation quantizers pass data through)."""
-        self._ensure_param_encodings()
-        return build_sim_model(self.model, self._quantizers)
+        with self._index.cached_constants():
+            self._ensure_param_encodings()
+            return build_sim_model(self.model, self._quantizers, source=self._index)
 
     @property
     def session(self) -> ort.InferenceSession:
         """onnxruntime session of the sim; rebuilt on first use after any quantizer change."""
         if self._session is None or self._session_version != self._version:
-            self._ensure_param_encodings()
-            if self.use_integer_kernels:
-                model = self.to_onnx_qdq()
-            else:
-                model = build_sim_model(self.model, self._quantizers)
+            weights: dict[str, np.ndarray] = {}
+            with self._index.cached_constants():
+                self._ensure_param_encodings()
+                if self.use_integer_kernels:
+                    model = self.to_onnx_qdq()
+                else:
+                    model = build_sim_model(self.model, self._quantizers, source=self._index, external=weights)
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
-                                         session_options_kwargs=self._session_options_kwargs)
+                                         session_options_kwargs=self._session_options_kwargs,
+                                         external_initializers=weights)
             self._session_version = self._version
         return self._session
 

@@ -25,6 +25,8 @@ out changes no output bit.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -32,7 +34,8 @@ from onnx import TensorProto, helper, numpy_helper
 from .graph import GraphIndex, node_attributes
 from .dtypes import int8, int16, qtype
 from .numerics import Encoding, fake_quantize, fp16_round_trip, grid_bounds, quantize
-from .prepare.common import default_opset
+from .model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
+from .prepare.common import _copy_field, default_opset, is_external_candidate
 from .quantizer import QcQuantizeOp
 
 __all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
@@ -203,27 +206,36 @@ def _redundant_activation_quantizers(index: GraphIndex, planned: dict[str, tuple
 
 
 class _SimBuilder:
-    def __init__(self, model: onnx.ModelProto, weights: str):
+    """Collects the sim's changes to ``model`` (a copy without initializers) and assembles it in `finish`.
+
+    ``initializers`` are the source model's, left untouched: `finish` copies each into ``model`` (or the
+    tensor that replaces it). ``values`` converts one of them to an array.
+    """
+
+    def __init__(self, model: onnx.ModelProto, initializers, weights: str,
+                 values: Callable[[str], np.ndarray] | None, external: dict[str, np.ndarray] | None):
         self.model = model
         self.graph = model.graph
-        self.index = GraphIndex(model)
+        self.source_initializers = list(initializers)
+        self.index = GraphIndex(model, initializers=self.source_initializers)
         self.weights = weights
-        self.opset = self.index.opset()
-        self.initializers = {t.name: t for t in self.graph.initializer}
+        self.initializers = self.index.initializers
+        self.values = values or (lambda name: numpy_helper.to_array(self.initializers[name]))
+        self.external = external
+        self.declared_inputs = {i.name for i in model.graph.input}
+        self.replaced: dict[str, TensorProto | None] = {}  # initializer name -> new tensor (None: removed)
         self.new_initializers: list[TensorProto] = []
         self.after: dict[str, list[onnx.NodeProto]] = {}
         self.front: list[onnx.NodeProto] = []
         self.rewire: dict[str, str] = {}
 
     def add_constant_quantizer(self, name: str, q: QcQuantizeOp) -> None:
-        tensor = self.initializers[name]
-        values = numpy_helper.to_array(tensor)
-        if q.spec.is_float:
-            tensor.CopyFrom(numpy_helper.from_array(fp16_round_trip(values).astype(values.dtype), name))
-            return
+        values = self.values(name)
         enc = q.encoding
-        if self.weights == "fake" or q.role != "param":
-            tensor.CopyFrom(numpy_helper.from_array(fake_quantize(values, enc).astype(values.dtype), name))
+        if q.spec.is_float or self.weights == "fake" or q.role != "param":
+            new = fp16_round_trip(values) if q.spec.is_float else fake_quantize(values, enc)
+            new = new.astype(values.dtype, copy=False)
+            self.replaced[name] = self._placeholder(name, new) or numpy_helper.from_array(new, name)
             return
         storage = q.spec.dtype.storage_type(enc.signed)
         codes_name = self.index.fresh_name(f"{name}/quantized")
@@ -233,12 +245,28 @@ class _SimBuilder:
             numpy_helper.from_array(scale, f"{codes_name}/scale"),
             _integer_tensor(f"{codes_name}/zero_point", zero_point, storage),
         ]
-        self.graph.initializer.remove(tensor)
+        self.replaced[name] = None
         dq = helper.make_node(
             "DequantizeLinear", [codes_name, f"{codes_name}/scale", f"{codes_name}/zero_point"], [name],
             name=f"{name}/dequantize", **attrs,
         )
         self.front.append(dq)
+
+    def _placeholder(self, name: str, values: np.ndarray) -> TensorProto | None:
+        """With ``external``: the stand-in for ``values`` (recorded there), if they may leave the model.
+        An initializer that is also a graph input (it can be fed) stays."""
+        if self.external is None or name in self.declared_inputs:
+            return None
+        placeholder = in_memory_placeholder(name, values)
+        if placeholder is not None:
+            self.external[name] = values
+        return placeholder
+
+    def _unchanged(self, tensor: TensorProto) -> TensorProto:
+        """An initializer no quantizer changes: itself, or with ``external`` a placeholder for a big float one."""
+        if self.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES or not is_external_candidate(tensor):
+            return tensor
+        return self._placeholder(tensor.name, self.values(tensor.name)) or tensor
 
     def add_activation_quantizer(self, name: str, q: QcQuantizeOp) -> None:
         if name in self.index.graph_inputs:
@@ -296,8 +324,28 @@ class _SimBuilder:
             ordered.extend(self.after.get(node.name, ()))
         del self.graph.node[:]
         self.graph.node.extend(ordered)
-        self.graph.initializer.extend(self.new_initializers)
+        initializers = []
+        for tensor in self.source_initializers:
+            name = tensor.name
+            if name in self.replaced and self.initializers[name] is tensor:
+                if self.replaced[name] is not None:
+                    initializers.append(self.replaced[name])
+            else:
+                initializers.append(self._unchanged(tensor))
+        self.graph.initializer.extend(initializers + self.new_initializers)
         return self.model
+
+
+def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(copy, field, value)
+    copy.graph.SetInParent()
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(copy.graph, field, value)
+    return copy
 
 
 def build_sim_model(
@@ -307,23 +355,32 @@ def build_sim_model(
     weights: str = "fake",
     min_opset: int = 1,
     skip_redundant: bool | None = None,
+    source: GraphIndex | None = None,
+    external: dict[str, np.ndarray] | None = None,
 ) -> onnx.ModelProto:
-    """A copy of ``model`` with every enabled, initialised quantizer applied (see module docstring).
+    """A new model: ``model`` (left unchanged) with every enabled, initialised quantizer applied (see module
+    docstring).
 
     Quantizers without an encoding (uncalibrated activations) are skipped: they pass data through.
     ``skip_redundant`` (default: ``weights == "fake"``, the exact sim) leaves out activation Q/DQ pairs
     that provably map every value to itself; the QDQ form (``weights="qdq"``) keeps every quantizer, since
     integer runtimes read the Q/DQ around each op.
+
+    ``source``, a `GraphIndex` of ``model``, supplies the constants' values (converted once inside its
+    `GraphIndex.cached_constants` block). With ``external`` (a dict), big float initializers, quantized or
+    not, stay out of the model: it holds a `model_io.in_memory_placeholder` for each and ``external`` maps
+    the name to the values. Such a model is complete only with them: `session.make_session` takes them as
+    ``external_initializers``, which spares copying, serialising and parsing the weights.
     """
     if weights not in ("fake", "qdq"):
         raise ValueError(f"weights must be 'fake' or 'qdq', got {weights!r}")
     if skip_redundant is None:
         skip_redundant = weights == "fake"
     active = [q for q in quantizers if q.enabled and q.is_initialized()]
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    work = _with_opset(work, max(required_opset(active, weights), min_opset))
-    builder = _SimBuilder(work, weights)
+    source_model = _with_opset(model, max(required_opset(active, weights), min_opset))
+    values = source.constant_value if source is not None and source_model is model is source.model else None
+    builder = _SimBuilder(_copy_without_initializers(source_model), source_model.graph.initializer, weights, values,
+                          external)
     placed: list[tuple[str, QcQuantizeOp]] = []
     planned: dict[str, tuple | None] = {}
     for q in active:

@@ -151,7 +151,10 @@ def find_nonnegative_tensors(index: GraphIndex) -> frozenset[str]:
     found: set[str] = set()
 
     def nonnegative_constant(name: str) -> bool:
-        return index.is_constant(name) and bool(np.all(index.constant_value(name) >= 0))
+        values = index.constant_value(name).reshape(-1)
+        if values.size > 1024 and not np.all(values[:1024] >= 0):  # cheap early answer for big constants
+            return False
+        return bool(np.all(values >= 0))
 
     for node in index.nodes:
         outputs = [o for o in node.output if o]
@@ -159,10 +162,13 @@ def find_nonnegative_tensors(index: GraphIndex) -> frozenset[str]:
             found.update(outputs[:1])
         elif node.op_type == "Clip":
             lower = node.input[1] if len(node.input) > 1 else ""
-            if lower and nonnegative_constant(lower):
+            if lower and index.is_constant(lower) and nonnegative_constant(lower):
                 found.update(outputs)
         elif node.op_type in _PRESERVE_SIGN:
             data = [n for i, n in enumerate(node.input) if n and (i == 0 or node.op_type in ("Concat", "Mul", "Add"))]
-            if data and all(n in found or nonnegative_constant(n) for n in data):
+            constants = [n for n in data if index.is_constant(n)]
+            # computed inputs first: a constant is only converted when the answer depends on it
+            if (data and all(n in found for n in data if not index.is_constant(n))
+                    and all(nonnegative_constant(n) for n in constants)):
                 found.update(outputs if node.op_type != "MaxPool" else outputs[:1])
     return frozenset(found)
