@@ -15,6 +15,7 @@ batch statistics are non-finite ignores that batch. A calibration that ends with
 """
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -132,16 +133,20 @@ class CalibrationSession:
             lo = 0.0 if lo_name is None else float(values[lo_name])
             if lo > hi:  # an empty tensor in this batch: nothing to learn from it
                 continue
-            if not (np.isfinite(lo) and np.isfinite(hi)):  # documented policy: ignore this batch for it
+            if not (math.isfinite(lo) and math.isfinite(hi)):  # documented policy: ignore this batch for it
                 self._nonfinite_tensors.add(tensor)
                 continue
-            stats = self.stats.setdefault(self._groups[tensor], TensorStats())
+            name = self._groups[tensor]
+            stats = self.stats.get(name)
+            if stats is None:
+                stats = self.stats[name] = TensorStats()
             stats.update_range(lo, hi)
-            if tensor in samples:
-                sample = values[samples[tensor]]
-                finite = np.isfinite(sample)
-                if not finite.all():  # NaN (which the in-graph reductions skip) is ignored here too
-                    sample = sample[finite]
+            sample_name = samples.get(tensor)
+            if sample_name is not None:
+                sample = values[sample_name]
+                # NaN that the in-graph reductions passed over is dropped here; min/max find it without a mask
+                if sample.size and not (math.isfinite(sample.min()) and math.isfinite(sample.max())):
+                    sample = sample[np.isfinite(sample)]
                 if stats.histogram is None:
                     stats.histogram = HistogramObserver()
                 stats.histogram.update(sample, value_range=(lo, hi))

@@ -34,7 +34,8 @@ TF-enhanced (AIMET ``TfEnhancedEncodingAnalyzer``, reference §6.3)
     settled by the full candidates x bins evaluation). The winner becomes an `Encoding` through
     `numerics.encoding_from_range` of its grid range (same grid conventions, strict/unsigned variants and
     scale floor as min-max). All-zero data gives the encoding of ``[-1, 1]``; nothing observed raises
-    ``ValueError``.
+    ``ValueError``. `tf_enhanced_encodings` / `tf_enhanced_encodings_of` give the encodings of many
+    histograms / tensors from shared searches: the same encodings, the per-call overhead paid once.
 
 Percentile (reference §6.4)
     ``p == 100``: left edge of the first / right edge of the last non-empty bin, tightened to the exact
@@ -52,7 +53,10 @@ import numpy as np
 from .numerics import Encoding, encoding_from_range
 from .tf_enhanced import SATURATION_WEIGHT, best_grids
 
-__all__ = ["HistogramObserver", "tf_enhanced_encoding_of", "DEFAULT_NUM_BINS", "MIN_RANGE", "SATURATION_WEIGHT"]
+__all__ = [
+    "HistogramObserver", "tf_enhanced_encoding_of", "tf_enhanced_encodings", "tf_enhanced_encodings_of",
+    "DEFAULT_NUM_BINS", "MIN_RANGE", "SATURATION_WEIGHT",
+]
 
 DEFAULT_NUM_BINS = 512
 MIN_RANGE = 0.01  # AIMET's minimum range (initial histogram width when min == max; TF-enhanced range)
@@ -220,11 +224,7 @@ class HistogramObserver:
         self, bits: int, *, symmetric: bool, strict: bool = False, unsigned_symmetric: bool = False
     ) -> Encoding:
         """AIMET TF-enhanced (SQNR) encoding of everything observed (module docstring)."""
-        self._require_data()
-        return _tf_encoding(
-            self.counts[None], np.array([self.lo]), np.array([self.bin_width]), np.array([self._min]),
-            np.array([self._max]), bits, symmetric, strict, unsigned_symmetric, axis=None,
-        )
+        return _tf_encodings([_observer_item(self)], bits, symmetric, strict, unsigned_symmetric)[0]
 
     def percentile_encoding(
         self, bits: int, percentile: float, *, symmetric: bool, strict: bool = False,
@@ -259,26 +259,70 @@ class HistogramObserver:
 
 
 # -------------------------------------------------------------------- TF-enhanced
-def _tf_encoding(counts, lo, w, omin, omax, bits, symmetric, strict, unsigned_symmetric, axis) -> Encoding:
-    """TF-enhanced encoding of C histograms (rows); per tensor when ``axis`` is None (C == 1)."""
+_BATCH_ROWS = 1 << 11  # histogram rows per shared search of the batched encodings (bounded memory)
+
+
+def _tf_encodings(items, bits, symmetric, strict, unsigned_symmetric) -> list[Encoding]:
+    """TF-enhanced encodings of several tensors, ``items`` = (counts (C, B), lo, w, omin, omax, axis) each
+    (per tensor when ``axis`` is None, C == 1): one search over all their rows, each tensor's result
+    exactly that of its own search (`best_grids` ``starts``)."""
     strict = bool(strict and symmetric)
     n_steps = (1 << int(bits)) - 1 - (1 if strict else 0)
-    zero = (omin == 0.0) & (omax == 0.0)
-    nz = ~zero
-    mn = np.minimum(omin, 0.0)
-    mx = np.maximum(np.maximum(omax, 0.0), mn + MIN_RANGE)
-    unsigned = bool(symmetric and unsigned_symmetric and nz.any() and np.all(mn[nz] >= 0.0))
-    grid_lo = np.full(omin.shape, 0.0 if unsigned else -1.0)  # AIMET's fixed [-1, 1] for all-zero data
-    grid_hi = np.ones(omin.shape)
-    if nz.any():
-        delta, offset = best_grids(counts[nz], lo[nz], w[nz], mn[nz], mx[nz], n_steps, symmetric, unsigned)
-        grid_lo[nz] = delta * offset
-        grid_hi[nz] = delta * (offset + n_steps)
-    if axis is None:
-        grid_lo, grid_hi = grid_lo[0], grid_hi[0]
-    return encoding_from_range(
-        grid_lo, grid_hi, bits, symmetric=symmetric, strict=strict, unsigned_symmetric=unsigned, axis=axis
-    )
+    grids, groups = [], {}
+    for i, (counts, lo, w, omin, omax, _) in enumerate(items):
+        nz = (omin != 0.0) | (omax != 0.0)
+        mn = np.minimum(omin, 0.0)
+        mx = np.maximum(np.maximum(omax, 0.0), mn + MIN_RANGE)
+        some, every = bool(nz.any()), bool(nz.all())
+        unsigned = bool(symmetric and unsigned_symmetric and some and np.all(mn[nz] >= 0.0))
+        grid_lo = np.full(omin.shape, 0.0 if unsigned else -1.0)  # AIMET's fixed [-1, 1] for all-zero data
+        grids.append((grid_lo, np.ones(omin.shape), unsigned))
+        if some:
+            rows = (counts, lo, w, mn, mx) if every else (counts[nz], lo[nz], w[nz], mn[nz], mx[nz])
+            groups.setdefault((unsigned, counts.shape[1]), []).append((i, slice(None) if every else nz, rows))
+    for (unsigned, _), members in groups.items():
+        sizes = [m[2][0].shape[0] for m in members]
+        starts = np.cumsum([0] + sizes[:-1])
+        rows = members[0][2] if len(members) == 1 else [np.concatenate(x) for x in zip(*(m[2] for m in members))]
+        delta, offset = best_grids(*rows, n_steps, symmetric, unsigned, starts=starts)
+        for (i, nz, _), s, n in zip(members, starts, sizes):
+            grids[i][0][nz] = delta[s : s + n] * offset[s : s + n]
+            grids[i][1][nz] = delta[s : s + n] * (offset[s : s + n] + n_steps)
+    encodings = []
+    for (grid_lo, grid_hi, unsigned), item in zip(grids, items):
+        axis = item[5]
+        if axis is None:
+            grid_lo, grid_hi = grid_lo[0], grid_hi[0]
+        encodings.append(encoding_from_range(
+            grid_lo, grid_hi, bits, symmetric=symmetric, strict=strict, unsigned_symmetric=unsigned, axis=axis
+        ))
+    return encodings
+
+
+def _batched(items, bits, symmetric, strict, unsigned_symmetric) -> list[Encoding]:
+    """`_tf_encodings` over an iterable of items, ``_BATCH_ROWS`` histogram rows at a time."""
+    out, pending, rows = [], [], 0
+    for item in items:
+        pending.append(item)
+        rows += item[0].shape[0]
+        if rows >= _BATCH_ROWS:
+            out += _tf_encodings(pending, bits, symmetric, strict, unsigned_symmetric)
+            pending, rows = [], 0
+    return out + (_tf_encodings(pending, bits, symmetric, strict, unsigned_symmetric) if pending else [])
+
+
+def _observer_item(obs: HistogramObserver):
+    obs._require_data()
+    arr = lambda v: np.array([v])  # noqa: E731
+    return obs.counts[None], arr(obs.lo), arr(obs.bin_width), arr(obs._min), arr(obs._max), None
+
+
+def tf_enhanced_encodings(
+    observers, bits: int, *, symmetric: bool, strict: bool = False, unsigned_symmetric: bool = False
+) -> list[Encoding]:
+    """`HistogramObserver.tf_enhanced_encoding` of several observers (same flags) in one search: the
+    same encodings, with the per-call overhead paid once."""
+    return _batched(map(_observer_item, observers), bits, symmetric, strict, unsigned_symmetric)
 
 
 def tf_enhanced_encoding_of(
@@ -291,12 +335,34 @@ def tf_enhanced_encoding_of(
     own search; histograms and costs are computed for many channels at once. Returns scale shape ``()``
     or ``(C,)`` with ``axis`` set. Non-finite values are ignored; a slice without finite values raises.
     """
-    x = np.asarray(x, dtype=np.float64)
+    return _tf_encodings([_tensor_item(x, axis, num_bins)], bits, symmetric, strict, unsigned_symmetric)[0]
+
+
+def tf_enhanced_encodings_of(
+    tensors, bits: int, *, symmetric: bool, strict: bool = False, unsigned_symmetric: bool = False,
+    num_bins: int = DEFAULT_NUM_BINS,
+) -> list[Encoding]:
+    """`tf_enhanced_encoding_of` of several ``(x, axis)`` pairs (same flags) in shared searches: the same
+    encodings, with the per-call overhead paid once per ``_BATCH_ROWS`` channels."""
+    items = (_tensor_item(x, axis, num_bins) for x, axis in tensors)
+    return _batched(items, bits, symmetric, strict, unsigned_symmetric)
+
+
+def _tensor_item(x, axis: int | None, num_bins: int):
+    """(counts, lo, w, omin, omax, axis) of one tensor: one histogram, or one per slice along ``axis``."""
     if axis is None:
         obs = HistogramObserver(num_bins)
-        obs.update(x)
-        return obs.tf_enhanced_encoding(bits, symmetric=symmetric, strict=strict, unsigned_symmetric=unsigned_symmetric)
-    rows = np.moveaxis(x, axis % x.ndim, 0).reshape(x.shape[axis % x.ndim], -1)
+        obs.update(np.asarray(x, dtype=np.float64))
+        return _observer_item(obs)
+    x = np.asarray(x)
+    moved = np.moveaxis(x, axis % x.ndim, 0)
+    rows = np.ascontiguousarray(moved, dtype=np.float64).reshape(moved.shape[0], -1)  # one copy at most
+    if rows.shape[1] == 0:
+        raise ValueError("no data observed: a channel has no finite values")
+    omin, omax = rows.min(axis=1), rows.max(axis=1)
+    if np.isfinite(omin).all() and np.isfinite(omax).all():
+        lo, w = _initial_grid(omin, omax, num_bins)
+        return _channel_histograms(rows, lo, w, num_bins), lo, w, omin, omax, axis
     finite = np.isfinite(rows)
     if not np.all(finite.any(axis=1)):
         raise ValueError("no data observed: a channel has no finite values")
@@ -306,5 +372,26 @@ def tf_enhanced_encoding_of(
     idx = _bin_index(np.where(finite, rows, omin[:, None]), lo[:, None], w[:, None], num_bins)
     flat = (idx + num_bins * np.arange(rows.shape[0])[:, None]).ravel()
     counts = np.bincount(flat, weights=finite.ravel().astype(np.float64), minlength=rows.shape[0] * num_bins)
-    counts = counts.reshape(rows.shape[0], num_bins)
-    return _tf_encoding(counts, lo, w, omin, omax, bits, symmetric, strict, unsigned_symmetric, axis=axis)
+    return counts.reshape(rows.shape[0], num_bins), lo, w, omin, omax, axis
+
+
+_BIN_CHUNK = 1 << 15  # values binned per step of `_channel_histograms` (temporaries stay in cache)
+
+
+def _channel_histograms(rows: np.ndarray, lo: np.ndarray, w: np.ndarray, num_bins: int) -> np.ndarray:
+    """(C, num_bins) counts of finite rows (C, n), row ``c`` binned on its own grid: `_bin_index`'s
+    arithmetic (float64 ``floor((x - lo) / w)``, clipped), in place and a few rows at a time."""
+    n_rows, n = rows.shape
+    counts = np.empty((n_rows, num_bins))
+    step = max(1, _BIN_CHUNK // max(n, 1))
+    for s in range(0, n_rows, step):
+        chunk = rows[s : s + step]
+        with np.errstate(over="ignore", invalid="ignore"):
+            idx = np.subtract(chunk, lo[s : s + step, None])
+            idx /= w[s : s + step, None]
+        np.floor(idx, out=idx)
+        np.clip(idx, 0, num_bins - 1, out=idx)
+        idx += (num_bins * np.arange(chunk.shape[0], dtype=np.float64))[:, None]  # exact: small integers
+        flat = np.bincount(idx.astype(np.intp).ravel(), minlength=chunk.shape[0] * num_bins)
+        counts[s : s + step] = flat.reshape(chunk.shape[0], num_bins)
+    return counts

@@ -16,8 +16,10 @@ How a tensor is reduced (chosen by measurement on onnxruntime's CPU provider):
 * no minimum for tensors proven non-negative (``nonnegative``): it is known to be >= 0, and encodings
   always include zero. Histogram tensors get both (the histogram's range needs the true minimum).
 
-onnxruntime's reductions skip NaN; an infinite value yields an infinite statistic, which the caller
-treats as an unusable batch for that tensor.
+Non-finite values: an infinite value yields an infinite statistic, which the caller treats as an unusable
+batch for that tensor. onnxruntime's reductions usually pass over a NaN, but not always (one that comes
+first in a reduction wins), so a NaN either leaves the statistic alone or makes the batch unusable for
+that tensor, never a wrong finite range.
 """
 from __future__ import annotations
 
@@ -119,12 +121,12 @@ def _add_extreme(b: _Builder, tensor: str, op: str, rank: int | None, producer: 
 
 
 def _add_sample(b: _Builder, tensor: str) -> str:
-    """``Slice(Reshape(x, [-1]), step = max(1, Size(x) // HISTOGRAM_SAMPLE))``: the numpy ``flat[::step]``."""
+    """``Slice(flat, step = max(1, n // HISTOGRAM_SAMPLE))`` with ``flat = Reshape(x, [-1])`` and ``[n] =
+    Shape(flat)``: the numpy ``flat[::step]`` (five nodes; the step is 1-D as Slice wants it)."""
     flat = b.node("Reshape", [tensor, b.constant([-1])], b.fresh(f"{tensor}/calibration_flat"))
-    size = b.node("Size", [tensor], b.fresh(f"{tensor}/calibration_size"))
-    ratio = b.node("Div", [size, b.constant(HISTOGRAM_SAMPLE)], b.fresh(f"{tensor}/calibration_stride_raw"))
-    stride = b.node("Max", [ratio, b.constant(1)], b.fresh(f"{tensor}/calibration_stride_scalar"))
-    steps = b.node("Reshape", [stride, b.constant([1])], b.fresh(f"{tensor}/calibration_stride"))
+    size = b.node("Shape", [flat], b.fresh(f"{tensor}/calibration_size"))
+    ratio = b.node("Div", [size, b.constant([HISTOGRAM_SAMPLE])], b.fresh(f"{tensor}/calibration_stride_raw"))
+    steps = b.node("Max", [ratio, b.constant([1])], b.fresh(f"{tensor}/calibration_stride"))
     return b.node("Slice", [flat, b.constant([0]), b.constant([np.iinfo(np.int64).max]), b.constant([0]), steps],
                   b.fresh(f"{tensor}/calibration_sample"))
 

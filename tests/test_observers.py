@@ -3,7 +3,10 @@ import numpy as np
 import pytest
 
 from quantsim.numerics import encoding_from_range, fake_quantize, grid_bounds
-from quantsim.observers import HistogramObserver, tf_enhanced_encoding_of
+from quantsim import observers
+from quantsim.observers import (
+    HistogramObserver, tf_enhanced_encoding_of, tf_enhanced_encodings, tf_enhanced_encodings_of,
+)
 from quantsim.tf_enhanced import candidate_costs as _candidate_costs
 
 
@@ -263,3 +266,57 @@ def test_per_channel_tf_enhanced():
     np.testing.assert_allclose(last.scale, tf_enhanced_encoding_of(w, 8, symmetric=True, axis=0).scale)
     per_tensor = tf_enhanced_encoding_of(w, 8, symmetric=True)
     assert per_tensor.scale.shape == () and per_tensor.axis is None
+
+
+# ------------------------------------------------------------------ batched (shared searches)
+_FLAGS = [
+    dict(symmetric=False), dict(symmetric=True), dict(symmetric=True, strict=True),
+    dict(symmetric=True, unsigned_symmetric=True),
+]
+
+
+def test_batched_observer_encodings_equal_one_at_a_time(monkeypatch):
+    monkeypatch.setattr(observers, "_BATCH_ROWS", 4)  # several shared searches
+    rng = np.random.default_rng(30)
+    data = [rng.normal(size=300), np.maximum(rng.normal(size=300), 0), np.zeros(50), np.full(40, 2.5),
+            np.round(rng.normal(size=200) * 3), rng.lognormal(0, 2, size=400), rng.normal(size=100) * 1e-4 + 7]
+    obs = [_fed(d[: len(d) // 2], d[len(d) // 2 :] * 3) for d in data] + [_fed(data[0], num_bins=64)]
+    for bits in (4, 8):
+        for flags in _FLAGS:
+            batched = tf_enhanced_encodings(obs, bits, **flags)
+            assert all(b.same_as(o.tf_enhanced_encoding(bits, **flags)) for b, o in zip(batched, obs, strict=True))
+    assert tf_enhanced_encodings([], 8, symmetric=False) == []
+    with pytest.raises(ValueError, match="no data"):
+        tf_enhanced_encodings([obs[0], HistogramObserver()], 8, symmetric=False)
+
+
+def test_batched_tensor_encodings_equal_one_at_a_time(monkeypatch):
+    monkeypatch.setattr(observers, "_BATCH_ROWS", 16)
+    rng = np.random.default_rng(31)
+    conv = rng.normal(size=(12, 3, 3, 3)) * rng.uniform(0.01, 2, size=(12, 1, 1, 1))
+    conv[3] = 0.0  # an all-zero channel
+    relu_like = np.abs(rng.normal(size=(5, 20)))
+    holes = rng.normal(size=(6, 30))
+    holes[1, :4] = np.nan
+    holes[2, 0] = np.inf
+    tensors = [(conv, 0), (rng.normal(size=(40, 7)), 1), (relu_like, 0), (rng.normal(size=50), None),
+               (holes, 0), (np.full((3, 4), 1.5), 0), (conv, None), (rng.normal(size=(30, 4)) * 1e3, -1)]
+    for bits in (4, 8):
+        for flags in _FLAGS:
+            batched = tf_enhanced_encodings_of(tensors, bits, **flags)
+            single = [tf_enhanced_encoding_of(x, bits, axis=axis, **flags) for x, axis in tensors]
+            assert all(b.same_as(s) for b, s in zip(batched, single, strict=True))
+
+
+def test_channel_histograms_bin_like_bin_index(monkeypatch):
+    monkeypatch.setattr(observers, "_BIN_CHUNK", 50)  # a few rows per step
+    rng = np.random.default_rng(32)
+    rows = rng.normal(size=(9, 20)) * rng.uniform(1e-6, 1e6, size=(9, 1)) + rng.uniform(-1e7, 1e7, size=(9, 1))
+    rows[0] = 1e300 * np.sign(rows[0])  # (x - lo) / w overflows: clipped into the end bins
+    rows[1, ::2] = rows[1].min()  # values right at the lower edge
+    omin, omax = rows.min(axis=1), rows.max(axis=1)
+    lo, w = observers._initial_grid(omin, omax, 512)
+    with np.errstate(over="ignore", invalid="ignore"):
+        idx = observers._bin_index(rows, lo[:, None], w[:, None], 512)
+    want = np.stack([np.bincount(r, minlength=512) for r in idx]).astype(np.float64)
+    np.testing.assert_array_equal(observers._channel_histograms(rows, lo, w, 512), want)

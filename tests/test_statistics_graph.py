@@ -124,3 +124,32 @@ def test_calibration_session_uses_priority_order(scheme):
     sim.compute_encodings([{"x": np.ones((2, 3), np.float32)}])
     session = sim._calibration_cache[1]
     assert session.get_session_options().execution_order == CALIBRATION_EXECUTION_ORDER
+
+
+def test_non_finite_sample_values_stay_out_of_histograms():
+    """A sample may hold NaN where the in-graph min/max are finite (onnxruntime's reductions skip NaN
+    in most positions): those values are left out of the histogram, finite samples are binned whole."""
+    from quantsim.calibration import CalibrationSession
+    from quantsim.observers import HistogramObserver
+    from quantsim.statistics_graph import StatisticsOutputs
+
+    outputs = StatisticsOutputs(["out"], minmax={"t": ("t/lo", "t/hi"), "u": ("u/lo", "u/hi")},
+                                samples={"t": "t/sample", "u": "u/sample"})
+    session = CalibrationSession(None, outputs, {"t": "qt", "u": "qu"})
+    rng = np.random.default_rng(5)
+    oracle = {"qt": HistogramObserver(), "qu": HistogramObserver()}
+    for batch in range(3):
+        values = {}
+        for name in ("t", "u"):
+            x = rng.normal(size=300).astype(np.float32) * (batch + 1)
+            lo, hi = float(x.min()), float(x.max())
+            if name == "t":
+                x[rng.uniform(size=300) < 0.2] = np.nan
+                x[7 + batch] = np.inf if batch == 1 else x[7 + batch]  # cannot happen with finite lo/hi, still left out
+            values.update({f"{name}/lo": np.float32(lo), f"{name}/hi": np.float32(hi), f"{name}/sample": x})
+            oracle["q" + name].update(x[np.isfinite(x)], value_range=(lo, hi))
+        session._record(values)
+    for name, want in oracle.items():
+        got = session.stats[name].histogram
+        np.testing.assert_array_equal(got.counts, want.counts)
+        assert (got.lo, got.bin_width, got.count) == (want.lo, want.bin_width, want.count)

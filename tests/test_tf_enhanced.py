@@ -188,3 +188,108 @@ def test_strided_samples_bin_like_contiguous_copies():
         b.update(np.ascontiguousarray(view), value_range=(float(batch.min()), float(batch.max())))
     np.testing.assert_array_equal(a.counts, b.counts)
     assert (a.lo, a.bin_width, a.count) == (b.lo, b.bin_width, b.count)
+
+
+def _spy_search(monkeypatch):
+    """Record (rows, candidates) of every windowed search."""
+    seen = []
+    real = tfe._search
+
+    def spy(bins, lo, w, delta, *args):
+        seen.append(delta.shape)
+        return real(bins, lo, w, delta, *args)
+
+    monkeypatch.setattr(tfe, "_search", spy)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["normal", "integers", "few_values", "constant", "outliers", "relu", "skewed"])
+def test_nested_search_in_small_chunks_equals_dense_search(monkeypatch, kind):
+    seen = _spy_search(monkeypatch)
+    monkeypatch.setattr(tfe, "_SEARCH_CANDIDATES", 101 * 7)  # several search chunks of 7 rows
+    rng = np.random.default_rng([7, len(kind)])
+    counts, lo, w, mn, mx = _histograms(_channels(rng, kind, 40, 30), 512)
+    for bits in (3, 8, 16):
+        n_steps = (1 << bits) - 1
+        for unsigned in {False, kind == "relu"}:
+            got = best_grids(counts, lo, w, mn, mx, n_steps, True, unsigned)
+            want = _dense_search(counts, lo, w, mn, mx, n_steps, True, unsigned)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+    assert {k for _, k in seen} >= {tfe._WIDEST}
+
+
+def test_nested_search_widest_first_then_narrower_when_clipping_wins(monkeypatch):
+    seen = _spy_search(monkeypatch)
+    rng = np.random.default_rng(21)
+    x = rng.normal(size=(30, 400))
+    x[15:, 0] = 40.0  # 4-bit grids clip this outlier: the best grid is far narrower than the widest ones
+    counts, lo, w, mn, mx = _histograms(x, 512)
+    for n_steps in (255, 15):
+        seen.clear()
+        got = best_grids(counts, lo, w, mn, mx, n_steps, True, False)
+        want = _dense_search(counts, lo, w, mn, mx, n_steps, True, False)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        if n_steps == 255:
+            assert seen == [(30, tfe._WIDEST)]  # Gaussian weights: the best grid is among the widest
+        else:  # 4 bits: narrower grids win, and most of the narrowest are still left out
+            assert seen[0] == (30, tfe._WIDEST) and sum(r for r, _ in seen[1:]) == 30
+            assert all(tfe._WIDEST < k < 101 for _, k in seen[1:])
+
+
+def test_concatenated_searches_equal_separate_calls(monkeypatch):
+    """``starts`` pads the tie re-evaluation per search, so one call over several searches changes nothing."""
+    rng = np.random.default_rng(22)
+    two_values = np.where(rng.uniform(size=(17, 40)) < 0.5, 0.0, rng.uniform(0.1, 2, size=(17, 1)))
+    mixed = np.concatenate([two_values, rng.normal(size=(6, 40)), np.round(rng.normal(size=(6, 40)) * 2)])
+    counts, lo, w, mn, mx = _histograms(mixed, 64)
+    sizes = [5, 1, 7, 2, 6, 8]
+    starts = np.cumsum([0] + sizes[:-1])
+    for symmetric, n_steps in ((True, 6), (False, 15), (True, 255)):
+        n_cand = 101 if symmetric else 358
+        monkeypatch.setattr(tfe, "_CHUNK_ELEMENTS", n_cand * 64 * 3)  # dense chunks of 3 rows: pads differ
+        joint = best_grids(counts, lo, w, mn, mx, n_steps, symmetric, False, starts=starts)
+        for s, n in zip(starts, sizes):
+            sl = slice(s, s + n)
+            alone = best_grids(counts[sl], lo[sl], w[sl], mn[sl], mx[sl], n_steps, symmetric, False)
+            np.testing.assert_array_equal(joint[0][sl], alone[0])
+            np.testing.assert_array_equal(joint[1][sl], alone[1])
+        pads = tfe._DensePads(counts, n_cand, starts)(np.arange(counts.shape[0]))
+        for s, n in zip(starts, sizes):
+            own = tfe._DensePads(counts[s : s + n], n_cand)(np.arange(n))
+            np.testing.assert_array_equal(pads[s : s + n], own)
+
+
+def test_packed_rows_give_full_width_partial_sums_bit_for_bit():
+    rng = np.random.default_rng(23)
+    counts, lo, w, _, _ = _histograms(_channels(rng, "skewed", 9, 200), 512)
+    counts[3] = 0.0
+    counts[3, 100] = 5.0  # a single non-empty bin
+    total = counts.sum(axis=1, keepdims=True)
+    pdf = counts / total
+    packed = tfe._Rows(counts, total, lo, w)
+    bins = rng.integers(0, 513, size=(9, 50))
+    bins[:, :3] = [0, 511, 512]
+    col = packed.locate(bins)
+    i = np.arange(512, dtype=np.float64)
+    for k in range(3):
+        full = np.concatenate([np.zeros((9, 1)), np.cumsum(pdf * i**k, axis=1)], axis=1)  # over all bins
+        np.testing.assert_array_equal(np.take(packed.sums[k], col), np.take_along_axis(full, bins, axis=1))
+        np.testing.assert_array_equal(packed.totals[k], full[:, -1:])
+    padded = np.concatenate([pdf, np.zeros((9, 1))], axis=1)
+    np.testing.assert_array_equal(packed.p_at(bins, col), np.take_along_axis(padded, bins, axis=1))
+
+
+@pytest.mark.parametrize("rounds", [-1, 10**6])  # always / never the two-round survivor sums
+def test_two_round_and_one_round_sums_equal_dense_search(monkeypatch, rounds):
+    monkeypatch.setattr(tfe, "_TWO_ROUNDS", rounds)
+    monkeypatch.setattr(tfe, "_TWO_ROUNDS_MIN", -1)
+    for seed, kind in enumerate(["normal", "integers", "few_values", "constant", "outliers", "skewed"]):
+        rng = np.random.default_rng([31, seed])
+        counts, lo, w, mn, mx = _histograms(_channels(rng, kind, 25, 80), 512)
+        for symmetric, n_steps in ((False, 255), (True, 255), (False, 15), (True, 7)):
+            got = best_grids(counts, lo, w, mn, mx, n_steps, symmetric, False)
+            want = _dense_search(counts, lo, w, mn, mx, n_steps, symmetric, False)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
