@@ -11,11 +11,11 @@ import numpy as np
 from .calibration import TensorStats
 from .dtypes import QuantScheme
 from .numerics import Encoding, encoding_from_range, reduce_min_max
-from .observers import tf_enhanced_encoding_of
+from .observers import tf_enhanced_encoding_of, tf_enhanced_encodings, tf_enhanced_encodings_of
 from .quantizer import QcQuantizeOp
 from .spec import PerBlock, PerChannel
 
-__all__ = ["encoding_for_values", "encoding_for_stats"]
+__all__ = ["encoding_for_values", "encoding_for_stats", "encodings_for_values", "encodings_for_stats"]
 
 
 def _grid_flags(q: QcQuantizeOp) -> dict:
@@ -66,3 +66,40 @@ def encoding_for_stats(q: QcQuantizeOp, stats: TensorStats) -> Encoding:
     if scheme is QuantScheme.post_training_percentile and stats.histogram is not None:
         return stats.histogram.percentile_encoding(bits, q.percentile_value, **_grid_flags(q))
     return encoding_from_range(stats.min, stats.max, bits, **_grid_flags(q))
+
+
+def _tf_enhanced_key(q: QcQuantizeOp) -> tuple:
+    return (q.spec.dtype.bits, tuple(sorted(_grid_flags(q).items())))
+
+
+def encodings_for_values(quantizers, values_of) -> list[Encoding]:
+    """`encoding_for_values` of many constants (``values_of(q)`` gives each one's values, fetched when
+    needed); TF-enhanced weights share their searches: the same encodings, far less overhead."""
+    out, groups = [None] * len(quantizers), {}
+    for i, q in enumerate(quantizers):
+        granularity = q.spec.granularity
+        if q.quant_scheme is QuantScheme.post_training_tf_enhanced and not isinstance(granularity, PerBlock):
+            axis = granularity.axis if isinstance(granularity, PerChannel) else None
+            groups.setdefault(_tf_enhanced_key(q), []).append((i, q, axis))
+        else:
+            out[i] = encoding_for_values(q, values_of(q))
+    for (bits, flags), members in groups.items():
+        tensors = ((values_of(q), axis) for _, q, axis in members)
+        for (i, _, _), encoding in zip(members, tf_enhanced_encodings_of(tensors, bits, **dict(flags))):
+            out[i] = encoding
+    return out
+
+
+def encodings_for_stats(items) -> list[Encoding]:
+    """`encoding_for_stats` of many ``(quantizer, stats)`` pairs; TF-enhanced histograms share their searches."""
+    out, groups = [None] * len(items), {}
+    for i, (q, stats) in enumerate(items):
+        if (q.fixed_range is None and q.quant_scheme is QuantScheme.post_training_tf_enhanced
+                and stats.histogram is not None):
+            groups.setdefault(_tf_enhanced_key(q), []).append((i, stats.histogram))
+        else:
+            out[i] = encoding_for_stats(q, stats)
+    for (bits, flags), members in groups.items():
+        for (i, _), encoding in zip(members, tf_enhanced_encodings([h for _, h in members], bits, **dict(flags))):
+            out[i] = encoding
+    return out

@@ -18,7 +18,7 @@ import onnxruntime as ort
 from .calibration import CALIBRATION_EXECUTION_ORDER, CalibrationSession, run_calibration
 from .config import load_config
 from .dtypes import QuantScheme, int8, qtype
-from .encode import encoding_for_stats, encoding_for_values
+from .encode import encodings_for_stats, encodings_for_values
 from .graph import GraphIndex
 from .legacy_args import map_legacy_arguments
 from .placement import place_quantizers
@@ -191,12 +191,11 @@ class QuantizationSimModel:
         return values[0] if len(values) == 1 else np.concatenate([v.reshape(-1) for v in values])
 
     def _compute_constant_encodings(self, only_missing: bool) -> None:
-        for q in self._quantizers:
-            if not q.enabled or q.spec.is_float or q.is_encoding_frozen() or not self._is_constant_quantizer(q):
-                continue
-            if only_missing and q.encoding is not None:
-                continue
-            q.set_encoding(encoding_for_values(q, self._constant_values(q)))
+        todo = [q for q in self._quantizers
+                if q.enabled and not q.spec.is_float and not q.is_encoding_frozen() and self._is_constant_quantizer(q)
+                and not (only_missing and q.encoding is not None)]
+        for q, encoding in zip(todo, encodings_for_values(todo, self._constant_values)):
+            q.set_encoding(encoding)
 
     def compute_encodings(self, inputs=None, forward_pass_callback_args=_NOT_SPECIFIED, *, forward_pass_callback=None):
         """Calibrate: weight encodings from the initializers, activation encodings from streamed data.
@@ -223,13 +222,12 @@ class QuantizationSimModel:
                             and not q.is_encoding_frozen() and not self._is_constant_quantizer(q)]
                 session = self._calibration_session(observed)
             stats = run_calibration(session, data, progress=self.progress)
-            new = {}
             for q in observed:
                 if q.name not in stats:
                     warnings.warn(f"quantizer {q.name!r} saw no data during calibration; left uncalibrated",
                                   RuntimeWarning, stacklevel=2)
-                    continue
-                new[q.name] = encoding_for_stats(q, stats[q.name])
+            seen = [q for q in observed if q.name in stats]
+            new = {q.name: e for q, e in zip(seen, encodings_for_stats([(q, stats[q.name]) for q in seen]))}
         except BaseException:
             for q, encoding in snapshot:
                 q._encoding = encoding  # restore without validation: these were valid before
