@@ -35,7 +35,7 @@ from .graph import GraphIndex, node_attributes
 from .dtypes import int8, int16, qtype
 from .numerics import Encoding, fake_quantize, fp16_round_trip, grid_bounds, quantize
 from .model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
-from .prepare.common import _copy_field, default_opset, is_external_candidate
+from .prepare.common import copy_without_initializers, default_opset, is_external_candidate
 from .quantizer import QcQuantizeOp
 
 __all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
@@ -336,18 +336,6 @@ class _SimBuilder:
         return self.model
 
 
-def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    for field, value in model.ListFields():
-        if field.name != "graph":
-            _copy_field(copy, field, value)
-    copy.graph.SetInParent()
-    for field, value in model.graph.ListFields():
-        if field.name != "initializer":
-            _copy_field(copy.graph, field, value)
-    return copy
-
-
 def build_sim_model(
     model: onnx.ModelProto,
     quantizers: list[QcQuantizeOp],
@@ -379,7 +367,7 @@ def build_sim_model(
     active = [q for q in quantizers if q.enabled and q.is_initialized()]
     source_model = _with_opset(model, max(required_opset(active, weights), min_opset))
     values = source.constant_value if source is not None and source_model is model is source.model else None
-    builder = _SimBuilder(_copy_without_initializers(source_model), source_model.graph.initializer, weights, values,
+    builder = _SimBuilder(copy_without_initializers(source_model), source_model.graph.initializer, weights, values,
                           external)
     placed: list[tuple[str, QcQuantizeOp]] = []
     planned: dict[str, tuple | None] = {}

@@ -23,6 +23,7 @@ __all__ = [
     "is_large",
     "estimated_bytes",
     "skeleton",
+    "copy_without_initializers",
     "is_external_candidate",
     "default_opset",
     "constant_names",
@@ -129,13 +130,7 @@ def skeleton(model: onnx.ModelProto, data_file=None) -> onnx.ModelProto:
     the model; without, they point at ``"unwritten"`` (enough for shape inference and for hashing).
     ``model`` is not modified and its weights are never copied as a whole.
     """
-    result = onnx.ModelProto()
-    for field, value in model.ListFields():
-        if field.name != "graph":
-            _copy_field(result, field, value)
-    for field, value in model.graph.ListFields():
-        if field.name != "initializer":
-            _copy_field(result.graph, field, value)
+    result = copy_without_initializers(model)
     location = Path(data_file.name).name if data_file is not None else "unwritten"
     for tensor in model.graph.initializer:
         copy = result.graph.initializer.add()
@@ -159,6 +154,19 @@ def is_external_candidate(tensor: onnx.TensorProto) -> bool:
     """Initializers that ``skeleton`` moves out: raw data of at least 1 KiB, not already external."""
     return (tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data")
             and _payload_bytes(tensor) >= _EXTERNAL_MIN_BYTES)
+
+
+def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with everything but its initializers (the caller adds those it wants)."""
+    copy = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(copy, field, value)
+    copy.graph.SetInParent()
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(copy.graph, field, value)
+    return copy
 
 
 def _copy_field(target, field, value) -> None:
