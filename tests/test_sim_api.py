@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
 import quantsim
 from quantsim import (
@@ -29,71 +29,14 @@ from quantsim import (
     load_encodings_to_sim,
 )
 
+from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim, snapshot  # tests/tiny_cnn.py
+
 
 # --------------------------------------------------------------------------------------------------
 # models and data
 # --------------------------------------------------------------------------------------------------
-def make_model(channels: int = 4, classes: int = 5, seed: int = 0) -> onnx.ModelProto:
-    """x[N,3,H,W] -> Conv(W,B) -> Relu -> GlobalAveragePool -> Flatten -> Gemm(W2,B2) -> y[N,classes]."""
-    rng = np.random.default_rng(seed)
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((channels, 3, 3, 3)).astype(np.float32), "W"),
-        numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "B"),
-        numpy_helper.from_array(rng.standard_normal((classes, channels)).astype(np.float32), "W2"),
-        numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "B2"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c"], ["r"], name="relu"),
-        helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
-        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "W2", "B2"], ["y"], name="fc", transB=1),
-    ]
-    graph = helper.make_graph(
-        nodes, "tiny_cnn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.checker.check_model(model)
-    return model
-
-
-def batch(seed: int = 0, n: int = 2, hw: int = 8, scale: float = 1.0) -> dict:
-    rng = np.random.default_rng(seed)
-    return {"x": (scale * rng.standard_normal((n, 3, hw, hw))).astype(np.float32)}
-
-
-def batches(count: int = 4, seed: int = 0, **kwargs) -> list[dict]:
-    return [batch(seed + i, **kwargs) for i in range(count)]
-
-
 def float_run(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
-
-
-def new_sim(model=None, **kwargs) -> QuantizationSimModel:
-    kwargs.setdefault("progress", False)
-    return QuantizationSimModel(make_model() if model is None else model, **kwargs)
-
-
-def calibrated_sim(**kwargs) -> QuantizationSimModel:
-    sim = new_sim(**kwargs)
-    sim.compute_encodings(batches())
-    return sim
-
-
-def snapshot(sim) -> dict:
-    """Everything a quantizer holds, by tensor, for before/after comparisons."""
-    out = {}
-    for name, q in sim.qc_quantize_op_dict.items():
-        encs = q.get_encodings()
-        out[name] = (
-            q.enabled, q.is_encoding_frozen(), q.bitwidth, q.data_type, q.use_symmetric_encodings,
-            None if encs is None else [(e.min, e.max, e.delta, e.offset, e.bw) for e in encs],
-        )
-    return out
 
 
 def enc_of(sim, name) -> list[TfEncoding]:
