@@ -36,7 +36,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import activation_scales, best_of, interleaved_best, quiet_kwargs, ratio_cell, top1_agreement
+from benchmarks.common import (
+    activation_scales, best_of, interleaved_best, quiet_kwargs, ratio_cell, settle, top1_agreement,
+)
 
 TARGETS = {"min_max": 1.5, "tf_enhanced": 3.0, "sim": 1.5}
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -123,6 +125,7 @@ def _fp32_one_shot(model, feeds) -> float:
     compute_encodings is such a one-shot job (it too serialises a model, creates a session and runs the
     data through it cold), so this is its like-for-like FP32 counterpart.
     """
+    settle()
     t0 = time.perf_counter()
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     _pass(session, feeds)()
@@ -147,6 +150,7 @@ def bench_model(QSM, name, model, feeds, data_desc, repeats, classifier=True):
         for _ in range(repeats):
             t_fp32.append(best_of(fp32_pass, repeats=1, warmup=0))
             t_oneshot.append(_fp32_one_shot(model, feeds))
+            settle()
             t0 = time.perf_counter()
             sim = QSM(model, **kwargs)
             t1 = time.perf_counter()

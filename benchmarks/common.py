@@ -10,12 +10,26 @@ from pathlib import Path
 import numpy as np
 
 
+SETTLE_SECONDS = 0.1
+"""Pause before every timed call. After a run, onnxruntime's intra-op worker threads keep spin-waiting for
+a while; on this 2-core machine a session run right after another session's run shares the cores with
+those spinning threads and took up to 2x longer (MobileNet-like: 35 ms alone, 70 ms when alternating with
+a second session). A pause of 50 ms removed the effect; 100 ms leaves a margin."""
+
+
+def settle() -> None:
+    """Let the worker threads of the previously run session stop spinning (`SETTLE_SECONDS`)."""
+    time.sleep(SETTLE_SECONDS)
+
+
 def best_of(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
-    """Minimum wall time (seconds) of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs."""
+    """Minimum wall time (seconds) of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs, each
+    timed run after `settle`."""
     for _ in range(warmup):
         fn()
     best = float("inf")
     for _ in range(max(1, repeats)):
+        settle()
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
@@ -26,7 +40,8 @@ def interleaved_best(fns: Mapping[str, Callable[[], object]], repeats: int = 3, 
     """Best-of wall times for several functions run round-robin (A B C A B C ...).
 
     Interleaving makes every candidate see the same background load, so ratios between
-    them stay meaningful on a busy machine.
+    them stay meaningful on a busy machine; `settle` before each call keeps one candidate's spinning
+    worker threads from slowing the next.
     """
     for _ in range(warmup):
         for fn in fns.values():
@@ -34,6 +49,7 @@ def interleaved_best(fns: Mapping[str, Callable[[], object]], repeats: int = 3, 
     best = {k: float("inf") for k in fns}
     for _ in range(max(1, repeats)):
         for k, fn in fns.items():
+            settle()
             t0 = time.perf_counter()
             fn()
             best[k] = min(best[k], time.perf_counter() - t0)
