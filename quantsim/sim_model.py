@@ -249,7 +249,7 @@ class QuantizationSimModel:
             shapes = self._index.shape
             model, outputs = add_statistics_outputs(
                 model, list(groups), list(groups) if histogram else [], nonnegative=find_nonnegative_tensors(self._index),
-                ranks={t: len(shapes[t]) for t in groups if shapes.get(t) is not None},
+                shapes={t: shapes[t] for t in groups if shapes.get(t) is not None},
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
             session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights)

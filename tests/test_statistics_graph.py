@@ -42,7 +42,7 @@ def _run(model, feed):
 def test_min_max_equal_numpy(opset, shape):
     rng = np.random.default_rng(len(shape) + opset)
     x = (rng.standard_normal(shape) * 3 + 0.5).astype(np.float32)
-    model, out = add_statistics_outputs(_identity_model(shape, opset), ["t"], ranks={"t": len(shape)})
+    model, out = add_statistics_outputs(_identity_model(shape, opset), ["t"], shapes={"t": tuple(shape)})
     onnx.checker.check_model(model)
     values = _run(model, {"x": x})
     lo, hi = out.minmax["t"]
@@ -60,25 +60,58 @@ def test_unknown_rank_and_nonnegative_tensors():
 
 def test_conv_output_max_goes_through_global_max_pool():
     x = np.random.default_rng(1).standard_normal((2, 8, 5, 7)).astype(np.float32)
-    model, out = add_statistics_outputs(_identity_model([2, 8, 5, 7], 13, "Conv"), ["t"], ranks={"t": 4})
+    model, out = add_statistics_outputs(_identity_model([2, 8, 5, 7], 13, "Conv"), ["t"], shapes={"t": (2, 8, 5, 7)})
     assert "GlobalMaxPool" in {n.op_type for n in model.graph.node}
     values = _run(model, {"x": x})
     lo, hi = out.minmax["t"]
     np.testing.assert_allclose([values[lo], values[hi]], [values["t"].min(), values["t"].max()], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("size", [1, 5, 6, 11, 12, 13, 40, 97])
-def test_histogram_sample_is_numpy_strided_slice(monkeypatch, size):
+@pytest.mark.parametrize("shape", [(1, 1), (5,), (1, 6), (11,), (2, 6), (13,), (4, 10), (97,), (3, 2, 7), (2, 3, 4, 5)])
+@pytest.mark.parametrize("declared", ["static", "dynamic"])
+def test_histogram_sample_takes_every_step_th_row(monkeypatch, shape, declared):
+    """Rank >= 2: rows ``[::step]`` of the [rows, last axis] view (elements when the last axis is known to be
+    longer than HISTOGRAM_SAMPLE); rank 1: elements ``[::step]``; step = max(1, size // HISTOGRAM_SAMPLE)."""
     monkeypatch.setattr(statistics_graph, "HISTOGRAM_SAMPLE", 6)
-    x = np.arange(size, dtype=np.float32).reshape(1, size) - size / 3
-    model, out = add_statistics_outputs(_identity_model([1, size], 13), [], ["t"], nonnegative=frozenset({"t"}),
-                                        ranks={"t": 2})
+    n = int(np.prod(shape))
+    x = np.arange(n, dtype=np.float32).reshape(shape) - n / 3
+    dims = list(shape) if declared == "static" else [f"d{i}" for i in range(len(shape))]
+    model, out = add_statistics_outputs(_identity_model(dims, 13), [], ["t"], shapes={"t": tuple(dims)})
+    onnx.checker.check_model(model)
     values = _run(model, {"x": x})
-    step = max(1, size // 6)
-    np.testing.assert_array_equal(values[out.samples["t"]], x.reshape(-1)[::step])
+    step = max(1, x.size // 6)
+    by_rows = len(shape) >= 2 and not (declared == "static" and shape[-1] > 6)
+    want = x.reshape(-1, shape[-1])[::step] if by_rows else x.reshape(-1)[::step]
+    np.testing.assert_array_equal(values[out.samples["t"]], want)
+    assert values[out.samples["t"]].size < 2 * 6 + shape[-1]
     lo, hi = out.minmax["t"]
-    assert lo is not None, "histogram tensors need their true minimum even when non-negative"
     assert (values[lo], values[hi]) == (x.min(), x.max())
+
+
+def test_long_rows_and_unknown_rank_are_sampled_by_element(monkeypatch):
+    """A known last axis longer than HISTOGRAM_SAMPLE (one row would be too many values) and an unknown
+    rank fall back to ``flat[::step]``."""
+    monkeypatch.setattr(statistics_graph, "HISTOGRAM_SAMPLE", 6)
+    x = np.arange(40, dtype=np.float32).reshape(2, 20)
+    for shapes in ({"t": (2, 20)}, {}):
+        model, out = add_statistics_outputs(_identity_model([2, 20], 13), [], ["t"], shapes=shapes)
+        np.testing.assert_array_equal(_run(model, {"x": x})[out.samples["t"]], x.reshape(-1)[::6])
+
+
+def test_sampled_nonnegative_tensor_has_no_minimum_and_its_histogram_starts_at_zero():
+    x = np.abs(np.random.default_rng(3).standard_normal((4, 6))).astype(np.float32) + 0.25
+    model, out = add_statistics_outputs(_identity_model([4, 6], 13), [], ["t"], nonnegative=frozenset({"t"}),
+                                        shapes={"t": (4, 6)})
+    lo, hi = out.minmax["t"]
+    assert lo is None
+    from quantsim.calibration import CalibrationSession
+
+    session = CalibrationSession(None, out, {"t": "q"})
+    values = _run(model, {"x": x})
+    session._record(values)
+    stats = session.stats["q"]
+    assert (stats.min, stats.max) == (0.0, x.max())
+    assert stats.histogram.observed_min == 0.0 and stats.histogram.count == x.size
 
 
 def test_names_never_collide_and_model_outputs_are_kept():
