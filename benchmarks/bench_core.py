@@ -37,7 +37,7 @@ import onnx
 import onnxruntime as ort
 
 from benchmarks.common import (
-    activation_scales, best_of, interleaved_best, quiet_kwargs, ratio_cell, settle, top1_agreement,
+    SETTLE_SECONDS, activation_scales, best_of, interleaved_best, quiet_kwargs, ratio_cell, settle, top1_agreement,
 )
 
 TARGETS = {"min_max": 1.5, "tf_enhanced": 3.0, "sim": 1.5}
@@ -244,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{platform.machine()}, {os.cpu_count()} CPUs{load}, Python {platform.python_version()}, "
               f"onnxruntime {ort.__version__} (CPUExecutionProvider, default threads); W8A8 int8, default "
               f"config (per-channel weights). Times are for all N calibration batches, best of repeats; FP32 runs "
-              f"are interleaved with the measured runs so ratios see the same machine load; targets in parentheses. "
+              f"are interleaved with the measured runs so ratios see the same machine load, and every timed call "
+              f"starts after a {SETTLE_SECONDS * 1000:.0f} ms pause so no other session's worker threads are still "
+              f"spinning; targets in parentheses. "
               f"compute_encodings is a one-shot job (build the calibration graph and its session, run the data "
               f"once): 'FP32 one-shot' is plain onnxruntime doing the same (create a session from the ModelProto, "
               f"run the data once, cold); 'FP32 pass' leaves out the session creation and runs warm.")
