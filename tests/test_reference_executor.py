@@ -356,7 +356,6 @@ def test_qlinear_global_average_pool(channels_last):
 @pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
 @pytest.mark.parametrize("dtype", [U8, S8])
 def test_qlinear_activation(op, dtype):
-    rng = np.random.default_rng(19)
     zero = (lambda v: U8(v)) if dtype == U8 else (lambda v: S8(v - 128))
     ys, yz = (1 / 256, zero(0)) if op == "QLinearSigmoid" else (0.021, zero(40))
     inits = {"xs": _f32(0.047), "xz": zero(128), "ys": _f32(ys), "yz": yz}

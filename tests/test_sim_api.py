@@ -826,14 +826,20 @@ def test_export_leaves_no_temp_files(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["model.encodings", "model.onnx"]
 
 
-def test_export_serialisation_failure_keeps_old_files(tmp_path, monkeypatch):
+def _exported_then_recalibrated(tmp_path):
+    """A sim exported to ``tmp_path/model.*``, then changed (4-bit input) and recalibrated: the sim and the
+    bytes of the old encodings and model files, which a failed export must leave in place."""
     sim = calibrated_sim()
     sim.export(str(tmp_path), "model")
     old_encodings = (tmp_path / "model.encodings").read_bytes()
     old_model = (tmp_path / "model.onnx").read_bytes()
-
     sim.qc_quantize_op_dict["x"].set_bitwidth(4)
     sim.compute_encodings(batches())
+    return sim, old_encodings, old_model
+
+
+def test_export_serialisation_failure_keeps_old_files(tmp_path, monkeypatch):
+    sim, old_encodings, old_model = _exported_then_recalibrated(tmp_path)
 
     import quantsim.encodings.jsonio as jsonio
 
@@ -850,12 +856,7 @@ def test_export_serialisation_failure_keeps_old_files(tmp_path, monkeypatch):
 
 
 def test_export_write_failure_mid_file_keeps_old_file(tmp_path, monkeypatch):
-    sim = calibrated_sim()
-    sim.export(str(tmp_path), "model")
-    old_encodings = (tmp_path / "model.encodings").read_bytes()
-    old_model = (tmp_path / "model.onnx").read_bytes()
-    sim.qc_quantize_op_dict["x"].set_bitwidth(4)
-    sim.compute_encodings(batches())
+    sim, old_encodings, _ = _exported_then_recalibrated(tmp_path)
 
     import quantsim.encodings.jsonio as jsonio
 
@@ -874,12 +875,7 @@ def test_export_write_failure_mid_file_keeps_old_file(tmp_path, monkeypatch):
 
 
 def test_export_model_serialisation_failure_keeps_both_old_files(tmp_path, monkeypatch):
-    sim = calibrated_sim()
-    sim.export(str(tmp_path), "model")
-    old_encodings = (tmp_path / "model.encodings").read_bytes()
-    old_model = (tmp_path / "model.onnx").read_bytes()
-    sim.qc_quantize_op_dict["x"].set_bitwidth(4)
-    sim.compute_encodings(batches())
+    sim, old_encodings, old_model = _exported_then_recalibrated(tmp_path)
 
     def broken_serialise(self, **kwargs):
         raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB (simulated)")

@@ -7,7 +7,6 @@ whose data inputs are already on exactly the same grid is an identity; `build_si
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
