@@ -33,7 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["BUILDERS", "IR_FOR_OPSET", "make_model", "image_feeds", "avgpool_ties"]
 
-IR_FOR_OPSET = {17: 8, 21: 10}
+IR_FOR_OPSET = {17: 8, 18: 8, 21: 10}
 
 Feeds = Callable[[int, int], dict]
 

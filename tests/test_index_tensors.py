@@ -4,6 +4,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from models import make_model  # tests/models.py
 from quantsim import QuantizationSimModel
 
 
@@ -30,16 +31,9 @@ def _anchor_model() -> onnx.ModelProto:
         numpy_helper.from_array(np.array([2, 3], dtype=np.int64), "axes"),
         numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes_last"),
     ]
-    graph = helper.make_graph(
-        nodes, "anchors",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, "W"])],
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4, "W"]),
-         helper.make_tensor_value_info("anchors", TensorProto.FLOAT, ["W"])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    return model
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, "W"])],
+                      [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4, "W"]),
+                       helper.make_tensor_value_info("anchors", TensorProto.FLOAT, ["W"])], inits, opset=18)
 
 
 def test_range_and_shape_tensors_are_never_quantized():
@@ -80,11 +74,8 @@ def _decomposed_layernorm() -> onnx.ModelProto:
     ]
     inits = [numpy_helper.from_array(np.array([-1], np.int64), "axes"),
              numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
-    graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    return model
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits, opset=18)
 
 
 def test_normalization_statistics_stay_float_and_keep_accuracy():
@@ -116,15 +107,10 @@ def _masked_attention() -> onnx.ModelProto:
     ]
     inits = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
              numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "fill")]
-    graph = helper.make_graph(
-        nodes, "attn",
-        [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["N", 6, 8]),
-         helper.make_tensor_value_info("k_t", TensorProto.FLOAT, ["N", 8, 6]),
-         helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", 1, 6])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 6, 6])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    return model
+    return make_model(nodes, [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["N", 6, 8]),
+                              helper.make_tensor_value_info("k_t", TensorProto.FLOAT, ["N", 8, 6]),
+                              helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", 1, 6])],
+                      [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 6, 6])], inits, opset=18)
 
 
 def test_attention_mask_fill_arithmetic_is_not_quantized():
@@ -163,11 +149,9 @@ def test_gathered_embeddings_and_topk_ranked_logits_stay_data():
              numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "pos"),
              numpy_helper.from_array(rng.normal(size=(4, 10)).astype(np.float32), "w"),
              numpy_helper.from_array(np.array([2], np.int64), "k")]
-    graph = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
-                              [helper.make_tensor_value_info("picked", TensorProto.FLOAT, [3, 2, 4]),
-                               helper.make_tensor_value_info("top_values", TensorProto.FLOAT, [3, 2])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = make_model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
+                       [helper.make_tensor_value_info("picked", TensorProto.FLOAT, [3, 2, 4]),
+                        helper.make_tensor_value_info("top_values", TensorProto.FLOAT, [3, 2])], inits)
     sim = QuantizationSimModel(model, progress=False)
     assert "emb" in sim.qc_quantize_op_dict  # data (its quantizer is off only because Gather preserves the grid)
     for name in ("h", "logits"):
