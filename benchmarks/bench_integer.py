@@ -155,7 +155,7 @@ def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx
 def bench_model(name: str, model: onnx.ModelProto, size: int, repeats: int, threads: int) -> list[dict]:
     import quantsim
     from onnxruntime.quantization import QuantFormat
-    from quantsim.export.integer import export_integer
+    from quantsim.export.integer.export import export_integer
 
     rng = np.random.default_rng(7)
     calibration = [{"x": rng.standard_normal((2, 3, size, size)).astype(np.float32)} for _ in range(4)]

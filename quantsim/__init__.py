@@ -5,17 +5,27 @@ AIMET-compatible surface: ``QuantizationSimModel``, ``compute_encodings``, quant
 with AIMET's encodings formats, and ``to_onnx_qdq``/``from_onnx_qdq``. The sim itself is a plain ONNX
 graph of QuantizeLinear/DequantizeLinear (or Clip, or Cast) nodes.
 """
-from .config import ConfigError, QuantsimConfig, load_config
-from .dtypes import QuantizationDataType, QuantScheme, float16, float32, int2, int4, int8, int16, qtype
-from .encodings import EncodingFormatError
-from .numerics import Encoding
-from .export.lowering_context import IntegerExportError
-from .prepare import prepare
-from .prepare.common import PrepareError, PrepareWarning
-from .quantizer import QcQuantizeOp, TfEncoding
-from .sim_encodings import EncodingMismatch, EncodingMismatchError, load_encodings_to_sim
-from .sim_model import QuantizationSimModel
-from .spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.sim.config import ConfigError, QuantsimConfig, load_config
+from quantsim.core.dtypes import (
+    QuantizationDataType,
+    QuantScheme,
+    float16,
+    float32,
+    int2,
+    int4,
+    int8,
+    int16,
+    qtype,
+)
+from quantsim.encodings import EncodingFormatError
+from quantsim.core.numerics import Encoding
+from quantsim.export.integer.context import IntegerExportError
+from quantsim.prepare import prepare
+from quantsim.prepare.common import PrepareError, PrepareWarning
+from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
+from quantsim.encodings.transfer import EncodingMismatch, EncodingMismatchError, load_encodings_to_sim
+from quantsim.sim.model import QuantizationSimModel
+from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 
 __version__ = "0.1.0"
 

@@ -393,7 +393,7 @@ def test_failed_calibration_keeps_frozen_and_changed_settings():
 # configuration
 # --------------------------------------------------------------------------------------------------
 def _default_config() -> dict:
-    from quantsim.config import CONFIG_DIR
+    from quantsim.sim.config import CONFIG_DIR
 
     return json.loads((CONFIG_DIR / "default_config_per_channel.json").read_text())
 

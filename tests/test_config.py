@@ -1,4 +1,4 @@
-"""Tests for quantsim.config: AIMET quantsim-config JSON -> typed rules."""
+"""Tests for quantsim.sim.config: AIMET quantsim-config JSON -> typed rules."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quantsim.config import (
+from quantsim.sim.config import (
     CONFIG_ALIASES,
     CONFIG_DIR,
     ConfigError,

@@ -18,7 +18,7 @@ from quantsim.encodings import (
     read_encodings_file,
     write_json_atomic,
 )
-from quantsim.numerics import Encoding, aimet_offset, encoding_from_range, fake_quantize, grid_bounds
+from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_range, fake_quantize, grid_bounds
 
 # --------------------------------------------------------------------------------------------------
 # AIMET 2.42.0 files (reference/aimet_onnx_api.md §5.4)
@@ -68,7 +68,7 @@ def _int32_bias(scales) -> Encoding:
 
 
 def _blockwise(shape, axis, block_axis, block_size, bits=4, seed=0) -> TensorEncoding:
-    from quantsim.numerics import reduce_min_max
+    from quantsim.core.numerics import reduce_min_max
 
     w = np.random.default_rng(seed).normal(size=shape)
     mn, mx = reduce_min_max(w, axis, block_axis, block_size)

@@ -28,8 +28,8 @@ from onnx import TensorProto, helper, numpy_helper
 from models import BUILDERS  # tests/models.py
 
 import quantsim
-from quantsim.export.integer import IntegerExportError, export_integer
-from quantsim.numerics import Encoding, encoding_from_range
+from quantsim.export.integer.export import IntegerExportError, export_integer
+from quantsim.core.numerics import Encoding, encoding_from_range
 
 INTEGER_OPS = frozenset(
     """QLinearConv QLinearMatMul QGemm QLinearAdd QLinearMul QLinearConcat QLinearAveragePool
@@ -384,7 +384,7 @@ def _one_conv():
 
 
 def test_requant_table_reproduces_onnxruntime_conv():
-    from quantsim.export import fixed_point as fp
+    from quantsim.core import fixed_point as fp
 
     sim = _sim(_one_conv(), (4, 8, 6, 6))
     exported = _export_checked(sim, integer_io=True)

@@ -529,7 +529,7 @@ def test_from_onnx_qdq_round_trip(name):
 
 
 def _symmetric_activation_config() -> dict:
-    config = json.loads((Path(quantsim.__file__).parent / "configs" / "default_config_per_channel.json").read_text())
+    config = json.loads((Path(quantsim.__file__).parent / "sim" / "configs" / "default_config_per_channel.json").read_text())
     config["defaults"]["ops"]["is_symmetric"] = "True"
     return config
 

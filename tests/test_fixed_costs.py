@@ -19,14 +19,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
-import quantsim.session as session_module
-import quantsim.sim_model as sim_model_module
-from quantsim.graph import GraphIndex
-from quantsim.model_io import IN_MEMORY_LOCATION, IN_MEMORY_MIN_BYTES
-from quantsim.numerics import Encoding, broadcast_param, encoding_from_range, fake_quantize, quantize, reduce_min_max
-from quantsim.session import make_session
-from quantsim.simulate import build_sim_model
-from quantsim.tensor_roles import find_nonnegative_tensors
+import quantsim.graph.session as session_module
+import quantsim.sim.model as sim_model_module
+from quantsim.graph.index import GraphIndex
+from quantsim.graph.model_io import IN_MEMORY_LOCATION, IN_MEMORY_MIN_BYTES
+from quantsim.core.numerics import Encoding, broadcast_param, encoding_from_range, fake_quantize, quantize, reduce_min_max
+from quantsim.graph.session import make_session
+from quantsim.sim.build import build_sim_model
+from quantsim.graph.tensor_roles import find_nonnegative_tensors
 
 from models import make_model
 

@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from quantsim.export import fixed_point as fp
+from quantsim.core import fixed_point as fp
 
 INT32_MIN, INT32_MAX = fp.INT32_MIN, fp.INT32_MAX
 

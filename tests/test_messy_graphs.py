@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim import QuantizationSimModel
-from quantsim.spec import PerChannel
+from quantsim.core.spec import PerChannel
 
 RNG = np.random.default_rng(7)
 

@@ -1,4 +1,4 @@
-"""Tests of `quantsim.numerics`.
+"""Tests of `quantsim.core.numerics`.
 
 1. ONNX oracles: `quantize` / `dequantize` / `fake_quantize` against QuantizeLinear / DequantizeLinear
    models (opset 21) run by ``onnx.reference.ReferenceEvaluator`` and by onnxruntime (CPU), per tensor,
@@ -21,7 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from quantsim.numerics import (
+from quantsim.core.numerics import (
     SCALE_FLOOR_EPS,
     Encoding,
     aimet_offset,

@@ -1,13 +1,13 @@
-"""Tests for quantsim.observers (histogram observers, TF-enhanced and percentile encodings)."""
+"""Tests for quantsim.calibration.histograms (histogram observers, TF-enhanced and percentile encodings)."""
 import numpy as np
 import pytest
 
-from quantsim.numerics import encoding_from_range, fake_quantize, grid_bounds
-from quantsim import observers
-from quantsim.observers import (
+from quantsim.core.numerics import encoding_from_range, fake_quantize, grid_bounds
+from quantsim.calibration import histograms as observers
+from quantsim.calibration.histograms import (
     HistogramObserver, tf_enhanced_encoding_of, tf_enhanced_encodings, tf_enhanced_encodings_of,
 )
-from quantsim.tf_enhanced import candidate_costs as _candidate_costs
+from quantsim.calibration.tf_enhanced_search import candidate_costs as _candidate_costs
 
 
 def _mse(x, enc):

@@ -1,4 +1,4 @@
-"""Integer reference executor (`quantsim.export.reference`) against onnxruntime and exact rationals.
+"""Integer reference executor (`quantsim.export.reference.executor`) against onnxruntime and exact rationals.
 
 Every op is checked on a small hand-built integer model (onnx.helper, opset 17 / IR 8 unless stated,
 ``com.microsoft`` opset 1 for contrib ops) with seeded random data, run by onnxruntime's default CPU session
@@ -22,14 +22,14 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from quantsim.export.fixed_point import quantize_multiplier, requantize
-from quantsim.export.reference import (
+from quantsim.core.fixed_point import quantize_multiplier, requantize
+from quantsim.export.reference.executor import (
     SUPPORTED_OPS,
     IntegerReferenceExecutor,
     compare_with_onnxruntime,
     run_integer_model,
 )
-from quantsim.export.reference_ops import int_matmul
+from quantsim.export.reference.qlinear_linear import int_matmul
 
 MS = "com.microsoft"
 U8, S8 = np.uint8, np.int8

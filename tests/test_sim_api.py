@@ -893,7 +893,7 @@ def test_export_model_serialisation_failure_keeps_both_old_files(tmp_path, monke
 
 
 def test_export_model_write_failure_keeps_old_model(tmp_path, monkeypatch):
-    import quantsim.model_io as model_io
+    import quantsim.graph.model_io as model_io
 
     sim = calibrated_sim()
     sim.export(str(tmp_path), "model")
@@ -911,7 +911,7 @@ def test_export_model_write_failure_keeps_old_model(tmp_path, monkeypatch):
 
 
 def test_set_encoding_checks_bitwidth_and_frozen_state():
-    from quantsim.numerics import encoding_from_range
+    from quantsim.core.numerics import encoding_from_range
 
     sim = calibrated_sim()
     q = next(q for q in sim.quantizers if q.role == "activation" and q.enabled)
@@ -931,7 +931,7 @@ def test_config_encoding_constraints_fix_the_output_range(tmp_path):
 
     from onnx import TensorProto, helper
 
-    from quantsim.config import CONFIG_DIR
+    from quantsim.sim.config import CONFIG_DIR
 
     config = _json.loads((CONFIG_DIR / "default_config_per_channel.json").read_text())
     config["op_type"]["Sigmoid"] = {"encoding_constraints": {"min": 0.0, "max": 1.0}}

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
-from quantsim.numerics import Encoding
-from quantsim.session import make_session
-from quantsim.simulate import _selects_values, build_sim_model
+from quantsim.core.numerics import Encoding
+from quantsim.graph.session import make_session
+from quantsim.sim.build import _selects_values, build_sim_model
 
 from models import image_feeds, make_model
 

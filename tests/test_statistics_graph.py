@@ -13,9 +13,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
-from quantsim import statistics_graph
-from quantsim.calibration import CALIBRATION_EXECUTION_ORDER
-from quantsim.statistics_graph import add_statistics_outputs
+from quantsim.calibration import statistics_graph
+from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER
+from quantsim.calibration.statistics_graph import add_statistics_outputs
 
 
 def _identity_model(shape: list[int], opset: int, producer: str = "Identity") -> onnx.ModelProto:
@@ -104,7 +104,7 @@ def test_sampled_nonnegative_tensor_has_no_minimum_and_its_histogram_starts_at_z
                                         shapes={"t": (4, 6)})
     lo, hi = out.minmax["t"]
     assert lo is None
-    from quantsim.calibration import CalibrationSession
+    from quantsim.calibration.run import CalibrationSession
 
     session = CalibrationSession(None, out, {"t": "q"})
     values = _run(model, {"x": x})
@@ -162,9 +162,9 @@ def test_calibration_session_uses_priority_order(scheme):
 def test_non_finite_sample_values_stay_out_of_histograms():
     """A sample may hold NaN where the in-graph min/max are finite (onnxruntime's reductions skip NaN
     in most positions): those values are left out of the histogram, finite samples are binned whole."""
-    from quantsim.calibration import CalibrationSession
-    from quantsim.observers import HistogramObserver
-    from quantsim.statistics_graph import StatisticsOutputs
+    from quantsim.calibration.run import CalibrationSession
+    from quantsim.calibration.histograms import HistogramObserver
+    from quantsim.calibration.statistics_graph import StatisticsOutputs
 
     outputs = StatisticsOutputs(["out"], minmax={"t": ("t/lo", "t/hi"), "u": ("u/lo", "u/hi")},
                                 samples={"t": "t/sample", "u": "u/sample"})

@@ -1,10 +1,10 @@
-"""Tests for quantsim.tf_enhanced: the pruned TF-enhanced search equals the dense all-candidates search."""
+"""Tests for quantsim.calibration.tf_enhanced_search: the pruned TF-enhanced search equals the dense all-candidates search."""
 import numpy as np
 import pytest
 
-import quantsim.tf_enhanced as tfe
-from quantsim.observers import HistogramObserver, _bin_index, _initial_grid
-from quantsim.tf_enhanced import asymmetric_candidates, best_grids, candidate_costs, symmetric_candidates
+import quantsim.calibration.tf_enhanced_search as tfe
+from quantsim.calibration.histograms import HistogramObserver, _bin_index, _initial_grid
+from quantsim.calibration.tf_enhanced_search import asymmetric_candidates, best_grids, candidate_costs, symmetric_candidates
 
 
 def _dense_costs_reference(pdf, lo, w, delta, offset, n_steps):
@@ -305,7 +305,7 @@ def test_sim_batched_encodings_equal_one_quantizer_at_a_time(scheme):
     from models import BUILDERS  # tests/models.py
 
     import quantsim
-    from quantsim.encode import encoding_for_stats, encoding_for_values
+    from quantsim.calibration.encode import encoding_for_stats, encoding_for_values
 
     model, make_feed = BUILDERS["mixed"]()
     feeds = [make_feed(seed, 4) for seed in range(3)]

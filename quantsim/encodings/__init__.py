@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from . import v0_6_1, v1_0_0, v2_0_0
-from .errors import EncodingFormatError
-from .jsonio import load_json_file, write_json_atomic
-from .record import TensorEncoding
-from .validate import Where, check_unique_names
-from .versions import SUPPORTED_VERSIONS, layout_for_reading, layout_for_writing
+from quantsim.encodings import v0_6_1, v1_0_0, v2_0_0
+from quantsim.encodings.errors import EncodingFormatError
+from quantsim.encodings.jsonio import load_json_file, write_json_atomic
+from quantsim.encodings.record import TensorEncoding
+from quantsim.encodings.validate import Where, check_unique_names
+from quantsim.encodings.versions import SUPPORTED_VERSIONS, layout_for_reading, layout_for_writing
 
 __all__ = [
     "SUPPORTED_VERSIONS",
@@ -35,7 +35,7 @@ _LEGACY = {"0.6.1": v0_6_1, "1.0.0": v1_0_0}
 
 
 def _producer() -> dict[str, str]:
-    from .. import __version__  # lazy: the package root may import this package
+    from quantsim import __version__  # lazy: the package root may import this package
 
     return {"package": "quantsim", "version": __version__}
 

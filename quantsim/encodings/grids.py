@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..numerics import Encoding, aimet_offset, encoding_from_aimet, grid_bounds
-from .record import INT32_BITS
-from .validate import Where
+from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet, grid_bounds
+from quantsim.encodings.record import INT32_BITS
+from quantsim.encodings.validate import Where
 
 __all__ = [
     "MIN_BITS",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..numerics import Encoding
+from quantsim.core.numerics import Encoding
 
 __all__ = ["TensorEncoding", "KINDS", "FLOAT16_BITS", "INT32_BITS"]
 

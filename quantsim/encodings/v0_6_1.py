@@ -13,9 +13,25 @@ from typing import Any
 
 import numpy as np
 
-from .grids import check_int_bits, check_writable, flat_offsets, flat_scales, from_aimet, granularity
-from .record import FLOAT16_BITS, TensorEncoding
-from .validate import Where, as_bool, as_int, as_number, as_str, integral, positive_scales, require
+from quantsim.encodings.grids import (
+    check_int_bits,
+    check_writable,
+    flat_offsets,
+    flat_scales,
+    from_aimet,
+    granularity,
+)
+from quantsim.encodings.record import FLOAT16_BITS, TensorEncoding
+from quantsim.encodings.validate import (
+    Where,
+    as_bool,
+    as_int,
+    as_number,
+    as_str,
+    integral,
+    positive_scales,
+    require,
+)
 
 __all__ = ["VERSION", "SECTIONS", "write_sections", "read_sections", "read_section"]
 

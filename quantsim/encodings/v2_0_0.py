@@ -18,10 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from ..numerics import Encoding, grid_bounds
-from .grids import check_writable, granularity, is_strict
-from .record import INT32_BITS, TensorEncoding
-from .validate import Where, as_int, as_str, entry_label, integral, numeric_array, positive_scales, require
+from quantsim.core.numerics import Encoding, grid_bounds
+from quantsim.encodings.grids import check_writable, granularity, is_strict
+from quantsim.encodings.record import INT32_BITS, TensorEncoding
+from quantsim.encodings.validate import (
+    Where,
+    as_int,
+    as_str,
+    entry_label,
+    integral,
+    numeric_array,
+    positive_scales,
+    require,
+)
 
 __all__ = ["VERSION", "OUTPUT_DTYPES", "FORCE_CHOICES", "dtype_name", "write_section", "read_section"]
 

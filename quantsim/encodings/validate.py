@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .errors import EncodingFormatError
+from quantsim.encodings.errors import EncodingFormatError
 
 __all__ = [
     "Where",

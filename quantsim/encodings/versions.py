@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .validate import Where
+from quantsim.encodings.validate import Where
 
 __all__ = ["SUPPORTED_VERSIONS", "READABLE_LAYOUTS", "parse_version", "layout_for_reading", "layout_for_writing"]
 

@@ -1,12 +1,12 @@
 """Standard QDQ export: what ``sim.to_onnx_qdq()`` returns.
 
 Starting from the sim graph built with prequantized weights (integer initializers + DequantizeLinear,
-activation Q/DQ pairs; see `quantsim.simulate`), two rewrites make it the form onnxruntime fuses into
+activation Q/DQ pairs; see `quantsim.sim.build`), two rewrites make it the form onnxruntime fuses into
 integer kernels and other toolchains expect:
 
 * **int32 bias**: a float bias of Conv / ConvTranspose / Gemm whose input and weight both come from
   DequantizeLinear (input per tensor) becomes ``DequantizeLinear(int32 codes, s_in * s_w)`` with zero
-  point 0 (per output channel when the weight is per channel); see `quantsim.export.bias`.
+  point 0 (per output channel when the weight is per channel); see `quantsim.core.bias`.
 * **derived Q/DQ after data movement**: the output of a Reshape, Flatten, Transpose, MaxPool, ... whose
   input is quantized holds values of the same grid; a Q/DQ pair with the input's parameters is added
   after it (exact: an identity on those values) so onnxruntime sees a complete node unit and keeps the
@@ -36,9 +36,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..graph import GraphIndex, node_attributes
-from ..prepare.common import drop_unused_initializers
-from .bias import quantize_bias
+from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.prepare.common import drop_unused_initializers
+from quantsim.core.bias import quantize_bias
 
 __all__ = ["BIAS_SLOT", "to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "protect_float_weights", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
 
@@ -263,7 +263,7 @@ def drop_zero_zero_points(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
     """The sim as a standard QDQ ModelProto (module docstring)."""
-    from ..simulate import build_sim_model
+    from quantsim.sim.build import build_sim_model
 
     model = build_sim_model(sim.model, sim.quantizers, weights="qdq")
     model = add_derived_qdq(model)

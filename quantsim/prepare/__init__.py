@@ -25,9 +25,9 @@ import os
 
 import onnx
 
-from .cache import cache_info, cache_key, cache_size, clear_cache, load_cached, store_cached
-from .common import PrepareError, PrepareWarning
-from .passes import (
+from quantsim.prepare.cache import cache_info, cache_key, cache_size, clear_cache, load_cached, store_cached
+from quantsim.prepare.common import PrepareError, PrepareWarning
+from quantsim.prepare.passes import (
     check_graph,
     constants_to_initializers,
     fold_batchnorm,
@@ -64,7 +64,7 @@ __all__ = [
 
 def default_passes(*, fold_batchnorm: bool = True, fold_constants: bool = True, optimize: bool = False) -> tuple:
     """The pass list ``prepare`` runs for these options (see the module docstring)."""
-    from . import passes
+    from quantsim.prepare import passes
 
     chosen = [passes.check_graph, passes.upgrade_opset, passes.name_nodes, passes.constants_to_initializers,
               passes.infer_shapes]

@@ -22,8 +22,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..graph import GraphIndex
-from .common import drop_unused_initializers, drop_value_info
+from quantsim.graph.index import GraphIndex
+from quantsim.prepare.common import drop_unused_initializers, drop_value_info
 
 __all__ = ["fuse_activations"]
 

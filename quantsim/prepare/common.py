@@ -88,7 +88,7 @@ def constant_names(model: onnx.ModelProto) -> set[str]:
 
 def referenced_names(graph: onnx.GraphProto) -> set[str]:
     """Every value name the graph reads: node inputs, subgraph outer-scope reads, graph outputs."""
-    from ..graph import subgraph_references
+    from quantsim.graph.index import subgraph_references
 
     names = {o.name for o in graph.output}
     for node in graph.node:

@@ -26,8 +26,8 @@ from collections import Counter, defaultdict
 
 import onnx
 
-from ..graph import subgraph_references
-from .common import PrepareError, describe
+from quantsim.graph.index import subgraph_references
+from quantsim.prepare.common import PrepareError, describe
 
 __all__ = ["check_graph", "name_nodes"]
 

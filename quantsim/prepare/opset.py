@@ -20,7 +20,7 @@ import functools
 import onnx
 from onnx import helper
 
-from .common import PrepareError, default_opset
+from quantsim.prepare.common import PrepareError, default_opset
 
 __all__ = ["MIN_OPSET", "upgrade_opset", "runtime_limits"]
 

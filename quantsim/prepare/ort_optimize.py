@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from .common import is_large, save_model
+from quantsim.prepare.common import is_large, save_model
 
 __all__ = ["optimize_with_ort"]
 

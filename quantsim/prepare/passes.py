@@ -5,14 +5,14 @@ pre/post-conditions of each pass are in its module's docstring.
 """
 from __future__ import annotations
 
-from .batchnorm import fold_batchnorm, fold_channel_affine
-from .constants import constants_to_initializers
-from .activations import fuse_activations
-from .folding import fold_constants
-from .naming import check_graph, name_nodes
-from .opset import upgrade_opset
-from .ort_optimize import optimize_with_ort
-from .shapes import infer_shapes
+from quantsim.prepare.batchnorm import fold_batchnorm, fold_channel_affine
+from quantsim.prepare.constants import constants_to_initializers
+from quantsim.prepare.activations import fuse_activations
+from quantsim.prepare.folding import fold_constants
+from quantsim.prepare.naming import check_graph, name_nodes
+from quantsim.prepare.opset import upgrade_opset
+from quantsim.prepare.ort_optimize import optimize_with_ort
+from quantsim.prepare.shapes import infer_shapes
 
 __all__ = [
     "check_graph",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import onnx
 
-from .common import PrepareWarning, describe, is_large, skeleton
+from quantsim.prepare.common import PrepareWarning, describe, is_large, skeleton
 
 __all__ = ["infer_shapes"]
 

@@ -1,0 +1,3 @@
+"""Calibration: the statistics graph, histograms, the registered calibration schemes and the calibration run."""
+
+__all__: list[str] = []

@@ -1,0 +1,183 @@
+"""Streaming activation statistics: one onnxruntime session, batches reduced as they arrive.
+
+The calibration graph is the float model with weight quantizers applied, extended by
+`statistics_graph.add_statistics_outputs`: in-graph min/max reductions for every observed tensor and, for
+the histogram schemes (TF-enhanced, percentile), an in-graph strided sample that is folded into a
+`HistogramObserver` before the next batch runs. Only scalars and samples cross into Python, so memory
+is O(observed tensors x bins), never O(dataset) or O(activations); batches may differ in shape.
+
+The session runs with onnxruntime's priority-based execution order: its default order computes the
+statistics outputs after the whole forward pass, which keeps every observed activation alive to the
+end (on PP-OCR's recogniser, 8 GB instead of 0.4 GB, and runs dominated by page faults).
+
+Feeds with NaN/Inf in a float input are skipped with a warning (documented policy); a tensor whose
+batch statistics are non-finite ignores that batch. A calibration that ends with no usable batch raises.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+from tqdm.auto import tqdm
+
+from quantsim.calibration.histograms import HistogramObserver
+from quantsim.calibration.statistics_graph import StatisticsOutputs
+
+__all__ = ["TensorStats", "CalibrationSession", "check_feed", "run_calibration", "CALIBRATION_EXECUTION_ORDER"]
+
+CALIBRATION_EXECUTION_ORDER = ort.ExecutionOrder.PRIORITY_BASED
+
+_ORT_TO_NUMPY = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(int16)": np.int16, "tensor(uint16)": np.uint16, "tensor(bool)": np.bool_,
+    "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64,
+}
+
+
+@dataclass
+class TensorStats:
+    """Running statistics of one quantizer (all tensors tied to it)."""
+
+    min: float = np.inf
+    max: float = -np.inf
+    histogram: HistogramObserver | None = None
+
+    def update_range(self, lo: float, hi: float) -> None:
+        self.min, self.max = min(self.min, lo), max(self.max, hi)
+
+
+def check_feed(feed: Mapping, inputs: list, where: str) -> dict[str, np.ndarray]:
+    """Validate one feed dict against the session inputs: names, dtypes and ranks (clear errors)."""
+    if not isinstance(feed, Mapping):
+        raise TypeError(f"{where}: expected a dict of input name -> array, got {type(feed).__name__}")
+    expected = {i.name: i for i in inputs}
+    unknown = sorted(set(feed) - set(expected))
+    missing = sorted(set(expected) - set(feed))
+    if unknown or missing:
+        raise ValueError(
+            f"{where}: feed does not match the model inputs {sorted(expected)}"
+            + (f"; unknown: {unknown}" if unknown else "")
+            + (f"; missing: {missing}" if missing else "")
+        )
+    checked = {}
+    for name, value in feed.items():
+        array = np.asarray(value)
+        want = _ORT_TO_NUMPY.get(expected[name].type)
+        if want is not None and array.dtype != want:
+            raise TypeError(f"{where}: input {name!r} has dtype {array.dtype}, the model expects {np.dtype(want)}")
+        rank = len(expected[name].shape) if expected[name].shape is not None else None
+        if rank is not None and array.ndim != rank:
+            raise ValueError(
+                f"{where}: input {name!r} has rank {array.ndim} (shape {array.shape}), the model expects rank "
+                f"{rank} {tuple(expected[name].shape)}"
+            )
+        checked[name] = array
+    return checked
+
+
+def _finite_feed(feed: dict[str, np.ndarray]) -> bool:
+    return all(np.isfinite(v).all() for v in feed.values() if np.issubdtype(v.dtype, np.floating))
+
+
+class CalibrationSession:
+    """What a calibration callback receives as ``session``: runs the model and records statistics.
+
+    ``run`` returns only the outputs asked for (all model outputs for ``None``), like onnxruntime.
+    """
+
+    def __init__(self, session: ort.InferenceSession, outputs: StatisticsOutputs, groups: dict[str, str]):
+        self._session = session
+        self._outputs = outputs
+        self._groups = groups  # tensor -> quantizer name
+        self._fetch = list(outputs.model_outputs)
+        self._fetch += [n for n in outputs.statistics if n not in self._fetch]
+        self.stats: dict[str, TensorStats] = {}
+        self.batches_used = 0
+        self.batches_skipped = 0
+        self._nonfinite_tensors: set[str] = set()
+
+    def get_inputs(self):
+        return self._session.get_inputs()
+
+    def get_outputs(self):
+        return [o for o in self._session.get_outputs() if o.name in self._outputs.model_outputs]
+
+    def run(self, output_names, input_feed, run_options=None):
+        feed = check_feed(input_feed, self._session.get_inputs(), f"calibration batch {self.batches_used + self.batches_skipped}")
+        names = output_names or self._outputs.model_outputs
+        unknown = [n for n in names if n not in self._outputs.model_outputs]
+        if unknown:
+            raise ValueError(f"calibration session: {unknown} are not outputs of the model "
+                             f"(outputs: {self._outputs.model_outputs})")
+        if not _finite_feed(feed):
+            self.batches_skipped += 1
+            warnings.warn(
+                f"calibration batch {self.batches_used + self.batches_skipped - 1} has NaN/Inf in its inputs: skipped",
+                RuntimeWarning, stacklevel=2,
+            )
+            return self._session.run(list(names), feed, run_options)
+        values = dict(zip(self._fetch, self._session.run(self._fetch, feed, run_options)))
+        self._record(values)
+        self.batches_used += 1
+        return [values[n] for n in names]
+
+    def _record(self, values: dict[str, np.ndarray]) -> None:
+        samples = self._outputs.samples
+        for tensor, (lo_name, hi_name) in self._outputs.minmax.items():
+            hi = float(values[hi_name])
+            lo = 0.0 if lo_name is None else float(values[lo_name])
+            if lo > hi:  # an empty tensor in this batch: nothing to learn from it
+                continue
+            if not (math.isfinite(lo) and math.isfinite(hi)):  # documented policy: ignore this batch for it
+                self._nonfinite_tensors.add(tensor)
+                continue
+            name = self._groups[tensor]
+            stats = self.stats.get(name)
+            if stats is None:
+                stats = self.stats[name] = TensorStats()
+            stats.update_range(lo, hi)
+            sample_name = samples.get(tensor)
+            if sample_name is not None:
+                sample = values[sample_name]
+                # NaN that the in-graph reductions passed over is dropped here; min/max find it without a mask
+                if sample.size and not (math.isfinite(sample.min()) and math.isfinite(sample.max())):
+                    sample = sample[np.isfinite(sample)]
+                if stats.histogram is None:
+                    stats.histogram = HistogramObserver()
+                stats.histogram.update(sample, value_range=(lo, hi))
+
+    def finish(self) -> dict[str, TensorStats]:
+        if self._nonfinite_tensors:
+            names = sorted(self._nonfinite_tensors)
+            warnings.warn(
+                f"non-finite values in {len(names)} tensor(s) (e.g. {names[:3]}); those batches were ignored for them",
+                RuntimeWarning, stacklevel=2,
+            )
+        if self.batches_used == 0:
+            raise ValueError(
+                "calibration saw no usable batch"
+                + (f" ({self.batches_skipped} skipped for NaN/Inf)" if self.batches_skipped else " (empty calibration data)")
+                + "; encodings are unchanged"
+            )
+        return self.stats
+
+
+def run_calibration(session: CalibrationSession, data, *, progress: bool = True) -> dict[str, TensorStats]:
+    """Drive ``session`` with an iterable of feeds, or with a callback ``data(session)``."""
+    if callable(data):
+        data(session)
+        return session.finish()
+    if isinstance(data, Mapping) or not isinstance(data, Iterable):
+        raise TypeError(
+            "compute_encodings expects an iterable of feed dicts or a callback(session[, args]); "
+            f"got {type(data).__name__}"
+        )
+    total = len(data) if hasattr(data, "__len__") else None
+    for feed in tqdm(data, total=total, desc="calibration", unit="batch", disable=not progress, leave=False):
+        session.run(None, feed)
+    return session.finish()

@@ -1,0 +1,280 @@
+"""Moving encodings between a sim and AIMET's files: export, load (with mismatch report), freeze params.
+
+The file formats themselves live in `quantsim.encodings`; this module binds their format-independent
+records to the sim's quantizers: it fills in channel axes the 0.6.1/1.0.0 formats do not store, checks
+channel counts against tensor shapes, reconfigures a quantizer to what the file says, and applies
+everything only after every entry has been validated, so a failed load leaves the sim unchanged.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from quantsim.core.dtypes import QuantizationDataType, float16, qtype
+from quantsim.encodings import (
+    TensorEncoding,
+    encodings_from_dict,
+    encodings_to_dict,
+    read_encodings_file,
+    write_json_atomic,
+)
+from quantsim.core.bias import bias_scale
+from quantsim.export.qdq import BIAS_SLOT
+from quantsim.graph.model_io import commit_staged, discard_staged, stage_model
+from quantsim.core.numerics import Encoding, grid_bounds
+from quantsim.sim.quantizer import QcQuantizeOp
+from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+
+__all__ = [
+    "EncodingMismatch",
+    "EncodingMismatchError",
+    "load_encodings_to_sim",
+    "export_sim",
+    "sim_records",
+    "int32_bias_records",
+    "set_and_freeze_param_encodings",
+    "load_records",
+    "REQUANT_KEY",
+]
+
+
+
+@dataclass(frozen=True)
+class EncodingMismatch:
+    """One difference between a quantizer's configuration and the encoding loaded onto it."""
+
+    name: str
+    field: str
+    sim_value: object
+    file_value: object
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.field} is {self.sim_value!r} in the sim but {self.file_value!r} in the file"
+
+
+class EncodingMismatchError(ValueError):
+    """Raised by a strict load when the file disagrees with the sim's quantizers."""
+
+
+def sim_records(sim) -> list[TensorEncoding]:
+    """One record per quantized tensor (tied tensors repeat their quantizer's encoding)."""
+    records = []
+    for q in sim.quantizers:
+        if not q.enabled or not q.is_initialized():
+            continue
+        for tensor in q.tensors:
+            shape = sim._index.shape.get(tensor)
+            shape = tuple(shape) if shape and all(isinstance(d, int) for d in shape) else None
+            if q.spec.is_float:
+                records.append(TensorEncoding.float16(tensor, q.role, shape))
+            else:
+                records.append(TensorEncoding.from_encoding(tensor, q.encoding, q.role, shape))
+    return records
+
+
+def int32_bias_records(sim) -> list[TensorEncoding]:
+    """int32 bias encodings with scale ``s_in * s_w`` for Conv/ConvTranspose/Gemm whose input and
+    weight quantizers are enabled, calibrated and integer (per channel when the weight is)."""
+    records = []
+    qmin, qmax = grid_bounds(32, signed=True)
+    for node in sim._index.nodes:
+        slot = BIAS_SLOT.get(node.op_type)
+        if slot is None or len(node.input) <= slot or not sim._index.is_constant(node.input[slot]):
+            continue
+        q_in, q_w = sim.qc_quantize_op_dict.get(node.input[0]), sim.qc_quantize_op_dict.get(node.input[1])
+        if not all(q is not None and q.enabled and q.encoding is not None for q in (q_in, q_w)):
+            continue
+        if not q_in.encoding.is_per_tensor or q_w.encoding.block_size is not None:
+            continue
+        scale = bias_scale(q_in.encoding.scale, q_w.encoding.scale).astype(np.float64)  # what the QDQ model uses
+        axis = 0 if scale.ndim else None
+        enc = Encoding(scale, 0, 32, True, qmin, qmax, True, axis)
+        records.append(TensorEncoding.from_encoding(node.input[slot], enc, "param", tuple(sim._index.shape[node.input[slot]])))
+    return records
+
+
+def _quantizer_args(sim) -> dict:
+    flags = sim.config.to_quantizer_args_flags()
+    kind, param_bits = sim.param_type.to_legacy_repr()
+    return {
+        "activation_bitwidth": sim.activation_type.bits,
+        "dtype": kind.name,
+        "is_symmetric": flags["is_symmetric"],
+        "param_bitwidth": param_bits,
+        "per_channel_quantization": flags["per_channel_quantization"],
+        "quant_scheme": sim._quant_scheme.name,
+    }
+
+
+REQUANT_KEY = "quantsim_requantization"
+
+
+def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, export_int32_bias, force,
+               requant: dict | None = None) -> None:
+    """``sim.export``: encodings file (and float model), both written atomically. ``requant`` (the
+    integer export's fixed-point table) goes into the file under `REQUANT_KEY`; AIMET's readers and
+    ours ignore unknown top-level keys."""
+    if not sim.quantizers or not any(q.enabled and q.is_initialized() for q in sim.quantizers):
+        raise RuntimeError("nothing to export: call compute_encodings (or load encodings) first")
+    uncalibrated = [q.name for q in sim.quantizers if q.enabled and not q.is_initialized()]
+    if uncalibrated:
+        warnings.warn(f"{len(uncalibrated)} enabled quantizer(s) have no encoding and are not exported, "
+                      f"e.g. {uncalibrated[:3]}", RuntimeWarning, stacklevel=3)
+    path.mkdir(parents=True, exist_ok=True)
+    records = sim_records(sim)
+    if export_int32_bias if export_int32_bias is not None else version == "2.0.0":
+        known = {r.name for r in records}
+        records += [r for r in int32_bias_records(sim) if r.name not in known]
+    data = encodings_to_dict(records, version, quantizer_args=_quantizer_args(sim), force_activation_as=force)
+    if requant is not None:
+        data[REQUANT_KEY] = requant
+    # stage the model before writing anything, so a failure there leaves both old files in place
+    staged = stage_model(sim.model, path / f"{prefix}.onnx") if export_model else []
+    try:
+        write_json_atomic(path / f"{prefix}.encodings", data)
+    except BaseException:
+        discard_staged(staged)
+        raise
+    commit_staged(staged)
+
+
+def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, Encoding | None]:
+    """The spec and encoding that ``q`` takes on to hold ``record``."""
+    if record.is_float:
+        return q.spec.with_(dtype=float16, granularity=PerTensor()), None
+    enc = record.encoding
+    where = f"{source}: tensor {record.name!r}"
+    shape = q.shape
+    if enc.scale.ndim == 0:
+        granularity = PerTensor()
+    else:
+        axis = enc.axis if enc.axis is not None else q.channel_axis
+        if axis is None or not shape:
+            raise ValueError(f"{where} has {enc.scale.size} per-channel scales but is not a weight with a channel axis")
+        axis %= len(shape)
+        if enc.block_size is None:
+            if shape[axis] != enc.scale.shape[0]:
+                raise ValueError(
+                    f"{where}: wrong channel count: {enc.scale.shape[0]} scales for shape {tuple(shape)} "
+                    f"(channel axis {axis} has {shape[axis]})"
+                )
+            granularity, enc = PerChannel(axis), replace(enc, axis=axis)
+        else:
+            block_axis = enc.block_axis if enc.block_axis is not None else (1 if axis != 1 else 0)
+            block_axis %= len(shape)
+            blocks = shape[block_axis] // enc.block_size
+            if enc.scale.size != shape[axis] * blocks:
+                raise ValueError(f"{where}: {enc.scale.size} block scales do not fit shape {tuple(shape)} "
+                                 f"with block size {enc.block_size}")
+            granularity = PerBlock(axis, block_axis, enc.block_size)
+            enc = replace(enc, scale=enc.scale.reshape(shape[axis], blocks),
+                          zero_point=enc.zero_point.reshape(shape[axis], blocks), axis=axis, block_axis=block_axis)
+    if q.spec.symmetric and not enc.signed and np.all(enc.zero_point == 1 << (enc.bits - 1)):
+        # a symmetric grid written unsigned (2.0.0 activations): same values on the signed grid
+        qmin, qmax = grid_bounds(enc.bits, signed=True)
+        enc = replace(enc, zero_point=np.zeros_like(enc.zero_point), signed=True, qmin=qmin, qmax=qmax, symmetric=True)
+    strict = enc.signed and enc.qmin == -((1 << (enc.bits - 1)) - 1)
+    unsigned_sym = enc.symmetric and not enc.signed
+    spec = QSpec(qtype.int(enc.bits), granularity, bool(enc.symmetric), strict,
+                 unsigned_sym or (q.spec.unsigned_symmetric and not strict))
+    return spec, enc
+
+
+def _mismatches(q: QcQuantizeOp, record: TensorEncoding, spec: QSpec, version: str) -> list[EncodingMismatch]:
+    found = []
+    if not q.enabled:
+        found.append(EncodingMismatch(record.name, "enabled", False, True))
+    file_type = QuantizationDataType.float if record.is_float else QuantizationDataType.int
+    if file_type != q.data_type:
+        found.append(EncodingMismatch(record.name, "dtype", q.data_type.name, file_type.name))
+    if record.bits != q.bitwidth:
+        found.append(EncodingMismatch(record.name, "bitwidth", q.bitwidth, record.bits))
+    if not record.is_float and version != "2.0.0" and spec.symmetric != q.spec.symmetric:
+        found.append(EncodingMismatch(record.name, "symmetric", q.spec.symmetric, spec.symmetric))
+    return found
+
+
+def _read(path_or_dict) -> tuple[str, list[TensorEncoding], str]:
+    if isinstance(path_or_dict, (str, os.PathLike)):
+        version, records = read_encodings_file(path_or_dict)
+        return version, records, str(path_or_dict)
+    version, records = encodings_from_dict(path_or_dict)
+    return version, records, "<encodings dict>"
+
+
+def load_encodings_to_sim(sim, path_or_dict, strict: bool = True, *, allow_overwrite: bool = True,
+                          disable_missing_quantizers: bool = True, _only=None) -> list[EncodingMismatch]:
+    """Load an encodings file (0.6.1, 1.0.0 or 2.0.0) or dict onto ``sim``'s quantizers.
+
+    Each loaded quantizer takes the file's type, symmetry and granularity and is enabled; with
+    ``allow_overwrite=False`` it is also frozen. Quantizers the file does not mention are disabled when
+    ``disable_missing_quantizers``. Differences from the sim's configuration are returned; with
+    ``strict=True`` they, and tensors the sim does not quantize, raise `EncodingMismatchError`. Everything
+    is validated before anything changes.
+    """
+    version, records, source = _read(path_or_dict)
+    if _only is not None:
+        _check_for_model(sim, [r for r in records if r.bits <= 16], source)  # before filtering hides it
+        records = [r for r in records if _only(r)]
+    return load_records(sim, version, records, source, strict=strict, allow_overwrite=allow_overwrite,
+                        disable_missing_quantizers=disable_missing_quantizers)
+
+
+def _check_for_model(sim, records: list[TensorEncoding], source: str) -> list[str]:
+    """Names of ``records`` that are not tensors of the sim's model; raises if that is all of them."""
+    model_tensors = set(sim._index.elem_type) | set(sim._index.producer)
+    unknown = [r.name for r in records if r.name not in model_tensors]
+    if records and len(unknown) == len(records):
+        raise ValueError(f"{source}: none of its {len(records)} tensors (e.g. {unknown[:3]}) exist in {sim._label}; "
+                         "is it for another model?")
+    return unknown
+
+
+def load_records(sim, version: str, records: list[TensorEncoding], source: str, *, strict: bool,
+                 allow_overwrite: bool, disable_missing_quantizers: bool) -> list[EncodingMismatch]:
+    """`load_encodings_to_sim` on records already read (``version`` says which format they came from)."""
+    records = [r for r in records if r.bits <= 16]  # int32 bias entries: derived at export, not simulated
+    unknown = _check_for_model(sim, records, source)
+    mismatches, plan, problems = [], [], []
+    for record in records:
+        q = sim.qc_quantize_op_dict.get(record.name)
+        if q is None:
+            problems.append(f"{record.name}: " + ("not a tensor of the model" if record.name in unknown
+                                                  else "the sim has no quantizer for this tensor"))
+            continue
+        if q.is_encoding_frozen():
+            warnings.warn(f"{source}: {record.name!r} is frozen in the sim; its encoding is kept", stacklevel=2)
+            continue
+        spec, enc = _bind(q, record, source)
+        mismatches += _mismatches(q, record, spec, version)
+        plan.append((q, spec, enc))
+    if strict and (problems or mismatches):
+        details = problems + [str(m) for m in mismatches]
+        raise EncodingMismatchError(f"{source} does not match the sim ({len(details)} issue(s)):\n  " + "\n  ".join(details))
+    for problem in problems:
+        warnings.warn(f"{source}: skipped {problem}", stacklevel=2)
+    for q, spec, enc in plan:
+        q._spec = spec  # bypass set_qspec: it would drop the encoding we are about to set
+        q.set_encoding(enc)
+        q.enabled = True
+        if not allow_overwrite:
+            q.freeze_encodings()
+    if disable_missing_quantizers:
+        loaded = {id(q) for q, _, _ in plan}
+        for q in sim.quantizers:
+            if id(q) not in loaded and not q.is_encoding_frozen():
+                q.enabled = False
+    for m in mismatches:
+        warnings.warn(f"{source}: {m}", stacklevel=2)
+    return mismatches
+
+
+def set_and_freeze_param_encodings(sim, encoding_path) -> None:
+    """Load only parameter encodings from ``encoding_path`` and freeze them (AIMET semantics)."""
+    param_names = set(sim.param_names)
+    load_encodings_to_sim(sim, encoding_path, strict=False, allow_overwrite=False, disable_missing_quantizers=False,
+                          _only=lambda r: r.kind == "param" or (r.kind is None and r.name in param_names))

@@ -1,0 +1,301 @@
+"""State shared by the integer lowering rules: which 8-bit codes or float value stands for each tensor.
+
+Every float tensor ``t`` of the prepared model has a *sim value*: its float value after its quantizer
+(if enabled). The lowering keeps, per ``t``, the new-graph tensor that carries it:
+
+* ``ints[t] = QTensor(name, grid)``: uint8 codes with ``sim value == (codes - zero_point) * scale``
+  (float32, as DequantizeLinear); ``grid`` is an 8-bit per-tensor grid (`Grid`);
+* ``floats[t] = name``: a float tensor equal to the sim value.
+
+Conversions are exact: DequantizeLinear of codes is the sim value, and QuantizeLinear of a float sim value
+that lies on an 8-bit grid (its quantizer is enabled) gives the codes back. A signed int8 grid (zero point
+``z`` in [-128, 127]) is the same grid as uint8 with zero point ``z + 128``, so every 8-bit grid that fills
+its container is carried as uint8 (onnxruntime's CPU kernels want uint8 activations). Narrower grids
+(2..7 bits, strict symmetric), 16-bit grids and float16 are not `Grid`s: tensors on them stay float.
+
+A rule that cannot lower a node raises `Unsupported(reason)`; the driver rolls the context back to its
+`snapshot` and runs the node in float instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantsim.graph.index import GraphIndex
+from quantsim.core.numerics import Encoding, dequantize, fake_quantize, fp16_round_trip, quantize
+
+__all__ = ["Grid", "QTensor", "Unsupported", "IntegerExportError", "LoweringContext", "MS_DOMAIN"]
+
+MS_DOMAIN = "com.microsoft"
+
+
+class Unsupported(Exception):
+    """A rule cannot lower this node to integer kernels (the message says why)."""
+
+
+class IntegerExportError(ValueError):
+    """The sim cannot be exported at all (uncalibrated quantizer, unusable scale, ...)."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A per-tensor uint8 grid: ``value = (code - zero_point) * scale`` with codes in [0, 255]."""
+
+    scale: float  # a float32 value
+    zero_point: int
+
+    @classmethod
+    def from_encoding(cls, enc: Encoding) -> "Grid | None":
+        """The uint8 grid of an 8-bit per-tensor encoding filling its container, else None."""
+        if enc is None or not enc.is_per_tensor or enc.bits != 8 or not enc.full_storage_range:
+            return None
+        return cls(float(np.float32(enc.scale)), int(enc.zero_point) + (128 if enc.signed else 0))
+
+    @property
+    def encoding(self) -> Encoding:
+        return Encoding(np.float64(self.scale), self.zero_point, 8, False, 0, 255)
+
+    def quantize(self, x) -> np.ndarray:
+        """Codes (int64) of float values, as QuantizeLinear (ties to even, saturating)."""
+        return quantize(np.asarray(x, dtype=np.float32), self.encoding)
+
+    def dequantize(self, codes) -> np.ndarray:
+        return dequantize(np.asarray(codes), self.encoding)
+
+    @property
+    def min(self) -> float:
+        return float(np.float32(self.scale) * np.float32(-self.zero_point))
+
+    @property
+    def max(self) -> float:
+        return float(np.float32(self.scale) * np.float32(255 - self.zero_point))
+
+    def on_grid(self, value: float) -> bool:
+        """True when ``value`` is exactly a grid point or lies outside the grid's range."""
+        value = float(np.float32(value))
+        if value <= self.min or value >= self.max:
+            return True
+        return float(self.dequantize(self.quantize(value))) == value
+
+
+@dataclass(frozen=True)
+class QTensor:
+    """uint8 codes ``name`` in the new graph on ``grid``."""
+
+    name: str
+    grid: Grid
+
+
+class LoweringContext:
+    """Builder of the integer graph over ``sim.model`` (see the module docstring)."""
+
+    def __init__(self, sim, index: GraphIndex, opset: int):
+        self.sim = sim
+        self.index = index
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self.ints: dict[str, QTensor] = {}
+        self.floats: dict[str, str] = {}
+        self.absorbed: set[str] = set()
+        self.requant: dict[str, dict] = {}
+        self.domains: set[str] = set()
+        self.memo: dict[tuple, str] = {}  # shared scalars and casts: key -> tensor name
+        self._copied: set[str] = set()
+        self._node_names: set[str] = set()
+
+    # transactions ------------------------------------------------------------------------------
+    def snapshot(self) -> tuple:
+        return (len(self.nodes), len(self.initializers), dict(self.ints), dict(self.floats), set(self.absorbed),
+                dict(self.requant), set(self.domains), dict(self.memo), set(self._copied), set(self._node_names))
+
+    def restore(self, state: tuple) -> None:
+        n_nodes, n_inits, ints, floats, absorbed, requant, domains, cache, copied, names = state
+        del self.nodes[n_nodes:]
+        del self.initializers[n_inits:]
+        self.ints, self.floats, self.absorbed, self.requant = ints, floats, absorbed, requant
+        self.domains, self.memo, self._copied, self._node_names = domains, cache, copied, names
+
+    # quantizers of the sim ------------------------------------------------------------------------
+    def quantizer(self, tensor: str):
+        """The enabled quantizer of ``tensor`` (float16 ones included) or None."""
+        q = self.sim.qc_quantize_op_dict.get(tensor)
+        return q if q is not None and q.enabled else None
+
+    def grid_of(self, tensor: str) -> Grid | None:
+        """The uint8 grid of ``tensor``'s enabled activation quantizer (None: none, or not 8-bit)."""
+        q = self.quantizer(tensor)
+        if q is None or q.spec.is_float:
+            return None
+        return Grid.from_encoding(q.encoding)
+
+    def has_quantizer(self, tensor: str) -> bool:
+        return self.quantizer(tensor) is not None
+
+    def why_not_8bit(self, tensor: str) -> str:
+        q = self.quantizer(tensor)
+        if q is None:
+            return f"{tensor!r} has no enabled quantizer (float value)"
+        if q.spec.is_float:
+            return f"{tensor!r} is simulated in {q.spec.dtype}"
+        enc = q.encoding
+        if not enc.is_per_tensor:
+            return f"{tensor!r} is quantized per channel"
+        return f"{tensor!r} is on a {enc.bits}-bit grid [{enc.qmin}, {enc.qmax}] (only full 8-bit grids are integer)"
+
+    def constant(self, name: str) -> np.ndarray:
+        """The value the sim computes with for a constant: fake-quantized / fp16-rounded if quantized."""
+        values = self.index.constant_value(name)
+        q = self.quantizer(name)
+        if q is None or not np.issubdtype(values.dtype, np.floating):
+            return values
+        if q.spec.is_float:
+            return fp16_round_trip(values).astype(values.dtype)
+        return fake_quantize(values, q.encoding).astype(values.dtype)
+
+    def param_encoding(self, name: str) -> Encoding:
+        """Encoding of a weight usable by 8-bit kernels (int grid of at most 8 bits), else Unsupported."""
+        if not self.index.is_constant(name):
+            raise Unsupported(f"weight {name!r} is not a constant")
+        q = self.quantizer(name)
+        if q is None:
+            raise Unsupported(f"weight {name!r} is not quantized (float weights)")
+        if q.spec.is_float:
+            raise Unsupported(f"weight {name!r} is simulated in {q.spec.dtype}")
+        enc = q.encoding
+        if enc.bits > 8 or enc.block_size is not None:
+            raise Unsupported(f"weight {name!r} is on a {enc.bits}-bit {q.spec.granularity.describe()} grid")
+        return enc
+
+    # names and constants ----------------------------------------------------------------------------
+    def fresh(self, base: str) -> str:
+        return self.index.fresh_name(base)
+
+    def add_initializer(self, array: np.ndarray, base: str) -> str:
+        name = self.fresh(base)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def scalar(self, value, dtype, base: str = "const") -> str:
+        """A scalar initializer, shared between identical values."""
+        array = np.asarray(value, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self.memo:
+            self.memo[key] = self.add_initializer(array, base)
+        return self.memo[key]
+
+    def grid_inputs(self, grid: Grid, base: str) -> tuple[str, str]:
+        """``(scale, zero_point)`` initializer names of a grid (float32 scalar, uint8 scalar)."""
+        return (self.scalar(grid.scale, np.float32, f"{base}/scale"),
+                self.scalar(grid.zero_point, np.uint8, f"zero_point/uint8/{grid.zero_point}"))
+
+    def node_name(self, base: str) -> str:
+        """A node name unused in the new graph (the original node's name when it is free)."""
+        name, counter = base, 1
+        while name in self._node_names:
+            name, counter = f"{base}_{counter}", counter + 1
+        self._node_names.add(name)
+        return name
+
+    def emit(self, op_type: str, inputs, outputs, *, name: str | None = None, domain: str = "",
+             attributes_of: onnx.NodeProto | None = None, **attrs):
+        """Append a node; ``attributes_of`` copies another node's attributes (then ``attrs`` on top)."""
+        node = helper.make_node(op_type, list(inputs), list(outputs), name=self.node_name(name or op_type),
+                                domain=domain or None)
+        if attributes_of is not None:
+            node.attribute.extend(a for a in attributes_of.attribute if a.name not in attrs)
+        node.attribute.extend(helper.make_attribute(key, value) for key, value in sorted(attrs.items()))
+        if domain:
+            self.domains.add(domain)
+        self.nodes.append(node)
+        return node
+
+    # tensor forms -------------------------------------------------------------------------------------
+    def set_int(self, tensor: str, name: str, grid: Grid) -> QTensor:
+        self.ints[tensor] = QTensor(name, grid)
+        return self.ints[tensor]
+
+    def int_input(self, tensor: str) -> QTensor:
+        """uint8 codes of ``tensor`` (quantizing a float sim value or a constant exactly), else Unsupported."""
+        if tensor in self.ints:
+            return self.ints[tensor]
+        grid = self.grid_of(tensor)
+        if grid is None:
+            raise Unsupported(self.why_not_8bit(tensor))
+        if self.index.is_constant(tensor):
+            codes = grid.quantize(self.index.constant_value(tensor)).astype(np.uint8)
+            return self.set_int(tensor, self.add_initializer(codes, f"{tensor}/codes"), grid)
+        source = self.floats.get(tensor)
+        if source is None:
+            raise Unsupported(f"{tensor!r} is not available")
+        scale, zp = self.grid_inputs(grid, tensor)
+        codes = self.fresh(f"{tensor}/codes")
+        self.emit("QuantizeLinear", [source, scale, zp], [codes], name=f"{tensor}/quantize")
+        return self.set_int(tensor, codes, grid)
+
+    def arithmetic_dequantize(self, codes: str, scale: float, zero_point: int, base: str) -> str:
+        """``(float(codes) - zero_point) * scale`` as Cast -> Sub -> Mul (bit-identical to DequantizeLinear).
+
+        Float islands read their inputs this way rather than through DequantizeLinear, so onnxruntime's
+        Q/DQ optimizers (which would fuse ``DQ -> Conv`` with float weights into an int8 per-tensor
+        QLinearConv, or quantize a float bias) leave the island exactly as the sim computes it.
+        """
+        value = self.fresh(f"{base}/as_float")
+        self.emit("Cast", [codes], [value], name=f"{base}/cast", to=TensorProto.FLOAT)
+        if zero_point:
+            centered = self.fresh(f"{base}/centered")
+            self.emit("Sub", [value, self.scalar(float(zero_point), np.float32, "dequantize/zero_point")], [centered],
+                      name=f"{base}/center")
+            value = centered
+        out = self.fresh(f"{base}/dequantized")
+        self.emit("Mul", [value, self.scalar(np.float32(scale), np.float32, "dequantize/scale")], [out],
+                  name=f"{base}/scale")
+        return out
+
+    def dequantize_output(self, tensor: str) -> str:
+        """A DequantizeLinear of ``tensor``'s codes (for graph outputs)."""
+        codes = self.ints[tensor]
+        scale, zp = self.grid_inputs(codes.grid, tensor)
+        name = self.fresh(f"{tensor}/dequantized")
+        self.emit("DequantizeLinear", [codes.name, scale, zp], [name], name=f"{tensor}/dequantize")
+        return name
+
+    def float_input(self, tensor: str) -> str:
+        """A float (or non-float, unchanged) tensor of the new graph holding ``tensor``'s sim value."""
+        if not tensor:
+            return ""
+        if tensor in self.floats:
+            return self.floats[tensor]
+        if tensor in self.ints:
+            codes = self.ints[tensor]
+            self.floats[tensor] = self.arithmetic_dequantize(codes.name, codes.grid.scale, codes.grid.zero_point,
+                                                             tensor)
+            return self.floats[tensor]
+        if self.index.is_constant(tensor):
+            if tensor not in self._copied:
+                self._copied.add(tensor)
+                self.initializers.append(numpy_helper.from_array(self.constant(tensor), tensor))
+            return tensor
+        if not self.index.is_float(tensor):
+            return tensor  # shape / index arithmetic keeps its name
+        raise Unsupported(f"{tensor!r} is not available")
+
+    def any_input(self, tensor: str) -> str:
+        """Codes if available, else the float value (for ops that only read shapes)."""
+        return self.ints[tensor].name if tensor in self.ints else self.float_input(tensor)
+
+    # output side ------------------------------------------------------------------------------------
+    def output_grid(self, tensor: str, inherited: Grid | None = None) -> Grid:
+        """The grid an integer op must write ``tensor`` on: its quantizer's, or ``inherited`` when it has none."""
+        grid = self.grid_of(tensor)
+        if grid is not None:
+            return grid
+        if self.has_quantizer(tensor) or inherited is None:
+            raise Unsupported(self.why_not_8bit(tensor))
+        return inherited
+
+    def record(self, node: onnx.NodeProto, entry: dict) -> None:
+        self.requant[node.name] = entry

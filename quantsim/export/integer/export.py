@@ -1,0 +1,242 @@
+"""Fully integer export: the sim as onnxruntime integer kernels between one Q and one DQ.
+
+``export_integer(sim)`` walks the prepared float model in topological order and lowers each node by the
+rule registered for its op type (`LOWERINGS`: one function per op type, in `lowering_linear`,
+`lowering_elementwise`, `lowering_movement`, `lowering_lut`), keeping for every tensor its uint8 codes on
+the sim's 8-bit grid (`lowering_context`):
+
+    model input -> QuantizeLinear (uint8) -> QLinearConv / QGemm / QLinearAdd / uint8 MaxPool / ...
+                -> DequantizeLinear -> model output
+
+With ``integer_io=True`` the boundary Q/DQ are dropped: graph inputs and outputs are the uint8 codes
+themselves, and their ``(scale, zero_point)`` are returned in ``io`` and in the model's metadata_props
+(``quantsim.io``): ``real = scale * (code - zero_point)``.
+
+Accuracy contract (tests/test_export_integer.py): data movement, clamps, lookup tables and float islands
+are exact. Kernels with an int32 accumulator add the bias as ``round(b / (s_in s_w))`` where the sim (like
+AIMET) adds the float bias: up to ``0.5 * s_in s_w / s_out`` output steps, so values that close to a
+rounding midpoint move by one step (0.05-0.5% of conv outputs with int8 weights, more with int4 weights,
+whose larger ``s_w`` makes that bound larger). With zero biases the integer model equals the sim bit
+for bit; QLinearSoftmax alone adds about 1% one-step differences. One-step differences can grow by a
+step or two through deep stacks of layers.
+
+Nodes no rule can lower (unsupported op types, 16-bit / 6-bit / float16 quantizers, float weights, a
+quantizer disabled in the middle of the graph) run in float exactly as in the sim (`fallback`) and are
+listed in ``report`` as ``(node, op_type, reason)``. The export never silently changes numerics: an
+uncalibrated quantizer or a scale that is zero or not finite in float32 raises `IntegerExportError`
+naming the tensor. ``requant`` holds, per lowered node, the real requantization multipliers and their
+fixed-point form (int32 mantissa in [2^30, 2^31) and shift, `fixed_point`), zero points and scales.
+
+The model keeps the prepared model's ai.onnx opset (``opset`` asks for a higher one, converted with
+onnx.version_converter) and IR version; contrib kernels come from the ``com.microsoft`` domain, which
+onnxruntime's default CPU provider runs. Below opset 12 onnxruntime has no uint8 Clip / MaxPool, so
+those rules refuse and the nodes run in float.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from quantsim.encodings import write_json_atomic
+from quantsim.graph.index import GraphIndex
+from quantsim.graph.model_io import save_model_atomic
+from quantsim.sim.build import IR_FOR_OPSET
+from quantsim.export.integer import elementwise as lowering_elementwise
+from quantsim.export.integer import linear as lowering_linear
+from quantsim.export.integer import lut as lowering_lut
+from quantsim.export.integer import movement as lowering_movement
+from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
+from quantsim.export.integer.context import MS_DOMAIN, IntegerExportError, LoweringContext, Unsupported
+
+__all__ = ["export_integer", "IntegerExport", "ReportEntry", "LOWERINGS", "IntegerExportError", "REQUANT_FORMAT"]
+
+REQUANT_FORMAT = "quantsim.requant/1"
+MIN_OPSET = 10  # QuantizeLinear / QLinearConv; uint8 Clip and MaxPool need 12 (rules refuse below)
+
+def _lower_mul(ctx, node: onnx.NodeProto) -> None:
+    """``x * HardSigmoid(x)`` is HardSwish (one table); any other Mul is QLinearMul or a scalar table."""
+    if not lowering_lut.lower_hard_swish_product(ctx, node):
+        lowering_elementwise.RULES["Mul"](ctx, node)
+
+
+LOWERINGS = {
+    **lowering_lut.RULES,
+    **{op: lowering_lut.lower_scalar_binary for op in ("Sub", "Div", "Pow", "Max", "Min", "PRelu")},
+    **lowering_movement.RULES,
+    **lowering_elementwise.RULES,
+    **lowering_linear.RULES,
+    "Mul": _lower_mul,
+}
+
+
+class ReportEntry(NamedTuple):
+    """A node left in float: its name, op type and why."""
+
+    node: str
+    op_type: str
+    reason: str
+
+
+@dataclass
+class IntegerExport:
+    """The integer model, what stayed float, the fixed-point requant table and the I/O grids."""
+
+    model: onnx.ModelProto
+    report: list[ReportEntry] = field(default_factory=list)
+    requant: dict = field(default_factory=dict)
+    io: dict = field(default_factory=dict)
+
+    def requant_document(self) -> dict:
+        """The JSON document ``save`` writes next to the model."""
+        return {"format": REQUANT_FORMAT,
+                "convention": "real = scale * (code - zero_point); multiplier ~= mantissa * 2^(shift - 31)",
+                "io": self.io, "report": [list(r) for r in self.report], "requant": self.requant}
+
+    def save(self, path_prefix) -> tuple[Path, Path]:
+        """Write ``<prefix>.onnx`` (external data past 2 GiB) and ``<prefix>.requant.json``, each atomically."""
+        prefix = Path(path_prefix)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        model_path = prefix.with_name(prefix.name + ".onnx")
+        table_path = prefix.with_name(prefix.name + ".requant.json")
+        save_model_atomic(self.model, model_path)
+        write_json_atomic(table_path, self.requant_document())
+        return model_path, table_path
+
+
+def _check_sim(sim) -> None:
+    ensure = getattr(sim, "_ensure_param_encodings", None)
+    if ensure is not None:
+        ensure()
+    for q in sim.quantizers:
+        if not q.enabled or q.spec.is_float:
+            continue
+        names = ", ".join(repr(t) for t in q.tensors)
+        if q.encoding is None:
+            raise IntegerExportError(f"quantizer of {names} has no encoding: calibrate the sim "
+                                     "(sim.compute_encodings) or load encodings before export_integer")
+        scale = np.asarray(q.encoding.scale, dtype=np.float32)
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            raise IntegerExportError(f"quantizer of {names} has a zero, negative or non-finite float32 scale "
+                                     f"{q.encoding.scale!r}")
+
+
+def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, int]:
+    """The sim's float model at the requested ai.onnx opset (converted only when a higher one is asked)."""
+    model = sim.model
+    current = GraphIndex(model).opset()
+    target = current if opset is None else int(opset)
+    if target < current:
+        raise ValueError(f"opset {target} is below the model's opset {current}")
+    if target > current:
+        try:
+            model = onnx.version_converter.convert_version(model, target)
+        except Exception as error:  # noqa: BLE001 - re-raised with context
+            raise ValueError(f"cannot convert the model from opset {current} to {target} "
+                             f"({str(error).splitlines()[-1]}); export at the model's opset") from None
+    if target < MIN_OPSET:
+        raise ValueError(f"integer export needs ai.onnx opset >= {MIN_OPSET} (QuantizeLinear); the model has "
+                         f"{target}: pass opset={MIN_OPSET} or convert the model")
+    return model, target
+
+
+def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportEntry]) -> None:
+    index = ctx.index
+    if not any(index.is_float(n) for n in node.input if n) and not any(index.is_float(n) for n in node.output if n):
+        ctx.emit(node.op_type, [ctx.float_input(n) for n in node.input], list(node.output), name=node.name,
+                 domain=node.domain, attributes_of=node)  # shape / index arithmetic, unchanged
+        return
+    rule = LOWERINGS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    reason = f"no integer lowering for {node.op_type}"
+    if rule is not None:
+        state = ctx.snapshot()
+        try:
+            rule(ctx, node)
+            return
+        except Unsupported as error:
+            ctx.restore(state)
+            reason = str(error)
+    lower_in_float(ctx, node)
+    report.append(ReportEntry(node.name, node.op_type, reason))
+
+
+def _io_record(grid, shape) -> dict:
+    return {"dtype": "uint8", "scale": grid.scale, "zero_point": grid.zero_point, "shape": list(shape or [])}
+
+
+def _value_info(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
+    dims = [d if isinstance(d, (int, str)) else None for d in shape] if shape is not None else None
+    return helper.make_tensor_value_info(name, elem_type, dims)
+
+
+def export_integer(sim, *, integer_io: bool = False, opset: int | None = None) -> IntegerExport:
+    """Lower a calibrated sim to an integer ONNX model (see the module docstring)."""
+    _check_sim(sim)
+    model, opset = _prepared_model(sim, opset)
+    index = GraphIndex(model)
+    ctx = LoweringContext(sim, index, opset)
+    report: list[ReportEntry] = []
+    io: dict = {}
+    inputs = []
+    for info in model.graph.input:
+        name = info.name
+        if name in index.initializers:
+            continue
+        grid = ctx.grid_of(name) if index.is_float(name) else None
+        if integer_io and grid is not None:
+            inputs.append(_value_info(name, TensorProto.UINT8, index.shape.get(name)))
+            ctx.set_int(name, name, grid)
+            io[name] = {"role": "input", **_io_record(grid, index.shape.get(name))}
+            continue
+        inputs.append(info)
+        if index.is_float(name):
+            apply_quantizer(ctx, name, name)
+            if integer_io:
+                report.append(ReportEntry(name, "graph input", f"kept float: {ctx.why_not_8bit(name)}"))
+    for node in index.nodes:
+        if node.name not in ctx.absorbed:
+            _lower_node(ctx, node, report)
+    outputs, renames = [], {}
+    graph_inputs = {i.name for i in inputs}
+    for info in model.graph.output:
+        name = info.name
+        source, info_out = None, info
+        if integer_io and index.is_float(name):
+            try:
+                codes = ctx.int_input(name)
+                source = codes.name
+                info_out = _value_info(name, TensorProto.UINT8, index.shape.get(name))
+                io[name] = {"role": "output", **_io_record(codes.grid, index.shape.get(name))}
+            except Unsupported as error:
+                report.append(ReportEntry(name, "graph output", f"kept float: {error}"))
+        if source is None:
+            if name in ctx.ints and name not in ctx.floats:
+                source = ctx.dequantize_output(name)
+            else:
+                source = ctx.float_input(name) if index.is_float(name) else name
+        outputs.append(info_out)
+        if source == name:
+            continue
+        if source in renames or source in graph_inputs or source in {t.name for t in ctx.initializers}:
+            ctx.emit("Identity", [source], [name], name=f"{name}/output")
+        else:
+            renames[source] = name
+    for node in ctx.nodes:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    graph = helper.make_graph(ctx.nodes, model.graph.name or "integer", inputs, outputs, ctx.initializers)
+    opsets = [helper.make_opsetid("", opset)]
+    opsets += [o for o in model.opset_import if o.domain not in ("", "ai.onnx", MS_DOMAIN)]
+    if MS_DOMAIN in ctx.domains:
+        opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    result = helper.make_model(graph, opset_imports=opsets, producer_name="quantsim.export_integer")
+    result.ir_version = max(model.ir_version, next(ir for first, ir in IR_FOR_OPSET if opset >= first))
+    helper.set_model_props(result, {"quantsim.io": json.dumps(io, sort_keys=True),
+                                     "quantsim.float_nodes": str(len(report))})
+    onnx.checker.check_model(result)
+    return IntegerExport(result, report, ctx.requant, io)

@@ -1,0 +1,90 @@
+"""Float islands: a node the integer lowering cannot handle runs exactly as in the sim.
+
+Each integer input is turned back into its sim value by ``Cast -> Sub -> Mul`` (bit-identical to
+DequantizeLinear, but invisible to onnxruntime's Q/DQ fusions, which would otherwise re-quantize a float
+Conv's weights per tensor or fuse the island into kernels the sim does not use), the node runs in float
+with the sim's constants (fake-quantized weights, fp16-rounded values), and its outputs get the sim's
+quantizers:
+
+* an 8-bit grid (`Grid`): ``QuantizeLinear`` to uint8 codes, so integer ops can follow;
+* any other integer grid (16-bit, 4-bit, 2..7-bit, strict symmetric): ``[Clip] -> QuantizeLinear``
+  in its storage type, as the sim builds it (com.microsoft QuantizeLinear for 4/16-bit types below opset
+  21, where ai.onnx has none), then the codes back to float;
+* float16: ``Cast(float16) -> Cast(float)``;
+* no quantizer: the float value is kept.
+
+The result equals the sim on that node; the export's report lists it with the reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from quantsim.export.integer.context import MS_DOMAIN, Grid, IntegerExportError, LoweringContext, Unsupported
+
+__all__ = ["lower_in_float", "apply_quantizer"]
+
+_WIDE_TYPES = {TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4, TensorProto.UINT4}
+
+
+def apply_quantizer(ctx: LoweringContext, tensor: str, source: str) -> None:
+    """Give ``tensor`` its sim value from the float ``source`` (see the module docstring)."""
+    q = ctx.quantizer(tensor)
+    if q is None:
+        ctx.floats[tensor] = source
+        return
+    if q.spec.is_float:
+        half, back = ctx.fresh(f"{tensor}/fp16"), ctx.fresh(f"{tensor}/fp16_round_trip")
+        ctx.emit("Cast", [source], [half], name=f"{tensor}/cast_fp16", to=TensorProto.FLOAT16)
+        ctx.emit("Cast", [half], [back], name=f"{tensor}/cast_fp32", to=TensorProto.FLOAT)
+        ctx.floats[tensor] = back
+        return
+    enc = q.encoding
+    grid = Grid.from_encoding(enc)
+    if grid is not None:
+        ctx.floats[tensor] = source  # provisional: int_input quantizes it, then the DQ value replaces it
+        ctx.int_input(tensor)
+        del ctx.floats[tensor]
+        return
+    if not enc.is_per_tensor:
+        raise IntegerExportError(f"activation {tensor!r} has a per-channel encoding: not exportable")
+    storage = q.spec.dtype.storage_type(enc.signed)
+    domain = MS_DOMAIN if storage in _WIDE_TYPES and ctx.opset < 21 else ""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(storage) if storage not in (TensorProto.INT4, TensorProto.UINT4) \
+        else None
+    scale = ctx.scalar(np.float32(enc.scale), np.float32, f"{tensor}/scale")
+    if dtype is None:
+        zp = ctx.fresh(f"{tensor}/zero_point")
+        ctx.initializers.append(onnx.helper.make_tensor(zp, storage, [], [int(enc.zero_point)]))
+    else:
+        zp = ctx.scalar(int(enc.zero_point), dtype, f"{tensor}/zero_point")
+    if not enc.full_storage_range:
+        lo = np.float32(np.float32(enc.scale) * np.float32(enc.qmin - int(enc.zero_point)))
+        hi = np.float32(np.float32(enc.scale) * np.float32(enc.qmax - int(enc.zero_point)))
+        clipped = ctx.fresh(f"{tensor}/clipped")
+        ctx.emit("Clip", [source, ctx.scalar(lo, np.float32, "clip/low"), ctx.scalar(hi, np.float32, "clip/high")],
+                 [clipped], name=f"{tensor}/clip")
+        source = clipped
+    codes = ctx.fresh(f"{tensor}/codes")
+    ctx.emit("QuantizeLinear", [source, scale, zp], [codes], name=f"{tensor}/quantize", domain=domain)
+    ctx.floats[tensor] = ctx.arithmetic_dequantize(codes, float(np.float32(enc.scale)), int(enc.zero_point), tensor)
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def lower_in_float(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Run ``node`` in float between DequantizeLinear inputs and its outputs' sim quantizers."""
+    if _has_subgraph(node):
+        raise IntegerExportError(f"node {node.name!r} ({node.op_type}) has subgraphs: not exportable to integer")
+    try:
+        inputs = [ctx.float_input(name) for name in node.input]
+    except Unsupported as error:
+        raise IntegerExportError(f"node {node.name!r}: {error}") from error
+    outputs = [ctx.fresh(f"{name}/float") if name and ctx.index.is_float(name) else name for name in node.output]
+    ctx.emit(node.op_type, inputs, outputs, name=node.name, domain=node.domain, attributes_of=node)
+    for name, out in zip(node.output, outputs):
+        if name and ctx.index.is_float(name):
+            apply_quantizer(ctx, name, out)

@@ -1,0 +1,195 @@
+"""Lowering of Conv, Gemm and MatMul to onnxruntime's integer kernels.
+
+With input codes ``qx`` (grid ``s_x, z_x``), weight codes ``qw`` (int8, ``s_w[c]``, ``z_w[c]``; per output
+channel or per tensor) and output grid ``s_y, z_y``, the sim computes ``y = sum((qx - z_x) s_x (qw - z_w)
+s_w) + b`` in float and quantizes it. The integer form is
+
+    acc[c] = sum_k (qx_k - z_x)(qw_kc - z_w[c]) + qb[c],   qb[c] = round(b[c] / (s_x s_w[c]))  (int32)
+    qy[c]  = clamp(z_y + round(M[c] acc[c]), 0, 255),       M[c] = s_x s_w[c] / s_y
+
+which differs from the sim by the bias rounding (<= 0.5 accumulator units = ``0.5 M[c]`` output steps,
+`bias.quantize_bias`): values that close to a rounding midpoint move by one step. onnxruntime
+requantizes ``acc`` with a float32 multiplier (round half to even); on the test models that adds no
+difference (with zero biases the outputs equal the sim's bit for bit). The fixed-point form of every ``M[c]`` is recorded
+in the requant table (`fixed_point.multiplier_record`).
+
+* Conv -> ``QLinearConv`` (uint8 x, int8 or uint8 weights, uint8 y, int32 bias), attributes unchanged.
+* Gemm (constant B) -> ``com.microsoft.QGemm``: ``alpha`` folds into the weight scale, ``beta`` into the
+  bias; int32 bias ``C`` on the accumulator grid.
+* MatMul with a constant 2-D weight -> ``QLinearMatMul`` (per-column weight scales allowed); with an
+  absorbed bias Add -> ``QGemm`` (inputs of rank > 2 are reshaped to 2-D and back: data movement on
+  uint8 codes). MatMul of two activations -> ``QLinearMatMul`` with uint8 on both sides.
+Relu/Clip after the op and the MatMul bias Add are absorbed (`epilogue`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from quantsim.graph.index import node_attributes
+from quantsim.core.numerics import quantize
+from quantsim.core.bias import quantize_bias
+from quantsim.export.integer.epilogue import epilogue, finish
+from quantsim.core.fixed_point import multiplier_record
+from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, QTensor, Unsupported
+
+__all__ = ["RULES", "lower_conv", "lower_gemm", "lower_matmul"]
+
+_INT32_MAX = float(np.iinfo(np.int32).max)
+
+
+def _weight(ctx: LoweringContext, name: str, axis: int, extra_scale: float = 1.0) -> dict:
+    """Weight codes, scales and zero points laid out for the kernels (channel axis ``axis``)."""
+    enc = ctx.param_encoding(name)
+    if enc.axis is not None and enc.axis % len(ctx.index.shape[name]) != axis:
+        raise Unsupported(f"weight {name!r} is per-channel along axis {enc.axis}, the kernel needs axis {axis}")
+    codes = quantize(ctx.index.constant_value(name), enc)
+    dtype = np.int8 if enc.signed else np.uint8
+    scale = (np.float32(enc.scale) * np.float32(extra_scale)).astype(np.float32)
+    if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+        raise Unsupported(f"weight {name!r} has a zero or non-finite float32 scale")
+    return {"codes": codes.astype(dtype), "scale": scale, "zero_point": enc.zero_point.astype(dtype), "enc": enc}
+
+
+def _add_weight(ctx: LoweringContext, name: str, w: dict) -> tuple[str, str, str]:
+    return (ctx.add_initializer(w["codes"], f"{name}/codes"),
+            ctx.add_initializer(w["scale"], f"{name}/scale"),
+            ctx.add_initializer(w["zero_point"], f"{name}/zero_point"))
+
+
+def _bias(ctx: LoweringContext, values: np.ndarray, x: QTensor, w: dict, name: str) -> tuple[str, np.ndarray]:
+    codes, scale = quantize_bias(values, x.grid.scale, w["scale"])
+    if np.any(scale <= 0) or np.any(np.abs(np.asarray(values, np.float64) / scale) > _INT32_MAX):
+        raise Unsupported(f"bias {name!r} does not fit int32 on the accumulator grid s_in * s_w")
+    return ctx.add_initializer(codes, f"{name}/int32"), scale
+
+
+def _record(ctx, node, op, x: QTensor, w: dict, y, bias_scale=None, weight=None, extra: dict | None = None):
+    multiplier = np.float64(np.float32(x.grid.scale)) * w["scale"].astype(np.float64) / np.float64(y.grid.scale)
+    entry = {"op": op, "output": y.tensor if hasattr(y, "tensor") else None,
+             "input_scale": x.grid.scale, "input_zero_point": x.grid.zero_point,
+             "weight_scale": w["scale"].tolist(), "weight_zero_point": w["zero_point"].tolist(),
+             "output_scale": y.grid.scale, "output_zero_point": y.grid.zero_point,
+             **multiplier_record(multiplier)}
+    if bias_scale is not None:
+        entry["bias_scale"] = np.asarray(bias_scale, np.float64).tolist()
+    if weight is not None:
+        entry["weight"] = weight
+    entry.update(extra or {})
+    ctx.record(node, entry)
+
+
+def lower_conv(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Conv -> QLinearConv with int8 weights (per channel or per tensor) and an int32 bias on ``s_in * s_w``."""
+    x = ctx.int_input(node.input[0])
+    w_name = node.input[1]
+    w = _weight(ctx, w_name, axis=0)
+    ep = epilogue(ctx, node)
+    ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
+    xs, xzp = ctx.grid_inputs(x.grid, node.input[0])
+    inputs = [x.name, xs, xzp, *_add_weight(ctx, w_name, w), ys, yzp]
+    bias_scale = None
+    if len(node.input) > 2 and node.input[2]:
+        bias_name, bias_scale = _bias(ctx, ctx.constant(node.input[2]), x, w, node.input[2])
+        inputs.append(bias_name)
+    out = ctx.fresh(f"{ep.tensor}/codes")
+    ctx.emit("QLinearConv", inputs, [out], name=node.name, attributes_of=node)
+    _record(ctx, node, "QLinearConv", x, w, ep, bias_scale, w_name, {"clamp": [ep.low, ep.high]})
+    finish(ctx, ep, out)
+
+
+def _qgemm(ctx, node, x: QTensor, a_name: str, w_name: str, w: dict, bias, ep, attrs: dict, out: str) -> None:
+    xs, xzp = ctx.grid_inputs(x.grid, a_name)
+    ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
+    bias_input, bias_scale = "", None
+    if bias is not None:
+        bias_input, bias_scale = _bias(ctx, bias, x, w, f"{node.name}/bias")
+    ctx.emit("QGemm", [x.name, xs, xzp, *_add_weight(ctx, w_name, w), bias_input, ys, yzp], [out],
+             name=node.name, domain=MS_DOMAIN, **attrs)
+    _record(ctx, node, "QGemm", x, w, ep, bias_scale, w_name, {"clamp": [ep.low, ep.high]})
+
+
+def lower_gemm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Gemm -> com.microsoft QGemm (alpha folded into the weight scale, beta into the int32 bias)."""
+    attrs = node_attributes(node)
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
+    x = ctx.int_input(node.input[0])
+    w_name = node.input[1]
+    w = _weight(ctx, w_name, axis=0 if trans_b else 1, extra_scale=alpha)
+    bias = None
+    if len(node.input) > 2 and node.input[2]:
+        if not ctx.index.is_constant(node.input[2]):
+            raise Unsupported(f"Gemm bias {node.input[2]!r} is not a constant")
+        bias = np.asarray(ctx.constant(node.input[2]), np.float32) * np.float32(beta)
+        n = w["codes"].shape[0 if trans_b else 1]
+        if bias.size != 1 and (bias.ndim > 2 or bias.shape[-1] != n):
+            raise Unsupported(f"Gemm bias of shape {bias.shape} is not broadcastable per column")
+        if bias.size == 1:
+            bias = np.full(n, bias.reshape(-1)[0], np.float32)
+    ep = epilogue(ctx, node)
+    out = ctx.fresh(f"{ep.tensor}/codes")
+    _qgemm(ctx, node, x, node.input[0], w_name, w, bias, ep, {"transA": trans_a, "transB": trans_b}, out)
+    finish(ctx, ep, out)
+
+
+def _reshape(ctx: LoweringContext, codes: str, shape: list, base: str) -> str:
+    out = ctx.fresh(f"{base}/reshaped")
+    ctx.emit("Reshape", [codes, ctx.add_initializer(np.asarray(shape, np.int64), f"{base}/shape")], [out],
+             name=f"{base}/reshape")
+    return out
+
+
+def lower_matmul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """MatMul -> QLinearMatMul (constant weight, or two 8-bit activations); with a bias Add -> QGemm."""
+    a_name, b_name = node.input[0], node.input[1]
+    x = ctx.int_input(a_name)
+    if not ctx.index.is_constant(b_name):
+        _matmul_activations(ctx, node, x)
+        return
+    w_shape = ctx.index.shape.get(b_name)
+    if w_shape is None or len(w_shape) != 2:
+        raise Unsupported(f"MatMul weight {b_name!r} is not 2-D")
+    w = _weight(ctx, b_name, axis=1)
+    ep = epilogue(ctx, node, allow_bias=True)
+    out = ctx.fresh(f"{ep.tensor}/codes")
+    if ep.bias is None:
+        xs, xzp = ctx.grid_inputs(x.grid, a_name)
+        ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
+        ctx.emit("QLinearMatMul", [x.name, xs, xzp, *_add_weight(ctx, b_name, w), ys, yzp], [out], name=node.name)
+        _record(ctx, node, "QLinearMatMul", x, w, ep, None, b_name, {"clamp": [ep.low, ep.high]})
+        finish(ctx, ep, out)
+        return
+    a_shape = ctx.index.shape.get(a_name)
+    if a_shape is None:
+        raise Unsupported(f"rank of MatMul input {a_name!r} is unknown")
+    if len(a_shape) == 2:
+        _qgemm(ctx, node, x, a_name, b_name, w, ep.bias, ep, {}, out)
+        finish(ctx, ep, out)
+        return
+    leading = [d if isinstance(d, int) and d > 0 else -1 for d in a_shape[:-1]]
+    if len(a_shape) < 2 or leading.count(-1) > 1 or not isinstance(a_shape[-1], int):
+        raise Unsupported(f"MatMul input {a_name!r} of shape {a_shape} cannot be flattened to 2-D statically")
+    flat = QTensor(_reshape(ctx, x.name, [-1, a_shape[-1]], f"{node.name}/input"), x.grid)
+    gemm_out = ctx.fresh(f"{ep.tensor}/codes2d")
+    _qgemm(ctx, node, flat, a_name, b_name, w, ep.bias, ep, {}, gemm_out)
+    ctx.emit("Reshape", [gemm_out, ctx.add_initializer(np.asarray(leading + [w["codes"].shape[1]], np.int64),
+                                                       f"{node.name}/output_shape")], [out],
+             name=f"{node.name}/output_reshape")
+    finish(ctx, ep, out)
+
+
+def _matmul_activations(ctx: LoweringContext, node: onnx.NodeProto, x: QTensor) -> None:
+    y = ctx.int_input(node.input[1])
+    ep = epilogue(ctx, node)
+    xs, xzp = ctx.grid_inputs(x.grid, node.input[0])
+    bs, bzp = ctx.grid_inputs(y.grid, node.input[1])
+    ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
+    out = ctx.fresh(f"{ep.tensor}/codes")
+    ctx.emit("QLinearMatMul", [x.name, xs, xzp, y.name, bs, bzp, ys, yzp], [out], name=node.name)
+    w = {"scale": np.asarray(np.float32(y.grid.scale)), "zero_point": np.asarray(y.grid.zero_point)}
+    _record(ctx, node, "QLinearMatMul", x, w, ep, None, None, {"clamp": [ep.low, ep.high]})
+    finish(ctx, ep, out)
+
+
+RULES = {"Conv": lower_conv, "Gemm": lower_gemm, "MatMul": lower_matmul}

@@ -1,0 +1,119 @@
+"""Data movement on 8-bit codes, and Relu/Clip as clamps on codes.
+
+Ops that only move, select or compare elements commute with an affine grid: for a per-tensor grid
+``r = s (q - z)``, ``op(DQ(q)) == DQ(op(q))`` elementwise, so they run unchanged on the uint8 codes
+(onnxruntime has uint8 kernels for all of them: `DIRECT_OPS`, with the first opset that has one) and
+their outputs inherit the input grid, exactly as in the sim (the sim leaves these outputs unquantized,
+or ties them to the input's quantizer). Two adjustments keep this exact:
+
+* Pad (mode "constant") pads with ``q(c)``; refused unless ``c`` lies on the grid (0 always does), since
+  the sim's output would otherwise hold an off-grid value.
+* Resize: only ``mode="nearest"`` (a selection); linear/cubic interpolation is arithmetic.
+* An output with its own, different quantizer is moved to that grid by a lookup table (`regrid`).
+
+Identity and Dropout (inference) alias their input codes; Shape and Size read the codes' shape.
+
+Relu / Clip not absorbed by their producer (`epilogue`): when the output grid equals the input grid (the
+sim ties a Relu output to its input quantizer) the op is ``clip(q, q(lo), q(hi))`` on codes, exact by
+monotonicity of ``q`` and omitted when the grid already implies it (``q(lo) <= 0``, ``q(hi) >= 255``);
+an unquantized output inherits the input grid when the bounds lie on it; a different output grid makes
+the op a lookup table (`lowering_lut`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from quantsim.graph.index import node_attributes
+from quantsim.export.integer.epilogue import clamp_codes, clip_bounds, code_clamp
+from quantsim.export.integer.context import LoweringContext, QTensor, Unsupported
+from quantsim.export.integer.lut import lower_lut, regrid
+
+__all__ = ["RULES", "DIRECT_OPS"]
+
+DIRECT_OPS: dict[str, int] = {
+    "MaxPool": 12, "Reshape": 5, "Flatten": 1, "Transpose": 1, "Squeeze": 1, "Unsqueeze": 1, "Slice": 1,
+    "Resize": 10, "Split": 2, "Pad": 11, "DepthToSpace": 1, "SpaceToDepth": 1, "Tile": 6, "Expand": 8,
+    "Gather": 1, "GatherElements": 11, "ReduceMax": 12, "ReduceMin": 12,
+}
+
+
+def _data_outputs(ctx: LoweringContext, node: onnx.NodeProto) -> list[int]:
+    positions = [i for i, name in enumerate(node.output) if name and ctx.index.is_float(name)]
+    extra = [node.output[i] for i, name in enumerate(node.output) if name and i not in positions]
+    if node.op_type == "MaxPool" and any(ctx.index.uses(n) or n in ctx.index.graph_outputs for n in extra):
+        raise Unsupported("MaxPool Indices output has no uint8 kernel")
+    return positions
+
+
+def _settle(ctx: LoweringContext, tensor: str, codes: QTensor) -> None:
+    """Register ``codes`` (on the input grid) for ``tensor``, moved to the tensor's own grid if it has one."""
+    grid = ctx.output_grid(tensor, codes.grid)
+    moved = regrid(ctx, codes, grid, tensor)
+    ctx.set_int(tensor, moved.name, grid)
+
+
+def lower_direct(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Data movement (`DIRECT_OPS`) applied to the uint8 codes themselves: the values keep their grid."""
+    if ctx.opset < DIRECT_OPS[node.op_type]:
+        raise Unsupported(f"no uint8 {node.op_type} kernel before opset {DIRECT_OPS[node.op_type]}")
+    attrs = node_attributes(node)
+    if node.op_type == "Resize" and attrs.get("mode", b"nearest") not in (b"nearest", "nearest"):
+        raise Unsupported(f"Resize mode {attrs['mode']!r} interpolates (only nearest moves codes)")
+    x = ctx.int_input(node.input[0])
+    inputs = [x.name] + [ctx.float_input(name) for name in node.input[1:]]
+    if node.op_type == "Pad":
+        mode = attrs.get("mode", b"constant")
+        if mode in (b"constant", "constant"):
+            value = 0.0
+            if len(node.input) > 2 and node.input[2]:
+                if not ctx.index.is_constant(node.input[2]):
+                    raise Unsupported("Pad value is not a constant")
+                value = float(np.asarray(ctx.constant(node.input[2])).reshape(-1)[0])
+            if not x.grid.on_grid(value):
+                raise Unsupported(f"Pad value {value} is not on the input grid")
+            code = ctx.scalar(int(x.grid.quantize(value)), np.uint8, "pad/value")
+            inputs = inputs[:2] + [code] + inputs[3:] if len(inputs) > 2 else inputs + [code]
+    positions = _data_outputs(ctx, node)
+    outputs = list(node.output)
+    for i in positions:
+        outputs[i] = ctx.fresh(f"{node.output[i]}/codes")
+    ctx.emit(node.op_type, inputs, outputs, name=node.name, attributes_of=node)
+    for i in positions:
+        _settle(ctx, node.output[i], QTensor(outputs[i], x.grid))
+
+
+def lower_alias(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Identity / Dropout at inference: the output is the input."""
+    if any(ctx.index.uses(n) or n in ctx.index.graph_outputs for n in node.output[1:] if n):
+        raise Unsupported(f"{node.op_type} mask output is used")
+    _settle(ctx, node.output[0], ctx.int_input(node.input[0]))
+
+
+def lower_shape(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Shape/Size read the codes tensor: its shape is the float tensor's shape."""
+    ctx.emit(node.op_type, [ctx.any_input(node.input[0])], list(node.output), name=node.name, attributes_of=node)
+
+
+def lower_clamp(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """A standalone Relu / Clip (see the module docstring)."""
+    x = ctx.int_input(node.input[0])
+    low, high = clip_bounds(ctx, node)
+    tensor = node.output[0]
+    grid = ctx.grid_of(tensor)
+    if grid is None:
+        if ctx.has_quantizer(tensor):
+            raise Unsupported(ctx.why_not_8bit(tensor))
+        if not (x.grid.on_grid(low) and x.grid.on_grid(high)):
+            raise Unsupported(f"{node.op_type} bounds ({low}, {high}) are not on the input grid")
+        grid = x.grid
+    if grid != x.grid:
+        lower_lut(ctx, node)
+        return
+    lo, hi = code_clamp(grid, low, high)
+    ctx.set_int(tensor, clamp_codes(ctx, x.name, lo, hi, tensor), grid)
+
+
+RULES = {op: lower_direct for op in DIRECT_OPS}
+RULES.update({"Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape, "Size": lower_shape,
+              "Relu": lower_clamp, "Clip": lower_clamp})

@@ -1,0 +1,251 @@
+"""From a standard QDQ model back to a float model plus encodings (``QuantizationSimModel.from_onnx_qdq``).
+
+Patterns recognised (everything else is left as it is, with a warning or, when strict, an error):
+
+* ``[Clip(lo, hi)] -> QuantizeLinear -> DequantizeLinear`` on a tensor: an activation (or constant)
+  encoding from the pair's scale / zero point / storage type; a Clip with constant bounds narrows the
+  grid to ``[round(lo/s) + z, round(hi/s) + z]`` when that is a strict symmetric or 2..15-bit grid
+  inside the container (any other Clip, e.g. a model's Relu6, is the model's own and stays).
+* ``DequantizeLinear(integer initializer)``: a weight; the float weight is the dequantized value and the
+  encoding comes from the DQ (per-axis, or blocked for 2-D weights). int32 biases become float biases.
+* ``Cast(float16) -> Cast(float)``: a float16 quantizer.
+* A Q/DQ pair right after a data-movement op that repeats the parameters of the DQ feeding that op
+  (the derived pairs `quantsim.export.qdq` adds) is dropped without an encoding: it is an identity.
+
+Naming: the float tensor keeps the name read by the Q, except for graph outputs and when that name
+is ``<name>/...`` of the DQ's output (this SDK's own export convention): then it keeps the DQ output's.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from quantsim.encodings import TensorEncoding
+from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.core.numerics import Encoding
+from quantsim.prepare.common import drop_unused_initializers
+from quantsim.prepare.naming import name_nodes
+
+__all__ = ["strip_qdq", "sim_from_qdq"]
+
+_SIGNED = {TensorProto.INT4: (4, True), TensorProto.INT8: (8, True), TensorProto.INT16: (16, True),
+           TensorProto.UINT4: (4, False), TensorProto.UINT8: (8, False), TensorProto.UINT16: (16, False),
+           TensorProto.INT32: (32, True)}
+
+
+def _constant(index: GraphIndex, name: str) -> np.ndarray | None:
+    return index.constant_value(name) if name and index.is_constant(name) else None
+
+
+def _storage(index: GraphIndex, node: onnx.NodeProto) -> int:
+    if len(node.input) > 2 and node.input[2]:
+        return index.elem_type[node.input[2]]
+    attrs = node_attributes(node)
+    return attrs.get("output_dtype", TensorProto.UINT8) or TensorProto.UINT8
+
+
+def _is_grid_clip(index: GraphIndex, node: onnx.NodeProto, bounds) -> bool:
+    """True when the Clip bounds are the float range of an n-bit or strict grid narrower than the
+    Q's container (what the sim writes); a model's own Clip (Relu6, ...) is not one and stays."""
+    bits, signed = _SIGNED[_storage(index, node)]
+    scale = _constant(index, node.input[1])
+    zp = _constant(index, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if scale is None or scale.ndim != 0 or (zp is not None and zp.ndim != 0):
+        return False
+    s, z = np.float32(scale), int(zp) if zp is not None else 0
+    ratios = [np.float32(b.reshape(())) / s for b in bounds]
+    if any(abs(r - np.rint(r)) > 1e-3 for r in ratios):
+        return False
+    codes = tuple(int(np.rint(r)) + z for r in ratios)
+    for n in range(2, bits + 1):
+        lo, hi = (-(1 << (n - 1)), (1 << (n - 1)) - 1) if signed else (0, (1 << n) - 1)
+        if (n < bits and codes == (lo, hi)) or (signed and codes == (lo + 1, hi)):
+            return True
+    return False
+
+
+def _encoding(index, node, storage, clip_bounds=None, shape=None) -> Encoding:
+    bits, signed = _SIGNED[storage]
+    scale = _constant(index, node.input[1]).astype(np.float64)
+    zp_values = _constant(index, node.input[2]) if len(node.input) > 2 else None
+    zero_point = np.zeros(scale.shape, np.int64) if zp_values is None else zp_values.astype(np.int64)
+    qmin, qmax = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    grid_bits = bits
+    if clip_bounds is not None and scale.ndim == 0:
+        s = np.float32(scale)
+        lo = int(np.rint(np.float32(clip_bounds[0]) / s)) + int(zero_point)
+        hi = int(np.rint(np.float32(clip_bounds[1]) / s)) + int(zero_point)
+        qmin, qmax = max(qmin, lo), min(qmax, hi)
+        levels = qmax - qmin + 1
+        strict = signed and qmin == -qmax
+        grid_bits = int(np.log2(levels + 1)) if strict else int(np.ceil(np.log2(levels)))
+        if not strict:
+            qmin, qmax = (-(1 << (grid_bits - 1)), (1 << (grid_bits - 1)) - 1) if signed else (0, (1 << grid_bits) - 1)
+    attrs = node_attributes(node)
+    symmetric = signed and not np.any(zero_point)
+    axis = block_axis = block_size = None
+    if scale.ndim >= 1 and "block_size" in attrs:
+        if scale.ndim != 2:
+            raise NotImplementedError(f"{node.name}: blocked DequantizeLinear is only imported for 2-D weights")
+        block_axis = attrs.get("axis", 1) % 2
+        axis = 1 - block_axis
+        block_size = attrs["block_size"]
+        if block_axis == 0:
+            scale, zero_point = scale.T, zero_point.T
+    elif scale.ndim == 1:
+        axis = attrs.get("axis", 1) % (len(shape) if shape else 1)
+    return Encoding(scale, zero_point, grid_bits, signed, qmin, qmax, symmetric, axis, block_axis, block_size)
+
+
+def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelProto, list[TensorEncoding]]:
+    """The float model hidden in a QDQ model and the encodings its Q/DQ (and Cast pairs) describe."""
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    work, _ = name_nodes(work)  # nodes are removed by name below: unnamed ones need names first
+    graph = work.graph
+    index = GraphIndex(work)
+    remove, renames, records = set(), {}, []
+    new_initializers = []
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and index.is_constant(node.input[0]):
+            codes = index.constant_value(node.input[0])
+            storage = index.elem_type[node.input[0]]
+            enc = _encoding(index, node, storage, shape=codes.shape)
+            values = _dequantize_constant(codes, enc, node)
+            new_initializers.append(numpy_helper.from_array(values, node.output[0]))
+            if enc.bits <= 16:
+                records.append(TensorEncoding.from_encoding(node.output[0], enc, "param", codes.shape))
+            remove.add(node.name)
+            continue
+        if node.op_type == "QuantizeLinear":
+            dq = index.single_consumer(node.output[0])
+            if dq is None or dq.op_type != "DequantizeLinear":
+                _unmatched(node, strict)
+                continue
+            source, target = node.input[0], dq.output[0]
+            producer = index.producer_of(source)
+            clip = None
+            if producer is not None and producer.op_type == "Clip" and index.single_consumer(source) is node:
+                bounds = [_constant(index, n) for n in producer.input[1:3]]
+                if all(b is not None and b.size == 1 for b in bounds) and _is_grid_clip(index, node, bounds):
+                    clip = (float(bounds[0]), float(bounds[1]))
+                    remove.add(producer.name)
+                    source = producer.input[0]
+            enc = _encoding(index, node, _storage(index, node), clip)
+            name = _float_name(index, source, target)
+            if clip is None and _is_derived(index, node, source):
+                renames[target if name == source else source] = name
+                remove.update({node.name, dq.name})
+                continue
+            kind = "param" if index.is_constant(source) else "activation"
+            records.append(TensorEncoding.from_encoding(name, enc, kind))
+            renames[target if name == source else source] = name
+            remove.update({node.name, dq.name})
+        elif node.op_type == "DequantizeLinear" and index.producer_of(node.input[0]) is None:
+            _unmatched(node, strict)
+        elif node.op_type == "Cast" and _is_fp16_pair(index, node):
+            back = index.single_consumer(node.output[0])
+            source, target = node.input[0], back.output[0]
+            name = _float_name(index, source, target)
+            records.append(TensorEncoding.float16(name, "param" if index.is_constant(source) else "activation"))
+            renames[target if name == source else source] = name
+            remove.update({node.name, back.name})
+    kept = [n for n in graph.node if n.name not in remove]
+    _apply_renames(kept, graph, renames)
+    replaced = {t.name for t in new_initializers}
+    initializers = [t for t in graph.initializer if t.name not in replaced] + new_initializers
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    drop_unused_initializers(graph, {t.name for t in initializers})
+    del graph.value_info[:]
+    return work, records
+
+
+def _is_derived(index: GraphIndex, q: onnx.NodeProto, source: str) -> bool:
+    """True for a Q/DQ pair after a data-movement op that repeats its input's Q/DQ parameters."""
+    from quantsim.export.qdq import GRID_MOVEMENT_OPS
+
+    producer = index.producer_of(source)
+    if producer is None or producer.op_type not in GRID_MOVEMENT_OPS or not producer.input:
+        return False
+    upstream = index.producer_of(producer.input[0])
+    if upstream is None or upstream.op_type != "DequantizeLinear" or len(upstream.input) != len(q.input):
+        return False
+    return all(
+        a == b or (index.is_constant(a) and index.is_constant(b)
+                   and np.array_equal(index.constant_value(a), index.constant_value(b)))
+        for a, b in zip(upstream.input[1:], q.input[1:])
+    )
+
+
+def _resolve(name: str, renames: dict[str, str]) -> str:
+    seen = set()
+    while name in renames and name not in seen:
+        seen.add(name)
+        name = renames[name]
+    return name
+
+
+def _apply_renames(nodes, graph, renames) -> None:
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            node.input[i] = _resolve(name, renames)
+        for i, name in enumerate(node.output):
+            node.output[i] = _resolve(name, renames)
+
+
+def _float_name(index: GraphIndex, source: str, target: str) -> str:
+    """Name the de-quantized tensor keeps (module docstring): graph outputs and this SDK's
+    ``<name>/float`` tensors keep the DQ output's name; everything else keeps the Q input's."""
+    if index.is_constant(source) or source in index.graph_inputs:
+        return source
+    if target in index.graph_outputs or source.startswith(target + "/"):
+        return target
+    return source
+
+
+def _dequantize_constant(codes: np.ndarray, enc: Encoding, node) -> np.ndarray:
+    from quantsim.core.numerics import dequantize
+
+    if enc.bits > 16:  # int32 bias
+        scale = enc.scale.astype(np.float32)
+        view = scale.reshape(-1) if scale.ndim else scale
+        return ((codes.astype(np.int64) - enc.zero_point.reshape(view.shape)).astype(np.float32) * view).astype(np.float32)
+    return dequantize(codes.astype(np.int64), enc)
+
+
+def _is_fp16_pair(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    attrs = node_attributes(node)
+    back = index.single_consumer(node.output[0])
+    if attrs.get("to") != TensorProto.FLOAT16 or back is None or back.op_type != "Cast":
+        return False
+    return node_attributes(back).get("to") == TensorProto.FLOAT
+
+
+def _unmatched(node: onnx.NodeProto, strict: bool) -> None:
+    message = f"{node.op_type} node {node.name!r} is not part of a recognised Q/DQ pattern; left in the model"
+    if strict:
+        raise NotImplementedError(message)
+    warnings.warn(message, stacklevel=3)
+
+
+def sim_from_qdq(cls, model, *, strict: bool = False, **init_kwargs):
+    """Build a ``cls`` sim from a QDQ model; quantizers without a Q/DQ in the model are disabled, so the
+    sim computes what the QDQ model computes."""
+    from quantsim.encodings.transfer import load_records
+
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model))
+    float_model, records = strip_qdq(model, strict)
+    sim = cls(float_model, **init_kwargs)
+    load_records(sim, "qdq", records, "QDQ model", strict=strict, allow_overwrite=True,
+                 disable_missing_quantizers=True)
+    matched = sum(1 for r in records if r.name in sim.qc_quantize_op_dict)
+    if matched < len(records):
+        warnings.warn(f"loaded {matched} of {len(records)} encodings from the QDQ model", stacklevel=3)
+    return sim

@@ -1,0 +1,229 @@
+"""Integer reference executor: runs a "fully integer" ONNX model in numpy and proves what it computes.
+
+``run_integer_model(model, feeds)`` executes the graph node by node the way integer hardware does (Jacob et
+al. 2018; gemmlowp / TFLite; reference/onnxruntime_integer.md §5): int32 accumulation, requantization by a
+per-channel fixed-point (mantissa, shift) computed once from the op's float scales (saturating rounding
+doubling high multiply + rounding right shift), clamping to the output grid; sigmoid and softmax's exp
+through lookup tables built once from the scales. Float appears only at the boundary (Q/DQ,
+DynamicQuantizeLinear, float-output QGemm, MatMulIntegerToFloat) and in float chains after ConvInteger /
+MatMulInteger (Cast -> Mul). Kernels and their numerics: `quantsim.export.reference.qlinear_linear`;
+data-movement kernels: `quantsim.export.reference.movement`.
+
+onnxruntime's QLinearConv / QLinearMatMul / QGemm requantize with an fp32 multiplier, so ORT agreeing with
+the sim says nothing about a fixed-point deployment; this executor is one. `compare_with_onnxruntime`
+states per output the largest difference in output steps (LSB) and the fraction within one LSB.
+
+`SUPPORTED_OPS` lists the (domain, op) pairs: the QLinear* / integer ops of `reference_ops` plus data
+movement and integer ops on codes (MaxPool, NhwcMaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze,
+Slice, Resize nearest, Split, Pad, Concat, Gather(Elements), DepthToSpace, SpaceToDepth, ReduceMax/Min,
+Cast, Max, Min, Clip, Relu, Identity, Dropout, Expand, Tile, Shape, Size, Constant, and Add/Sub/Mul/Div
+with numpy semantics of the operand type: integer wrap-around, float32 for dequantized chains). Anything
+else raises NotImplementedError naming the node (or, with ``float_fallback=True``, float islands run
+through ``onnx.reference``). Initializers are read as given.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from quantsim.export.reference.movement import MOVEMENT_KERNELS, _max_pool, _split
+from quantsim.export.reference.qlinear_linear import BOUNDARY_OPS, QUANT_KERNELS
+
+__all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxruntime", "SUPPORTED_OPS"]
+
+
+#: (domain, op_type) pairs the executor runs
+SUPPORTED_OPS = frozenset(
+    set(QUANT_KERNELS) | {("", op) for op in MOVEMENT_KERNELS} | {("", "Split"), ("com.microsoft", "NhwcMaxPool")}
+)
+
+
+# ------------------------------------------------------------------------------------------------ executor
+class IntegerReferenceExecutor:
+    """Numpy executor of an integer ONNX model; ``run(feeds)`` -> ``{output name: array}``.
+
+    After a run, ``trace`` lists ``(node name, op type, kind)`` with kind ``"boundary"`` (float <-> int
+    conversion), ``"integer"`` (integer outputs only) or ``"float"`` (a float op, e.g. a dequantized
+    chain after MatMulInteger), so a test can assert where float arithmetic happens.
+    """
+
+    def __init__(self, model: onnx.ModelProto, *, float_fallback: bool = False):
+        self.model = model
+        self.float_fallback = float_fallback
+        graph = model.graph
+        self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+        self.initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.input_names = [i.name for i in graph.input if i.name not in self.initializers]
+        self.output_names = [o.name for o in graph.output]
+        self.trace: list[tuple[str, str, str]] = []
+        # fail fast: an unsupported op is reported before any computation
+        self._kernels = [self._kernel(node) for node in graph.node]
+
+    def _kernel(self, node: onnx.NodeProto):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
+            raise NotImplementedError(f"node {node.name!r} ({node.op_type}): subgraphs are not supported")
+        if domain == "" and node.op_type == "Split":
+            return lambda ins, attrs, opset: _split(ins, attrs, opset, len(node.output))
+        if domain == "com.microsoft" and node.op_type == "NhwcMaxPool":
+            return lambda ins, attrs, opset: _max_pool(ins, attrs, opset, channels_last=True)
+        if domain == "" and node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
+            raise NotImplementedError(f"node {node.name!r} (MaxPool): the Indices output is not supported")
+        fn = QUANT_KERNELS.get((domain, node.op_type)) or (MOVEMENT_KERNELS.get(node.op_type) if domain == "" else None)
+        if fn is None and self.float_fallback and domain == "":
+            return self._float_kernel(node)
+        if fn is None:
+            where = f"{domain}::" if domain else ""
+            raise NotImplementedError(
+                f"integer reference executor: unsupported op {where}{node.op_type} in node {node.name!r} "
+                f"(outputs {list(node.output)})"
+            )
+        return fn
+
+    def _float_kernel(self, node: onnx.NodeProto):
+        """A float op outside the quantized region, run by ``onnx.reference`` (only with float_fallback)."""
+        from onnx.reference import ReferenceEvaluator
+
+        evaluator = ReferenceEvaluator(node, opsets={"": self.opsets.get("", 1)})
+
+        def run(ins, attrs, opset):
+            codes = [n for n, v in zip(node.input, ins) if v is not None and v.dtype.itemsize <= 2
+                     and np.issubdtype(v.dtype, np.integer)]
+            if codes:
+                raise NotImplementedError(f"node {node.name!r} ({node.op_type}): float fallback on codes {codes}")
+            return evaluator.run(None, {n: v for n, v in zip(node.input, ins) if n})
+
+        return run
+
+    def run_node(self, index: int, env: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Outputs of the graph's ``index``-th node, its inputs read from ``env``."""
+        node = self.model.graph.node[index]
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        attrs = {}
+        for a in node.attribute:
+            v = helper.get_attribute_value(a)
+            attrs[a.name] = v.decode() if isinstance(v, bytes) else v
+        try:
+            ins = [env[n] if n else None for n in node.input]
+        except KeyError as err:
+            raise ValueError(f"node {node.name!r} ({node.op_type}) reads {err} before it is produced") from None
+        return [np.asarray(v) for v in self._kernels[index](ins, attrs, self.opsets.get(domain, 1))]
+
+    def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every tensor value of the graph (initializers, feeds, node outputs)."""
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise ValueError(f"missing feeds for graph inputs {missing}")
+        env = dict(self.initializers)
+        env.update({k: np.asarray(v) for k, v in feeds.items()})
+        self.trace = []
+        for index, node in enumerate(self.model.graph.node):
+            outs = self.run_node(index, env)
+            env.update((name, value) for name, value in zip(node.output, outs) if name)
+            self.trace.append((node.name, node.op_type, self._kind(node.op_type, outs)))
+        return env
+
+    @staticmethod
+    def _kind(op_type: str, outs) -> str:
+        is_float = any(np.issubdtype(np.asarray(o).dtype, np.floating) for o in outs)
+        if op_type in BOUNDARY_OPS or (op_type == "QGemm" and is_float):
+            return "boundary"
+        return "float" if is_float else "integer"
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        env = self.run_all(feeds)
+        return {name: env[name] for name in self.output_names}
+
+    @property
+    def float_nodes(self) -> list[str]:
+        """Names of the nodes of the last run that computed in float (boundary ops included)."""
+        return [name for name, _, kind in self.trace if kind != "integer"]
+
+
+def run_integer_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *,
+                      float_fallback: bool = False) -> dict[str, np.ndarray]:
+    """Run ``model`` in the integer reference executor; ``{graph output name: numpy array}``.
+
+    ``float_fallback=True`` runs unsupported standard ops whose data inputs are float (islands between
+    DequantizeLinear and QuantizeLinear) with ``onnx.reference``; they show as "float" in the trace.
+    """
+    return IntegerReferenceExecutor(model, float_fallback=float_fallback).run(feeds)
+
+
+# ------------------------------------------------------------------------------------------------ comparison
+def _output_lsb(producer, env, ref: np.ndarray):
+    """Size of one step of a tensor (1 for integer codes) made by ``producer``, broadcast to ``ref``."""
+    if np.issubdtype(ref.dtype, np.integer):
+        return np.ones((), np.float64)
+    if producer is None or producer.op_type != "DequantizeLinear":
+        return None
+    scale = np.asarray(env[producer.input[1]], np.float64)
+    if scale.size == 1:
+        return scale.reshape(())
+    axis = next((a.i for a in producer.attribute if a.name == "axis"), 1) % ref.ndim
+    block = next((a.i for a in producer.attribute if a.name == "block_size"), 0)
+    if block:
+        return np.take(np.repeat(scale, block, axis=axis), np.arange(ref.shape[axis]), axis=axis)
+    shape = [1] * ref.ndim
+    shape[axis] = -1
+    return scale.reshape(shape)
+
+
+def _onnxruntime_values(model: onnx.ModelProto, feeds, extra: dict[str, np.dtype]) -> dict[str, np.ndarray]:
+    """Graph outputs (and the ``extra`` tensors, exposed as outputs) from a default onnxruntime session."""
+    import onnxruntime as ort  # only this check touches onnxruntime
+
+    if extra:
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        known = {o.name for o in model.graph.output}
+        model.graph.output.extend(
+            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(t), None)
+            for n, t in extra.items() if n not in known
+        )
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def compare_with_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, layerwise: bool = False,
+                             float_fallback: bool = False) -> dict[str, dict]:
+    """Run ``model`` in onnxruntime (default CPU session) and in the reference executor.
+
+    Returns ``{output name: {"max_lsb_diff", "frac_within_1_lsb", "frac_exact", "max_abs_diff",
+    "num_elements", "lsb"}}``. The LSB is 1 for integer outputs and the DequantizeLinear scale for a
+    dequantized float output (per element when per axis); for another float output (float QGemm,
+    MatMulIntegerToFloat, a float chain) ``lsb`` is None and the LSB figures use the raw difference.
+
+    ``layerwise=True`` reports every node output instead, each computed by the executor from
+    onnxruntime's values of that node's inputs: per-op agreement, free of differences propagated from
+    earlier layers (end to end, a one-LSB difference can grow through the following layers).
+    """
+    executor = IntegerReferenceExecutor(model, float_fallback=float_fallback)
+    env = executor.run_all(feeds)
+    names = list(executor.output_names)
+    if layerwise:
+        names += [o for n in model.graph.node for o in n.output if o and o not in names]
+    theirs = _onnxruntime_values(model, feeds, {n: env[n].dtype for n in names} if layerwise else {})
+    if layerwise:
+        ort_env = {**executor.initializers, **{k: np.asarray(v) for k, v in feeds.items()}, **theirs}
+        for index, node in enumerate(model.graph.node):
+            env.update((o, v) for o, v in zip(node.output, executor.run_node(index, ort_env)) if o)
+    producers = {o: node for node in model.graph.node for o in node.output}
+    report = {}
+    for name in names:
+        ref, got = np.asarray(env[name]), np.asarray(theirs[name])
+        if ref.shape != got.shape:
+            raise AssertionError(f"output {name!r}: reference shape {ref.shape} != onnxruntime {got.shape}")
+        diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))
+        lsb = _output_lsb(producers.get(name), env, ref)
+        steps = diff if lsb is None else np.rint(diff / lsb)  # a dequantized difference is k * scale
+        report[name] = {
+            "max_lsb_diff": float(steps.max(initial=0.0)),
+            "frac_within_1_lsb": float(np.mean(steps <= 1)) if steps.size else 1.0,
+            "frac_exact": float(np.mean(steps == 0)) if steps.size else 1.0,
+            "max_abs_diff": float(diff.max(initial=0.0)),
+            "num_elements": int(ref.size),
+            "lsb": None if lsb is None else float(np.min(lsb)),
+        }
+    return report

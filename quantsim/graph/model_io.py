@@ -1,0 +1,91 @@
+"""Writing models to disk and handing them to onnxruntime, 2 GB models included.
+
+Small models are serialised in one piece. Models past protobuf's 2 GiB limit (judged from tensor shapes,
+see `quantsim.prepare.common.is_large`) are written as a graph file plus one ONNX external-data file
+``<name>.data``; onnxruntime then loads them from that path. Files are staged under temporary names in
+the target folder and renamed into place only when everything is written, so a failure never leaves a
+half-written or mismatched model behind.
+
+A model handed to onnxruntime in memory may hold `in_memory_placeholder` initializers whose values go to
+the session as arrays (`quantsim.graph.session.make_session`'s ``external_initializers``): big weights are then
+neither copied into the model, nor serialised, nor parsed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from quantsim.prepare.common import is_large, save_model
+
+__all__ = ["stage_model", "commit_staged", "discard_staged", "save_model_atomic", "session_model_source",
+           "in_memory_placeholder", "IN_MEMORY_LOCATION", "IN_MEMORY_MIN_BYTES", "IN_MEMORY_ELEM_TYPES"]
+
+IN_MEMORY_LOCATION = "quantsim-in-memory"  # external-data location of the placeholders (never a file)
+IN_MEMORY_MIN_BYTES = 1024  # smaller values stay in the model
+IN_MEMORY_ELEM_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE})
+_IN_MEMORY_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in IN_MEMORY_ELEM_TYPES)
+
+
+def in_memory_placeholder(name: str, values: np.ndarray) -> TensorProto | None:
+    """An initializer standing in for ``values``, which onnxruntime gets separately: name, type and dims,
+    external data at `IN_MEMORY_LOCATION` (never read). None for values that stay in the model: smaller
+    than `IN_MEMORY_MIN_BYTES`, not float32/16/64, or not a native-order contiguous array."""
+    if (values.nbytes < IN_MEMORY_MIN_BYTES or values.dtype not in _IN_MEMORY_DTYPES or not values.dtype.isnative
+            or not values.flags.c_contiguous):
+        return None
+    placeholder = TensorProto(name=name, dims=values.shape, data_location=TensorProto.EXTERNAL,
+                              data_type=helper.np_dtype_to_tensor_dtype(values.dtype))
+    entry = placeholder.external_data.add()
+    entry.key, entry.value = "location", IN_MEMORY_LOCATION
+    return placeholder
+
+
+def stage_model(model: onnx.ModelProto, path: Path) -> list[tuple[Path, Path]]:
+    """Write ``model`` under temporary names beside ``path``; returns ``(temp, final)`` pairs."""
+    path = Path(path)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        written = save_model(model, staging / path.name)
+        for file in written:
+            with open(file, "rb") as stream:
+                os.fsync(stream.fileno())
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [(file, path.parent / file.name) for file in written]
+
+
+def commit_staged(staged: list[tuple[Path, Path]]) -> None:
+    """Rename staged files into place (data file first, graph file last) and drop the staging folder."""
+    for temp, final in sorted(staged, key=lambda pair: pair[1].suffix == ".onnx"):
+        os.replace(temp, final)
+    if staged:
+        shutil.rmtree(staged[0][0].parent, ignore_errors=True)
+
+
+def discard_staged(staged: list[tuple[Path, Path]]) -> None:
+    """Remove staged files without committing them (a later step failed)."""
+    if staged:
+        shutil.rmtree(staged[0][0].parent, ignore_errors=True)
+
+
+def save_model_atomic(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``model`` to ``path`` (plus ``<path>.data`` for large models) atomically."""
+    commit_staged(stage_model(model, Path(path)))
+
+
+def session_model_source(model: onnx.ModelProto) -> tuple[bytes | str, tempfile.TemporaryDirectory | None]:
+    """What to pass to ``onnxruntime.InferenceSession``: the serialised model, or for large models the
+    path of a temporary copy with external data (keep the returned folder alive as long as the session)."""
+    if not is_large(model):
+        return model.SerializeToString(), None
+    folder = tempfile.TemporaryDirectory(prefix="quantsim-session-")
+    path = Path(folder.name) / "model.onnx"
+    save_model(model, path)
+    return str(path), folder

@@ -1,0 +1,174 @@
+"""Tensors that carry something other than activations, found by graph analysis. Read-only.
+
+* **Index tensors**: shape and index arithmetic. Tensors in the shape/index slots of `SHAPE_SLOTS`
+  (Reshape's shape, Gather's indices, Range's bounds, ...) and everything computed only from Shape/Size
+  outputs (and constants). Only float tensors matter here (integer tensors are never quantized); an
+  embedding table gathered by token ids, or logits ranked by TopK, stay data. Quantizing them would change shapes or counts (a float
+  Range step of 1.0 rounded to 0.999999 changes the number of anchors).
+* **Normalization statistics**: the per-row mean, variance and 1/std inside a decomposed normalization
+  layer, i.e. the tensors on a path from a reduction (ReduceMean, ReduceSum, ReduceSumSquare, ReduceL2)
+  to a Sqrt or Reciprocal (both ends included), plus what is computed only to be reduced into them
+  (the ``x * x`` before the ReduceSum of a variance). Fused LayerNormalization kernels keep these in float or
+  int32; on an 8-bit grid the variance computed as ``E[x^2] - E[x]^2`` cancels to noise (magika's
+  LayerNorm drops to 34% top-1 agreement from that one tensor). They are per-row scalars, so keeping
+  them float costs nothing.
+* **Mask fill arithmetic**: attention masks built as ``(1 - mask) * -3.4e38`` (or any float constant of
+  magnitude >= `MASK_FILL_MAGNITUDE`) and everything computed from them up to the Softmax that consumes
+  them (the masked scores included). One grid over ``[-3.4e38, x]`` has steps of 1e36 and flattens the
+  attention scores (paraphrase-MiniLM's embeddings drop to cosine 0.7); AIMET's MaskedSoftmax pass leaves
+  the same tensors unquantized. The Softmax output is quantized as usual.
+* **Non-negative tensors**: outputs of Relu, Sigmoid, Softmax, Exp, Abs, Clip with a constant lower
+  bound >= 0, ..., and of value-preserving or averaging ops over non-negative inputs. Calibration needs
+  no minimum for them: encodings include zero, so an observed minimum >= 0 is the same as 0.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from quantsim.graph.index import GraphIndex
+
+__all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "STATISTIC_REDUCTIONS", "MASK_FILL_MAGNITUDE", "find_index_tensors",
+           "find_normalization_statistics", "find_mask_tensors", "find_nonnegative_tensors"]
+
+MASK_FILL_MAGNITUDE = 1e9
+
+SHAPE_SLOTS: dict[str, frozenset[int]] = {
+    op: frozenset(slots)
+    for op, slots in {
+        "Reshape": {1}, "Expand": {1}, "Tile": {1}, "Slice": {1, 2, 3, 4}, "Range": {0, 1, 2},
+        "Gather": {1}, "GatherElements": {1}, "GatherND": {1}, "Scatter": {1}, "ScatterElements": {1},
+        "ScatterND": {1}, "TopK": {1}, "ConstantOfShape": {0}, "Resize": {1, 2, 3}, "Upsample": {1},
+        "Pad": {1, 3}, "Unsqueeze": {1}, "Squeeze": {1}, "Split": {1}, "OneHot": {0, 1}, "CumSum": {1},
+        "NonMaxSuppression": {2, 3, 4}, "RoiAlign": {2}, "Trilu": {1}, "MaxUnpool": {2}, "ReduceSum": {1},
+        "ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceL1": {1},
+        "ReduceL2": {1}, "ReduceLogSumExp": {1}, "ReduceSumSquare": {1}, "ReduceLogSum": {1},
+    }.items()
+}
+SHAPE_SOURCES = frozenset({"Shape", "Size"})
+
+
+def find_index_tensors(index: GraphIndex) -> frozenset[str]:
+    """Tensors on shape/index arithmetic (module docstring): the values in shape/index slots, and
+    everything computed only from Shape/Size outputs (and constants). Data that merely selects or is
+    selected by indices (an embedding table, the logits TopK ranks) is not index arithmetic."""
+    marked: set[str] = set()
+    derived: set[str] = set()  # computed only from Shape/Size (and constants)
+    for node in index.nodes:
+        slots = SHAPE_SLOTS.get(node.op_type, ())
+        marked.update(name for pos, name in enumerate(node.input) if name and pos in slots)
+        inputs = [n for n in node.input if n]
+        if node.op_type in SHAPE_SOURCES or (
+            inputs and any(n in derived for n in inputs) and all(n in derived or index.is_constant(n) for n in inputs)
+        ):
+            derived.update(o for o in node.output if o)
+    return frozenset(marked | derived)
+
+
+STATISTIC_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"})
+_ROOT_OPS = frozenset({"Sqrt", "Reciprocal"})
+
+
+def find_normalization_statistics(index: GraphIndex) -> frozenset[str]:
+    """Tensors on a path from a reduction's output to a Sqrt/Reciprocal output (module docstring)."""
+    forward: set[str] = set()
+    frontier = [o for n in index.nodes if n.op_type in STATISTIC_REDUCTIONS for o in n.output if o]
+    while frontier:
+        name = frontier.pop()
+        if name in forward:
+            continue
+        forward.add(name)
+        frontier.extend(o for use in index.uses(name) if use.index >= 0 for o in use.node.output if o)
+    backward: set[str] = set()
+    frontier = [o for n in index.nodes if n.op_type in _ROOT_OPS for o in n.output if o]
+    while frontier:
+        name = frontier.pop()
+        if name in backward or name not in forward:
+            continue
+        backward.add(name)
+        producer = index.producer_of(name)
+        if producer is not None:
+            frontier.extend(n for n in producer.input if n)
+    # what is computed only to be reduced into a statistic (x * x before ReduceSum) is part of it
+    changed = True
+    while changed:
+        changed = False
+        for node in index.nodes:
+            if not all(o in backward for o in node.output if o):
+                continue
+            for name in node.input:
+                uses = index.uses(name)
+                if (name and name not in backward and index.producer_of(name) is not None and uses
+                        and name not in index.graph_outputs
+                        and all(u.index >= 0 and all(o in backward for o in u.node.output if o) for u in uses)):
+                    backward.add(name)
+                    changed = True
+    return frozenset(backward)
+
+
+_MASK_SINKS = frozenset({"Softmax", "LogSoftmax"})
+
+
+_MASK_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Where", "Expand", "Cast", "Unsqueeze", "Reshape"})
+
+
+def find_mask_tensors(index: GraphIndex) -> frozenset[str]:
+    """Tensors computed from a huge fill constant, up to (not including) a Softmax's output.
+
+    Seeds are float constants with a value of magnitude >= `MASK_FILL_MAGNITUDE` used as an operand of
+    mask arithmetic (`_MASK_ARITHMETIC`); a huge Clip/Min/Max bound (``Clip(x, 0, FLT_MAX)``) is not a
+    mask fill.
+    """
+    seeds = []
+    for name, tensor in index.initializers.items():
+        if not index.is_float(name) or not any(u.node.op_type in _MASK_ARITHMETIC for u in index.uses(name)):
+            continue
+        values = index.constant_value(name)
+        if values.size and np.any(np.abs(values[np.isfinite(values)]) >= MASK_FILL_MAGNITUDE):
+            seeds.append(name)
+    marked: set[str] = set()
+    frontier = [o for s in seeds for use in index.uses(s)
+                if use.index >= 0 and use.node.op_type in _MASK_ARITHMETIC for o in use.node.output if o]
+    while frontier:
+        name = frontier.pop()
+        if name in marked:
+            continue
+        marked.add(name)
+        frontier.extend(o for use in index.uses(name) if use.index >= 0 and use.node.op_type not in _MASK_SINKS
+                        for o in use.node.output if o)
+    return frozenset(marked | set(seeds))
+
+
+_NONNEGATIVE_OPS = frozenset({"Relu", "Sigmoid", "Softmax", "Exp", "Abs", "HardSigmoid", "Softplus", "ReduceL2",
+                              "ReduceSumSquare", "Sqrt"})
+_PRESERVE_SIGN = frozenset({"MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool", "Reshape", "Flatten",
+                            "Transpose", "Squeeze", "Unsqueeze", "Slice", "Resize", "Upsample", "Identity", "Concat",
+                            "Split", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Gather", "ReduceMax",
+                            "ReduceMean", "Mul", "Add"})
+
+
+def find_nonnegative_tensors(index: GraphIndex) -> frozenset[str]:
+    """Float tensors provably >= 0 (module docstring), in one pass over the topologically sorted nodes."""
+    found: set[str] = set()
+
+    def nonnegative_constant(name: str) -> bool:
+        values = index.constant_value(name).reshape(-1)
+        if values.size > 1024 and not np.all(values[:1024] >= 0):  # cheap early answer for big constants
+            return False
+        return bool(np.all(values >= 0))
+
+    for node in index.nodes:
+        outputs = [o for o in node.output if o]
+        if node.op_type in _NONNEGATIVE_OPS:
+            found.update(outputs[:1])
+        elif node.op_type == "Clip":
+            lower = node.input[1] if len(node.input) > 1 else ""
+            if lower and index.is_constant(lower) and nonnegative_constant(lower):
+                found.update(outputs)
+        elif node.op_type in _PRESERVE_SIGN:
+            data = [n for i, n in enumerate(node.input) if n and (i == 0 or node.op_type in ("Concat", "Mul", "Add"))]
+            constants = [n for n in data if index.is_constant(n)]
+            # computed inputs first: a constant is only converted when the answer depends on it
+            if (data and all(n in found for n in data if not index.is_constant(n))
+                    and all(nonnegative_constant(n) for n in constants)):
+                found.update(outputs if node.op_type != "MaxPool" else outputs[:1])
+    return frozenset(found)

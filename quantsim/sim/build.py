@@ -1,0 +1,387 @@
+"""Build the sim graph: the float model with each enabled quantizer as standard ONNX ops.
+
+* int activations: ``QuantizeLinear -> DequantizeLinear`` (ties to even, saturating) in 8-bit (grids up to
+  8 bits, see `activation_container`) or 16-bit types; grids narrower than their container (strict
+  symmetric, 2..7-bit, 9..15-bit) get a ``Clip`` to the grid's float range first,
+  which makes the n-bit grid exact: ``clip(x, s(qmin - z), s(qmax - z))`` then quantize equals quantize
+  then clamp to ``[qmin, qmax]``.
+* float16: ``Cast(float16) -> Cast(float)``.
+* parameters and other constants: ``weights="fake"`` bakes the fake-quantized float values into the
+  initializer (the fastest exact sim: no runtime weight QDQ); ``weights="qdq"`` stores the integer codes
+  as an initializer of the storage type followed by ``DequantizeLinear`` (the standard QDQ form).
+
+A quantized tensor keeps its name: its producer writes a fresh ``<name>/float`` tensor and the last
+quantizer node writes ``<name>``, so consumers and graph outputs need no rewiring. Model inputs keep their
+name too; their consumers are rewired to ``<name>/quantized``.
+
+Redundant activation quantizers are left out of the ``weights="fake"`` graph (the exact sim): a quantizer
+whose tensor is produced by an op that only selects among its inputs' values (Reshape, Concat, MaxPool,
+nearest Resize, Relu, ...), from inputs already on exactly the same grid (same float32 scale, zero point,
+storage type and ``[qmin, qmax]``), would map every value to itself. ``DequantizeLinear(QuantizeLinear(v))``
+returns ``v`` bit for bit for any ``v`` that a DequantizeLinear with the same parameters produced (``v / s``
+is within ``2^-7`` of the code for codes below ``2^16``, so it rounds back to it, and the same
+DequantizeLinear recomputes ``v``), and 0 (Relu's output) is always on the grid. Leaving those Q/DQ passes
+out changes no output bit.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.core.dtypes import int8, int16, qtype
+from quantsim.core.numerics import Encoding, fake_quantize, fp16_round_trip, grid_bounds, quantize
+from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
+from quantsim.prepare.common import copy_without_initializers, default_opset, is_external_candidate
+from quantsim.sim.quantizer import QcQuantizeOp
+
+__all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
+
+IR_FOR_OPSET = ((21, 10), (19, 9), (15, 8), (1, 7))
+
+
+def _ir_version_for(opset: int) -> int:
+    return next(ir for first, ir in IR_FOR_OPSET if opset >= first)
+
+
+def required_opset(quantizers: list[QcQuantizeOp], weights: str) -> int:
+    """Lowest ai.onnx opset whose Q/DQ ops carry every enabled quantizer of the graph."""
+    needed = 1
+    for q in quantizers:
+        if not q.enabled or q.spec.is_float:
+            continue
+        enc = q.encoding
+        if q.role == "activation" and enc is not None and enc.is_per_tensor:
+            container = activation_container(q.spec.dtype)
+            needed = max(needed, container.min_opset(), 13 if _needs_clip(enc, container) else 10)
+        elif weights == "qdq" and enc is not None:
+            needed = max(needed, q.spec.dtype.min_opset(), 13 if enc.axis is not None else 10)
+            if enc.block_size is not None:
+                needed = max(needed, 21)
+    return needed
+
+
+def activation_container(dtype: qtype) -> qtype:
+    """The Q/DQ type carrying an activation grid: 8 bits for grids up to 8 bits, else 16.
+
+    4-bit activation grids ride in 8-bit Q/DQ behind a Clip rather than in int4/uint4: onnxruntime
+    1.32 drops a non-redundant Relu before a 4-bit QuantizeLinear and fuses 4-bit Q/DQ around Conv into
+    QLinearConv, which has no 4-bit kernel. The values are the same grid either way.
+    """
+    return int8 if dtype.bits <= 8 else int16
+
+
+def _needs_clip(enc: Encoding, container: qtype) -> bool:
+    return (enc.qmin, enc.qmax) != grid_bounds(container.bits, enc.signed)
+
+
+def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    current = default_opset(model) or 0
+    if current >= opset:
+        return model
+    try:
+        converted = onnx.version_converter.convert_version(model, opset)
+    except Exception as error:  # noqa: BLE001 - re-raised with context
+        raise RuntimeError(
+            f"the sim needs opset {opset} for its quantizers but converting the model from opset {current} "
+            f"failed: {error}"
+        ) from error
+    converted.ir_version = max(converted.ir_version, _ir_version_for(opset))
+    return converted
+
+
+def _scalar(name: str, value, elem_type: int) -> TensorProto:
+    if elem_type in (TensorProto.INT4, TensorProto.UINT4):
+        return helper.make_tensor(name, elem_type, [], [int(value)])
+    return numpy_helper.from_array(np.array(value, dtype=helper.tensor_dtype_to_np_dtype(elem_type)), name)
+
+
+def _integer_tensor(name: str, codes: np.ndarray, elem_type: int) -> TensorProto:
+    if elem_type in (TensorProto.INT4, TensorProto.UINT4):
+        return helper.make_tensor(name, elem_type, list(codes.shape), codes.reshape(-1).tolist())
+    return numpy_helper.from_array(codes.astype(helper.tensor_dtype_to_np_dtype(elem_type)), name)
+
+
+def _qdq_parameters(enc: Encoding, q: QcQuantizeOp, shape: tuple) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Scale, zero point and Q/DQ attributes in ONNX layout (per-axis 1-D, blocked same rank as x)."""
+    scale = enc.scale.astype(np.float32)
+    zero_point = enc.zero_point
+    attrs: dict = {}
+    if enc.block_size is not None:
+        rank = len(shape)
+        axis, block_axis = enc.axis % rank, enc.block_axis % rank
+        full = [1] * rank
+        full[axis] = scale.shape[0]
+        full[block_axis] = scale.shape[1]
+        order = sorted([axis, block_axis])
+        if order != [axis, block_axis]:
+            scale, zero_point = scale.T, zero_point.T
+        reps = [1 if i in (axis, block_axis) else shape[i] for i in range(rank)]
+        scale = np.tile(scale.reshape(full), reps)
+        zero_point = np.tile(zero_point.reshape(full), reps)
+        attrs = {"axis": block_axis, "block_size": enc.block_size}
+    elif enc.axis is not None:
+        attrs = {"axis": enc.axis % len(shape)}
+    return scale, zero_point, attrs
+
+
+# value-selecting ops: every output element is an element of a data input (or 0, for Relu), so values
+# already on one grid stay on it. ``None``: all inputs are data. Only the first output of MaxPool selects.
+_SELECTING_OPS: dict[str, tuple[int, ...] | None] = {
+    "Identity": (0,), "Reshape": (0,), "Flatten": (0,), "Squeeze": (0,), "Unsqueeze": (0,), "Transpose": (0,),
+    "Expand": (0,), "Tile": (0,), "Slice": (0,), "Gather": (0,), "GatherElements": (0,), "GatherND": (0,),
+    "Split": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,), "Relu": (0,), "GlobalMaxPool": (0,),
+    "MaxPool": (0,), "Resize": (0,), "Upsample": (0,), "Concat": None, "Max": None, "Min": None,
+}
+
+
+def _selects_values(node: onnx.NodeProto, output: int) -> bool:
+    """Whether output ``output`` of ``node`` only holds values of its data inputs (or 0 for Relu)."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in _SELECTING_OPS:
+        return False
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in node_attributes(node).items()}
+    if node.op_type == "MaxPool":
+        # no window may fall entirely into padding (its output would be the lowest float)
+        kernel = list(attrs.get("kernel_shape", []))
+        pads = list(attrs.get("pads", [])) or [0] * (2 * len(kernel))
+        return (
+            output == 0 and bool(kernel) and attrs.get("ceil_mode", 0) == 0
+            and all(d == 1 for d in attrs.get("dilations", []))
+            and len(pads) == 2 * len(kernel) and all(p < kernel[i % len(kernel)] for i, p in enumerate(pads))
+        )
+    if node.op_type in ("Resize", "Upsample"):
+        return attrs.get("mode", "nearest") == "nearest" and (
+            attrs.get("coordinate_transformation_mode", "half_pixel") != "tf_crop_and_resize"
+        )
+    return True
+
+
+def _grid_key(q: QcQuantizeOp) -> tuple | None:
+    """What the sim's Q/DQ (or Cast pair) of activation quantizer ``q`` computes: equal keys, equal maps."""
+    if q.spec.is_float:
+        return ("float16",)
+    enc = q.encoding
+    if not enc.is_per_tensor:
+        return None
+    storage = activation_container(q.spec.dtype).storage_type(enc.signed)
+    return (float(np.float32(enc.scale)), int(enc.zero_point), storage, enc.qmin, enc.qmax)
+
+
+def _redundant_activation_quantizers(index: GraphIndex, planned: dict[str, tuple | None]) -> set[str]:
+    """Tensors in ``planned`` (tensor -> grid key of the Q/DQ the sim puts on it) whose Q/DQ is an identity.
+
+    Walks the graph in order, tracking which tensors hold values on a grid: quantized tensors, and outputs of
+    value-selecting ops whose data inputs all sit on one grid. Nodes out of topological order only make it
+    miss some redundant quantizers.
+    """
+    on_grid: dict[str, tuple] = {
+        name: planned[name] for name in index.graph_inputs
+        if planned.get(name) is not None and name not in index.graph_outputs
+    }
+    redundant: set[str] = set()
+    for node in index.nodes:
+        carried = None
+        if node.op_type in _SELECTING_OPS:
+            positions = _SELECTING_OPS[node.op_type]
+            data = [node.input[i] for i in (positions if positions is not None else range(len(node.input)))
+                    if i < len(node.input)]
+            keys = {on_grid.get(name) for name in data}
+            if data and all(data) and len(keys) == 1 and None not in keys:
+                carried = keys.pop()
+        for position, name in enumerate(node.output):
+            if not name:
+                continue
+            carries = carried is not None and _selects_values(node, position)
+            if name in planned:
+                if carries and planned[name] == carried:
+                    redundant.add(name)
+                if planned[name] is not None:
+                    on_grid[name] = planned[name]
+            elif carries:
+                on_grid[name] = carried
+    return redundant
+
+
+class _SimBuilder:
+    """Collects the sim's changes to ``model`` (a copy without initializers) and assembles it in `finish`.
+
+    ``initializers`` are the source model's, left untouched: `finish` copies each into ``model`` (or the
+    tensor that replaces it). ``values`` converts one of them to an array.
+    """
+
+    def __init__(self, model: onnx.ModelProto, initializers, weights: str,
+                 values: Callable[[str], np.ndarray] | None, external: dict[str, np.ndarray] | None):
+        self.model = model
+        self.graph = model.graph
+        self.source_initializers = list(initializers)
+        self.index = GraphIndex(model, initializers=self.source_initializers)
+        self.weights = weights
+        self.initializers = self.index.initializers
+        self.values = values or (lambda name: numpy_helper.to_array(self.initializers[name]))
+        self.external = external
+        self.declared_inputs = {i.name for i in model.graph.input}
+        self.replaced: dict[str, TensorProto | None] = {}  # initializer name -> new tensor (None: removed)
+        self.new_initializers: list[TensorProto] = []
+        self.after: dict[str, list[onnx.NodeProto]] = {}
+        self.front: list[onnx.NodeProto] = []
+        self.rewire: dict[str, str] = {}
+
+    def add_constant_quantizer(self, name: str, q: QcQuantizeOp) -> None:
+        values = self.values(name)
+        enc = q.encoding
+        if q.spec.is_float or self.weights == "fake" or q.role != "param":
+            new = fp16_round_trip(values) if q.spec.is_float else fake_quantize(values, enc)
+            new = new.astype(values.dtype, copy=False)
+            self.replaced[name] = self._placeholder(name, new) or numpy_helper.from_array(new, name)
+            return
+        storage = q.spec.dtype.storage_type(enc.signed)
+        codes_name = self.index.fresh_name(f"{name}/quantized")
+        scale, zero_point, attrs = _qdq_parameters(enc, q, values.shape)
+        self.new_initializers += [
+            _integer_tensor(codes_name, quantize(values, enc), storage),
+            numpy_helper.from_array(scale, f"{codes_name}/scale"),
+            _integer_tensor(f"{codes_name}/zero_point", zero_point, storage),
+        ]
+        self.replaced[name] = None
+        dq = helper.make_node(
+            "DequantizeLinear", [codes_name, f"{codes_name}/scale", f"{codes_name}/zero_point"], [name],
+            name=f"{name}/dequantize", **attrs,
+        )
+        self.front.append(dq)
+
+    def _placeholder(self, name: str, values: np.ndarray) -> TensorProto | None:
+        """With ``external``: the stand-in for ``values`` (recorded there), if they may leave the model.
+        An initializer that is also a graph input (it can be fed) stays."""
+        if self.external is None or name in self.declared_inputs:
+            return None
+        placeholder = in_memory_placeholder(name, values)
+        if placeholder is not None:
+            self.external[name] = values
+        return placeholder
+
+    def _unchanged(self, tensor: TensorProto) -> TensorProto:
+        """An initializer no quantizer changes: itself, or with ``external`` a placeholder for a big float one."""
+        if self.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES or not is_external_candidate(tensor):
+            return tensor
+        return self._placeholder(tensor.name, self.values(tensor.name)) or tensor
+
+    def add_activation_quantizer(self, name: str, q: QcQuantizeOp) -> None:
+        if name in self.index.graph_inputs:
+            if name in self.index.graph_outputs:
+                return  # a pass-through input/output: nothing inside reads it
+            source, target = name, self.index.fresh_name(f"{name}/quantized")
+            self.rewire[name] = target
+            self.front.extend(self._fake_quant_nodes(source, target, q))
+            return
+        producer, position = self.index.producer[name]
+        source = self.index.fresh_name(f"{name}/float")
+        producer.output[position] = source
+        self.after.setdefault(producer.name, []).extend(self._fake_quant_nodes(source, name, q))
+
+    def _fake_quant_nodes(self, source: str, target: str, q: QcQuantizeOp) -> list[onnx.NodeProto]:
+        base = target
+        if q.spec.is_float:
+            mid = self.index.fresh_name(f"{base}/fp16")
+            return [
+                helper.make_node("Cast", [source], [mid], name=f"{base}/cast_fp16", to=TensorProto.FLOAT16),
+                helper.make_node("Cast", [mid], [target], name=f"{base}/cast_fp32", to=TensorProto.FLOAT),
+            ]
+        enc = q.encoding
+        container = activation_container(q.spec.dtype)
+        storage = container.storage_type(enc.signed)
+        scale_name, zp_name = self.index.fresh_name(f"{base}/scale"), self.index.fresh_name(f"{base}/zero_point")
+        self.new_initializers += [
+            _scalar(scale_name, np.float32(enc.scale), TensorProto.FLOAT),
+            _scalar(zp_name, int(enc.zero_point), storage),
+        ]
+        nodes = []
+        if _needs_clip(enc, container):
+            scale = np.float32(enc.scale)
+            lo = np.float32(scale * np.float32(enc.qmin - int(enc.zero_point)))
+            hi = np.float32(scale * np.float32(enc.qmax - int(enc.zero_point)))
+            clipped = self.index.fresh_name(f"{base}/clipped")
+            lo_name, hi_name = self.index.fresh_name(f"{base}/clip_min"), self.index.fresh_name(f"{base}/clip_max")
+            self.new_initializers += [_scalar(lo_name, lo, TensorProto.FLOAT), _scalar(hi_name, hi, TensorProto.FLOAT)]
+            nodes.append(helper.make_node("Clip", [source, lo_name, hi_name], [clipped], name=f"{base}/clip"))
+            source = clipped
+        codes = self.index.fresh_name(f"{base}/codes")
+        nodes += [
+            helper.make_node("QuantizeLinear", [source, scale_name, zp_name], [codes], name=f"{base}/quantize"),
+            helper.make_node("DequantizeLinear", [codes, scale_name, zp_name], [target], name=f"{base}/dequantize"),
+        ]
+        return nodes
+
+    def finish(self) -> onnx.ModelProto:
+        ordered = list(self.front)
+        for node in self.graph.node:
+            for position, name in enumerate(node.input):
+                if name in self.rewire:
+                    node.input[position] = self.rewire[name]
+            ordered.append(node)
+            ordered.extend(self.after.get(node.name, ()))
+        del self.graph.node[:]
+        self.graph.node.extend(ordered)
+        initializers = []
+        for tensor in self.source_initializers:
+            name = tensor.name
+            if name in self.replaced and self.initializers[name] is tensor:
+                if self.replaced[name] is not None:
+                    initializers.append(self.replaced[name])
+            else:
+                initializers.append(self._unchanged(tensor))
+        self.graph.initializer.extend(initializers + self.new_initializers)
+        return self.model
+
+
+def build_sim_model(
+    model: onnx.ModelProto,
+    quantizers: list[QcQuantizeOp],
+    *,
+    weights: str = "fake",
+    min_opset: int = 1,
+    skip_redundant: bool | None = None,
+    source: GraphIndex | None = None,
+    external: dict[str, np.ndarray] | None = None,
+) -> onnx.ModelProto:
+    """A new model: ``model`` (left unchanged) with every enabled, initialised quantizer applied (see module
+    docstring).
+
+    Quantizers without an encoding (uncalibrated activations) are skipped: they pass data through.
+    ``skip_redundant`` (default: ``weights == "fake"``, the exact sim) leaves out activation Q/DQ pairs
+    that provably map every value to itself; the QDQ form (``weights="qdq"``) keeps every quantizer, since
+    integer runtimes read the Q/DQ around each op.
+
+    ``source``, a `GraphIndex` of ``model``, supplies the constants' values (converted once inside its
+    `GraphIndex.cached_constants` block). With ``external`` (a dict), big float initializers, quantized or
+    not, stay out of the model: it holds a `model_io.in_memory_placeholder` for each and ``external`` maps
+    the name to the values. Such a model is complete only with them: `session.make_session` takes them as
+    ``external_initializers``, which spares copying, serialising and parsing the weights.
+    """
+    if weights not in ("fake", "qdq"):
+        raise ValueError(f"weights must be 'fake' or 'qdq', got {weights!r}")
+    if skip_redundant is None:
+        skip_redundant = weights == "fake"
+    active = [q for q in quantizers if q.enabled and q.is_initialized()]
+    source_model = _with_opset(model, max(required_opset(active, weights), min_opset))
+    values = source.constant_value if source is not None and source_model is model is source.model else None
+    builder = _SimBuilder(copy_without_initializers(source_model), source_model.graph.initializer, weights, values,
+                          external)
+    placed: list[tuple[str, QcQuantizeOp]] = []
+    planned: dict[str, tuple | None] = {}
+    for q in active:
+        for name in q.tensors:
+            if name in builder.initializers:
+                placed.append((name, q))
+            elif name in builder.index.producer or name in builder.index.graph_inputs:
+                placed.append((name, q))
+                planned[name] = _grid_key(q)
+    redundant = _redundant_activation_quantizers(builder.index, planned) if skip_redundant else set()
+    for name, q in placed:
+        if name in builder.initializers:
+            builder.add_constant_quantizer(name, q)
+        elif name not in redundant:
+            builder.add_activation_quantizer(name, q)
+    return builder.finish()

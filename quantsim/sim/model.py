@@ -1,0 +1,349 @@
+"""`QuantizationSimModel`: AIMET's facade over the modules that do the work.
+
+Construction prepares the model (`prepare`), plans quantizers (`placement`) and creates the quantizer
+objects; `compute_encodings` streams calibration data (`calibration`) and turns statistics into
+encodings (`encode`); `session` is an onnxruntime session of the graph `simulate` builds, rebuilt
+lazily when a quantizer changed; exports and loads go through `sim_encodings` and `encodings`.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, CalibrationSession, run_calibration
+from quantsim.sim.config import load_config
+from quantsim.core.dtypes import QuantScheme, int8, qtype
+from quantsim.calibration.encode import encodings_for_stats, encodings_for_values
+from quantsim.graph.index import GraphIndex
+from quantsim.sim.legacy_args import map_legacy_arguments
+from quantsim.sim.placement import place_quantizers
+from quantsim.prepare import prepare
+from quantsim.prepare.common import is_large
+from quantsim.sim.quantizer import QcQuantizeOp
+from quantsim.graph.session import make_session
+from quantsim.graph.tensor_roles import find_nonnegative_tensors
+from quantsim.sim.build import build_sim_model
+from quantsim.calibration.statistics_graph import add_statistics_outputs
+
+__all__ = ["QuantizationSimModel", "load_model"]
+
+_NOT_SPECIFIED = object()  # compute_encodings: no forward_pass_callback_args given (None is a valid value)
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QcQuantizeOp"})
+
+
+def load_model(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str]:
+    """A checked ModelProto and a label naming it (file path or ``graph '<name>'``) for error messages."""
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise FileNotFoundError(f"ONNX model file not found: {path}")
+        try:
+            proto = onnx.load(str(path))
+        except Exception as error:  # noqa: BLE001 - any decoding failure means "not an ONNX file"
+            raise ValueError(f"{path} is not a readable ONNX model: {error}") from error
+        label = str(path)
+    elif isinstance(model, onnx.ModelProto):
+        proto, label = model, f"graph {model.graph.name or '<unnamed>'!r}"
+    else:
+        raise TypeError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
+    if not proto.graph.node:
+        raise ValueError(f"{label} has no nodes (is it an ONNX model?)")
+    try:
+        if isinstance(model, (str, os.PathLike)):
+            onnx.checker.check_model(str(model))  # from the file: works past 2 GiB, no re-serialisation
+        elif not is_large(proto):  # a >2 GiB ModelProto cannot be serialised for the checker
+            onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as error:
+        raise ValueError(f"{label} fails onnx.checker: {str(error).splitlines()[0]}") from error
+    quantized = [n.name or n.op_type for n in proto.graph.node if n.op_type in _QDQ_OPS]
+    if quantized:
+        raise ValueError(
+            f"{label} already contains quantization nodes ({', '.join(quantized[:3])}...): build the sim with "
+            "QuantizationSimModel.from_onnx_qdq(model) instead"
+        )
+    return proto, label
+
+
+def _constant_state(q: QcQuantizeOp) -> tuple:
+    """What the calibration graph bakes in for a weight/constant quantizer (its cache key)."""
+    enc = q.encoding
+    grid = None if enc is None else (enc.scale.tobytes(), enc.zero_point.tobytes(), enc.qmin, enc.qmax, enc.axis,
+                                     enc.block_axis, enc.block_size)
+    return q.name, q.enabled, q.spec, grid
+
+
+class QuantizationSimModel:
+    """Quantization simulation of an ONNX model on plain onnxruntime (AIMET-compatible surface).
+
+    Keyword arguments follow aimet_onnx 2.x: ``param_type``/``activation_type`` (qtype or alias such as
+    "int8", "int4", "int16", "float16"), ``quant_scheme`` ("min_max"/"tf", "tf_enhanced", "percentile"),
+    ``config_file`` (AIMET quantsim-config JSON path or alias; None = per-channel default), ``providers``
+    (onnxruntime providers), ``path`` (working directory for artifacts). Additions: ``percentile``
+    (for the percentile scheme), ``use_integer_kernels`` (run ``session`` with onnxruntime's Q/DQ
+    fusion into integer kernels instead of the exact float simulation) and ``progress`` (tqdm bars).
+    AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
+    """
+
+    def __init__(
+        self,
+        model,
+        *args,
+        param_type: qtype | str | None = None,
+        activation_type: qtype | str | None = None,
+        quant_scheme: QuantScheme | str = QuantScheme.min_max,
+        config_file=None,
+        dummy_input=None,
+        user_onnx_libs=None,
+        providers=None,
+        path=None,
+        session_options_kwargs: dict | None = None,
+        percentile: float = 100.0,
+        use_integer_kernels: bool = False,
+        progress: bool = True,
+        **legacy,
+    ):
+        options = map_legacy_arguments(args, legacy, {
+            "param_type": param_type, "activation_type": activation_type, "quant_scheme": quant_scheme,
+            "config_file": config_file, "dummy_input": dummy_input, "providers": providers, "path": path,
+            "user_onnx_libs": user_onnx_libs, "param_type_given": param_type is not None,
+            "activation_type_given": activation_type is not None,
+        })
+        if options.get("user_onnx_libs"):
+            raise ValueError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
+        proto, self._label = load_model(model)
+        self.param_type = qtype.as_qtype(options["param_type"] or int8)
+        self.activation_type = qtype.as_qtype(options["activation_type"] or int8)
+        self._quant_scheme = QuantScheme.from_str(options["quant_scheme"])
+        self.config = load_config(options["config_file"])
+        ignored = [p for p in self.config.supergroup_pass_list if p != "MatmulAdd"]
+        if ignored or self.config.hw_version:
+            warnings.warn(f"config {self.config.source}: "
+                          + (f"supergroup passes {ignored} are not applied; " if ignored else "")
+                          + (f"hw_version {self.config.hw_version!r} exception rules are not applied" if
+                             self.config.hw_version else ""), UserWarning, stacklevel=2)
+        self.providers = list(options["providers"] or ["CPUExecutionProvider"])
+        self.path = Path(options["path"]) if options["path"] is not None else None
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+        self._session_options_kwargs = dict(session_options_kwargs or {})
+        self.use_integer_kernels = bool(use_integer_kernels)
+        self.progress = bool(progress)
+        self.model = prepare(proto)
+        self._build_quantizers(percentile)
+
+    # construction ------------------------------------------------------------------------------
+    def _build_quantizers(self, percentile: float) -> None:
+        self._index = GraphIndex(self.model)
+        placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type)
+        self.left_in_float = placement.left_in_float
+        self._version = 0
+        self._session = None
+        self._session_version = -1
+        self._fused: tuple | None = None
+        self._calibration_cache: tuple | None = None
+        self.qc_quantize_op_dict: dict[str, QcQuantizeOp] = {}
+        self._quantizers: list[QcQuantizeOp] = []
+        for plan in placement.plans:
+            quantizer = QcQuantizeOp(
+                plan.name, plan.role, plan.spec, enabled=plan.enabled, tensors=tuple(plan.tensors),
+                shape=plan.shape, channel_axis=plan.channel_axis, quant_scheme=self._quant_scheme,
+                percentile=percentile, notify=self._invalidate, param_type=plan.param_type,
+                fixed_range=plan.fixed_range,
+            )
+            self._quantizers.append(quantizer)
+            for tensor in plan.tensors:
+                self.qc_quantize_op_dict[tensor] = quantizer
+        self.param_names = [t for q in self._quantizers if q.role == "param" for t in q.tensors]
+        self.activation_names = [t for q in self._quantizers if q.role == "activation" for t in q.tensors]
+
+    def _invalidate(self) -> None:
+        self._version += 1
+
+    @property
+    def quantizers(self) -> list[QcQuantizeOp]:
+        """Every distinct quantizer object (tied tensors share one)."""
+        return list(self._quantizers)
+
+    def get_all_quantizers(self) -> tuple[list[QcQuantizeOp], list[QcQuantizeOp]]:
+        """``(param quantizers, activation quantizers)``, like AIMET."""
+        return ([q for q in self._quantizers if q.role == "param"],
+                [q for q in self._quantizers if q.role == "activation"])
+
+    def get_qc_quantize_op(self) -> dict[str, QcQuantizeOp]:
+        return self.qc_quantize_op_dict
+
+    def set_percentile_value(self, percentile: float) -> None:
+        """Percentile for every quantizer (used by the percentile scheme)."""
+        for q in self._quantizers:
+            q.set_percentile_value(percentile)
+
+    # encodings from data -------------------------------------------------------------------------
+    def _is_constant_quantizer(self, q: QcQuantizeOp) -> bool:
+        return all(self._index.is_constant(t) for t in q.tensors)
+
+    def _constant_values(self, q: QcQuantizeOp) -> np.ndarray:
+        values = [self._index.constant_value(t) for t in q.tensors]
+        return values[0] if len(values) == 1 else np.concatenate([v.reshape(-1) for v in values])
+
+    def _compute_constant_encodings(self, only_missing: bool) -> None:
+        todo = [q for q in self._quantizers
+                if q.enabled and not q.spec.is_float and not q.is_encoding_frozen() and self._is_constant_quantizer(q)
+                and not (only_missing and q.encoding is not None)]
+        for q, encoding in zip(todo, encodings_for_values(todo, self._constant_values)):
+            q.set_encoding(encoding)
+
+    def compute_encodings(self, inputs=None, forward_pass_callback_args=_NOT_SPECIFIED, *, forward_pass_callback=None):
+        """Calibrate: weight encodings from the initializers, activation encodings from streamed data.
+
+        Call forms: ``compute_encodings(iterable_of_feed_dicts)``, ``compute_encodings(callback)`` (called as
+        ``callback(session)``) and the legacy ``compute_encodings(callback, args)``. Frozen encodings are
+        never touched; if anything fails, every encoding is left as it was.
+        """
+        data = inputs if inputs is not None else forward_pass_callback
+        if data is None:
+            raise TypeError("compute_encodings needs calibration inputs or a forward-pass callback")
+        if forward_pass_callback_args is not _NOT_SPECIFIED:
+            # AIMET calls callback(session, args) whenever args are given, even None
+            if not callable(data):
+                raise TypeError("forward_pass_callback_args is only valid with a callback")
+            callback, callback_args = data, forward_pass_callback_args
+            data = lambda session: callback(session, callback_args)  # noqa: E731
+        snapshot = [(q, q.encoding) for q in self._quantizers]
+        version = self._version
+        try:
+            with self._index.cached_constants():  # each weight converted once for encodings and graph
+                self._compute_constant_encodings(only_missing=False)
+                observed = [q for q in self._quantizers if q.enabled and not q.spec.is_float
+                            and not q.is_encoding_frozen() and not self._is_constant_quantizer(q)]
+                session = self._calibration_session(observed)
+            stats = run_calibration(session, data, progress=self.progress)
+            for q in observed:
+                if q.name not in stats:
+                    warnings.warn(f"quantizer {q.name!r} saw no data during calibration; left uncalibrated",
+                                  RuntimeWarning, stacklevel=2)
+            seen = [q for q in observed if q.name in stats]
+            new = {q.name: e for q, e in zip(seen, encodings_for_stats([(q, stats[q.name]) for q in seen]))}
+        except BaseException:
+            for q, encoding in snapshot:
+                q._encoding = encoding  # restore without validation: these were valid before
+            self._version = version + 1
+            raise
+        for q in observed:
+            if q.name in new:
+                q.set_encoding(new[q.name])
+
+    def _calibration_session(self, observed: list[QcQuantizeOp]) -> CalibrationSession:
+        histogram = any(q.quant_scheme.uses_histogram for q in observed)
+        groups = {t: q.name for q in observed for t in q.tensors if not self._index.is_constant(t)}
+        constants = [q for q in self._quantizers if q.role == "param" or self._is_constant_quantizer(q)]
+        key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), histogram)
+        if self._calibration_cache is None or self._calibration_cache[0] != key:
+            weights: dict[str, np.ndarray] = {}
+            model = build_sim_model(self.model, [q for q in constants if q.enabled], source=self._index,
+                                    external=weights)
+            shapes = self._index.shape
+            model, outputs = add_statistics_outputs(
+                model, list(groups), list(groups) if histogram else [], nonnegative=find_nonnegative_tensors(self._index),
+                shapes={t: shapes[t] for t in groups if shapes.get(t) is not None},
+            )
+            options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
+            session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights)
+            self._calibration_cache = (key, session, outputs)
+        _, session, outputs = self._calibration_cache
+        return CalibrationSession(session, outputs, groups)
+
+    # the simulation ------------------------------------------------------------------------------
+    def _ensure_param_encodings(self) -> None:
+        self._compute_constant_encodings(only_missing=True)
+
+    def sim_model(self) -> onnx.ModelProto:
+        """The sim graph as a ModelProto (uncalibrated activation quantizers pass data through)."""
+        with self._index.cached_constants():
+            self._ensure_param_encodings()
+            return build_sim_model(self.model, self._quantizers, source=self._index)
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        """onnxruntime session of the sim; rebuilt on first use after any quantizer change."""
+        if self._session is None or self._session_version != self._version:
+            weights: dict[str, np.ndarray] = {}
+            with self._index.cached_constants():
+                self._ensure_param_encodings()
+                if self.use_integer_kernels:
+                    model = self.to_onnx_qdq()
+                else:
+                    model = build_sim_model(self.model, self._quantizers, source=self._index, external=weights)
+            self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
+                                         session_options_kwargs=self._session_options_kwargs,
+                                         external_initializers=weights)
+            self._session_version = self._version
+        return self._session
+
+    def fused_session(self) -> ort.InferenceSession:
+        """A session of the QDQ export with onnxruntime's integer kernels: faster; its fixed-point requantization
+        makes outputs differ from the exact sim by a few output steps (3 on the benchmark CNNs)."""
+        self._ensure_param_encodings()
+        if self._fused is None or self._fused[0] != self._version:
+            session = make_session(self.to_onnx_qdq(), self.providers, fuse_qdq=True,
+                                   session_options_kwargs=self._session_options_kwargs)
+            self._fused = (self._version, session)
+        return self._fused[1]
+
+    def to_onnx_qdq(self, *, int32_bias: bool = True) -> onnx.ModelProto:
+        """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases
+        (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases)."""
+        from quantsim.export.qdq import to_qdq_model
+
+        self._ensure_param_encodings()
+        return to_qdq_model(self, int32_bias=int32_bias)
+
+    def export_integer(self, *, integer_io: bool = False, opset: int | None = None):
+        """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
+        fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both."""
+        from quantsim.export.integer.export import export_integer
+
+        self._ensure_param_encodings()
+        return export_integer(self, integer_io=integer_io, opset=opset)
+
+    # files ---------------------------------------------------------------------------------------
+    def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
+               export_int32_bias: bool | None = None, force_activation_as: str = "unsigned",
+               qdq: bool = False, requant_table: bool = False) -> None:
+        """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float
+        model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`; with
+        ``requant_table=True`` the encodings file also carries the integer export's fixed-point
+        requantization table (key ``quantsim_requantization``)."""
+        from quantsim.graph.model_io import save_model_atomic
+        from quantsim.encodings.transfer import export_sim
+
+        requant = self.export_integer().requant_document() if requant_table else None
+        export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
+                   force_activation_as, requant)
+        if qdq:
+            save_model_atomic(self.to_onnx_qdq(), Path(path) / f"{filename_prefix}.qdq.onnx")
+
+    def set_and_freeze_param_encodings(self, encoding_path) -> None:
+        """Load the parameter encodings of a file and freeze them (other quantizers are left alone)."""
+        from quantsim.encodings.transfer import set_and_freeze_param_encodings
+
+        set_and_freeze_param_encodings(self, encoding_path)
+
+    @classmethod
+    def from_onnx_qdq(cls, model, strict: bool = False, **init_kwargs) -> "QuantizationSimModel":
+        """Build a sim from a QDQ model: Q/DQ pairs become encodings of the float model's tensors."""
+        from quantsim.export.qdq_import import sim_from_qdq
+
+        return sim_from_qdq(cls, model, strict=strict, **init_kwargs)
+
+    def summary(self) -> str:
+        """Quantizers by tensor (role, type, granularity, enabled, frozen, range) and what stays float."""
+        from quantsim.sim.summary import summarize
+
+        return summarize(self)
+
+    __str__ = summary

@@ -1,0 +1,310 @@
+"""Where quantizers go: parameter and activation sites from the graph and the config rules, then ties.
+
+Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
+
+1. Parameters are initializers in the parameter slots of `PARAM_SLOTS` (weights, biases, norm
+   statistics), quantized per the config's ``params``/``op_type.params`` flags, per channel where the
+   op type asks for it (channel axis from `channel_axis_of`). Norm-layer parameters keep >= 8 bits.
+2. Activations are the model's float inputs (``model_input``), float node outputs (default ops rule;
+   op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
+   elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
+   (fill values such as -inf before a Max) stay float and are listed as such.
+3. Shape and index arithmetic, normalization statistics and attention-mask fill arithmetic are never
+   quantized (`tensor_roles`).
+4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
+   last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s constant into a bias.
+   An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
+5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
+   share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
+   other consumers keeps its own). Tied tensors form one `QuantizerPlan`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from quantsim.sim.config import QuantsimConfig
+from quantsim.core.dtypes import int8, qtype
+from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.graph.tensor_roles import find_index_tensors, find_mask_tensors, find_normalization_statistics
+from quantsim.core.spec import PerChannel, PerTensor, QSpec
+
+__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "channel_axis_of", "PARAM_SLOTS", "GRID_PRESERVING"]
+
+PARAM_SLOTS: dict[str, dict[int, str]] = {
+    "Conv": {1: "weight", 2: "bias"},
+    "ConvTranspose": {1: "weight", 2: "bias"},
+    "Gemm": {1: "weight", 2: "bias"},
+    "MatMul": {1: "weight"},
+    "BatchNormalization": {1: "weight", 2: "bias", 3: "running_mean", 4: "running_var"},
+    "InstanceNormalization": {1: "weight", 2: "bias"},
+    "LayerNormalization": {1: "weight", 2: "bias"},
+    "GroupNormalization": {1: "weight", 2: "bias"},
+    "PRelu": {1: "weight"},
+    "LSTM": {1: "weight", 2: "weight", 3: "bias"},
+    "GRU": {1: "weight", 2: "weight", 3: "bias"},
+    "RNN": {1: "weight", 2: "weight", 3: "bias"},
+}
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+NORM_OPS = frozenset({"BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization"})
+
+GRID_PRESERVING = frozenset(
+    """Col2Im Compress DepthToSpace Dropout Expand Flatten Gather GatherElements GatherND Identity MaxPool
+    MaxRoiPool NonZero Pad ReduceMax ReduceMin Reshape Slice SpaceToDepth Split SplitToSequence Squeeze Tile
+    TopK Transpose Unsqueeze GlobalMaxPool Shape Size Cast""".split()
+)
+
+CONSTANT_INPUT_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Concat", "Where"})
+FORWARD_TIED = frozenset({"Relu", "AveragePool", "Resize", "Upsample"})
+BACKWARD_TIED = frozenset({"Concat"})
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+@dataclass
+class QuantizerPlan:
+    """One quantizer to create: the tensors it covers, its role, spec and initial enabled flag."""
+
+    name: str
+    role: str
+    tensors: list[str]
+    spec: QSpec
+    enabled: bool
+    param_type: str | None = None
+    op_type: str = ""
+    shape: tuple | None = None
+    channel_axis: int | None = None
+    fixed_range: tuple[float | None, float | None] | None = None  # config encoding_constraints
+
+
+@dataclass
+class Placement:
+    """Every planned quantizer, what stays float and why, and the index tensors found on the way."""
+
+    plans: list[QuantizerPlan]
+    left_in_float: list[tuple[str, str]] = field(default_factory=list)  # (node or tensor, why)
+    index_tensors: frozenset[str] = frozenset()
+
+
+def channel_axis_of(node: onnx.NodeProto, slot: int, shape: tuple | None) -> int | None:
+    """Output-channel axis of a parameter (None when it cannot be per-channel)."""
+    if not shape:
+        return None
+    rank = len(shape)
+    if node.op_type in RECURRENT_OPS:
+        return 1 if rank >= 2 else 0  # [directions, gates * hidden, ...]
+    if slot != 1 or rank == 1:
+        return 0
+    attrs = node_attributes(node)
+    if node.op_type == "Conv" or node.op_type in NORM_OPS or node.op_type == "PRelu":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1 if attrs.get("group", 1) == 1 else None
+    if node.op_type == "Gemm":
+        return 0 if attrs.get("transB", 0) else 1
+    if node.op_type == "MatMul":
+        return rank - 1
+    return None
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, item: str) -> str:
+        self.parent.setdefault(item, item)
+        while self.parent[item] != item:
+            self.parent[item] = self.parent[self.parent[item]]
+            item = self.parent[item]
+        return item
+
+    def union(self, keep: str, other: str) -> None:
+        self.parent[self.find(other)] = self.find(keep)
+
+
+def place_quantizers(
+    index: GraphIndex, config: QuantsimConfig, param_type: qtype, activation_type: qtype
+) -> Placement:
+    """Plan every quantizer of the model (see the module docstring for the rules)."""
+    index_tensors = find_index_tensors(index)
+    statistics = find_normalization_statistics(index)
+    masks = find_mask_tensors(index)
+    sites: dict[str, QuantizerPlan] = {}
+    left_in_float: list[tuple[str, str]] = [
+        (name, "normalization statistic (mean/variance/1-std of a decomposed norm layer)") for name in sorted(statistics)
+    ] + [(name, "attention-mask fill arithmetic (huge fill values)") for name in sorted(masks)]
+
+    def activation_spec(op_type: str) -> QSpec:
+        rule = config.op_rule(op_type) if op_type else None
+        symmetric = rule.is_symmetric if rule and rule.is_symmetric is not None else config.activation_symmetric
+        return QSpec(activation_type, PerTensor(), symmetric, config.strict_symmetric, config.unsigned_symmetric)
+
+    def quantizable(name: str) -> bool:
+        return index.is_float(name) and name not in index_tensors and name not in statistics and name not in masks
+
+    # 1. parameters
+    bias_of_matmul = _matmul_add_biases(index, config)
+    for node in index.nodes:
+        for slot, ptype in PARAM_SLOTS.get(node.op_type, {}).items():
+            if slot >= len(node.input) or not index.is_constant(node.input[slot]) or node.input[slot] in sites:
+                continue
+            name = node.input[slot]
+            if not index.is_float(name) or not _finite_constant(index, name, left_in_float):
+                continue
+            sites[name] = _param_plan(index, config, node, slot, ptype, param_type)
+    for name, add_node in bias_of_matmul.items():
+        if name not in sites:
+            flags = config.param_flags("Add", "bias")
+            spec = QSpec(param_type, PerTensor(), bool(flags.is_symmetric), config.strict_symmetric, config.unsigned_symmetric)
+            sites[name] = QuantizerPlan(name, "param", [name], spec, bool(flags.is_quantized), "bias", "Add",
+                                        index.shape.get(name), 0)
+
+    # 2. activations: model inputs, node outputs, constants feeding elementwise ops
+    for name in index.graph_inputs:
+        if quantizable(name):
+            sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(""), config.model_input_quantized)
+    for node in index.nodes:
+        if node.op_type in SUBGRAPH_OPS:
+            left_in_float.append((node.name, f"{node.op_type} body is not quantized (subgraph ops run in float)"))
+        rule = config.op_rule(node.op_type)
+        for name in node.output:
+            if not name or name in sites:
+                continue
+            if name not in index.elem_type and name not in index_tensors:
+                left_in_float.append((name, "type unknown after shape inference"))
+                continue
+            if not quantizable(name):
+                continue
+            if rule.is_output_quantized is not None:
+                enabled = rule.is_output_quantized
+            else:
+                enabled = config.output_quantized and node.op_type not in GRID_PRESERVING
+            if config.model_output_quantized and name in index.graph_outputs:
+                enabled = True
+            sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(node.op_type), enabled,
+                                        op_type=node.op_type, fixed_range=rule.encoding_constraints)
+        if node.op_type in CONSTANT_INPUT_OPS:
+            for slot, name in enumerate(node.input):
+                if (node.op_type == "Where" and slot == 0) or not index.is_constant(name) or name in sites:
+                    continue
+                if quantizable(name) and _finite_constant(index, name, left_in_float):
+                    sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(""),
+                                                config.model_input_quantized, shape=index.shape.get(name))
+
+    # 3. supergroups and MatmulAdd
+    for node in index.nodes:
+        for pattern in config.supergroups:
+            chain = _match_chain(index, node, pattern)
+            for member in chain[:-1]:
+                for name in member.output:
+                    if name in sites:
+                        sites[name].enabled = False
+    for node in index.nodes:  # HardSwish spelled x * HardSigmoid(x): one activation, one quantizer
+        gate = node.output[0] if node.op_type == "HardSigmoid" else None
+        mul = index.single_consumer(gate) if gate else None
+        if mul is not None and mul.op_type == "Mul" and node.input[0] in mul.input and gate in sites:
+            sites[gate].enabled = False
+    for add_node in bias_of_matmul.values():
+        matmul_out = next(n for n in add_node.input if not index.is_constant(n))
+        if matmul_out in sites:
+            sites[matmul_out].enabled = False
+
+    # 4. ties
+    ties = _UnionFind()
+    enabled_act = {n for n, p in sites.items() if p.role == "activation" and p.enabled}
+    for node in index.nodes:
+        if node.op_type in FORWARD_TIED and node.input and node.input[0] in enabled_act:
+            for out in node.output:
+                if out in enabled_act:
+                    ties.union(node.input[0], out)
+        if node.op_type in BACKWARD_TIED and node.output[0] in enabled_act:
+            for name in node.input:
+                source = _closest_quantized_source(index, name, enabled_act)
+                if source is not None:
+                    ties.union(node.output[0], source)
+    groups: dict[str, QuantizerPlan] = {}
+    for name, plan in sites.items():
+        root = ties.find(name) if plan.role == "activation" and plan.enabled else name
+        if root == name:
+            groups.setdefault(name, plan)
+        else:
+            groups.setdefault(root, sites[root])
+    for name, plan in sites.items():
+        root = ties.find(name) if plan.role == "activation" and plan.enabled else name
+        if root != name:
+            groups[root].tensors.append(name)
+    return Placement(list(groups.values()), left_in_float, index_tensors)
+
+
+def _finite_constant(index: GraphIndex, name: str, left_in_float: list) -> bool:
+    """Constants holding inf/NaN (e.g. a -inf fill value before a Max) cannot be put on a grid."""
+    if np.isfinite(index.constant_value(name)).all():
+        return True
+    entry = (name, "constant holds inf/NaN values")
+    if entry not in left_in_float:
+        left_in_float.append(entry)
+    return False
+
+
+def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:
+    name = node.input[slot]
+    shape = index.shape.get(name)
+    flags = config.param_flags(node.op_type, ptype)
+    dtype = param_type
+    if node.op_type in NORM_OPS and not dtype.is_float and dtype.bits < 8:
+        dtype = int8
+    axis = channel_axis_of(node, slot, shape)
+    granularity = PerTensor()
+    if config.per_channel_for(node.op_type) and axis is not None and shape and len(shape) >= 1:
+        granularity = PerChannel(axis)
+    spec = QSpec(dtype, granularity, bool(flags.is_symmetric), config.strict_symmetric, config.unsigned_symmetric)
+    return QuantizerPlan(name, "param", [name], spec, bool(flags.is_quantized), ptype, node.op_type, shape, axis)
+
+
+def _matmul_add_biases(index: GraphIndex, config: QuantsimConfig) -> dict[str, onnx.NodeProto]:
+    """``{bias constant: Add node}`` for ``Add(MatMul(x, W), b)`` when the MatmulAdd pass is configured."""
+    if "MatmulAdd" not in config.supergroup_pass_list:
+        return {}
+    found = {}
+    for node in index.nodes:
+        if node.op_type != "MatMul" or not node.output:
+            continue
+        add = index.single_consumer(node.output[0])
+        if add is None or add.op_type != "Add":
+            continue
+        others = [n for n in add.input if n != node.output[0]]
+        if len(others) == 1 and index.is_constant(others[0]) and index.is_float(others[0]):
+            found[others[0]] = add
+    return found
+
+
+def _match_chain(index: GraphIndex, node: onnx.NodeProto, pattern: tuple[str, ...]) -> list[onnx.NodeProto]:
+    if node.op_type != pattern[0]:
+        return []
+    chain = [node]
+    for op_type in pattern[1:]:
+        if len(chain[-1].output) != 1:
+            return []
+        nxt = index.single_consumer(chain[-1].output[0])
+        if nxt is None or nxt.op_type != op_type:
+            return []
+        chain.append(nxt)
+    return chain
+
+
+def _closest_quantized_source(index: GraphIndex, name: str, enabled: set[str]) -> str | None:
+    """The tensor whose quantizer a Concat input should share, walking up through grid-preserving ops."""
+    current = name
+    while True:
+        if len(index.uses(current)) != 1 or current in index.graph_outputs:
+            return None
+        if current in enabled:
+            return current
+        producer = index.producer_of(current)
+        if producer is None or producer.op_type not in GRID_PRESERVING or producer.op_type == "Cast":
+            return None
+        data_inputs = [n for n in producer.input[:1] if n]
+        if not data_inputs:
+            return None
+        current = data_inputs[0]

@@ -1,0 +1,300 @@
+"""The user-facing quantizer of ``sim.qc_quantize_op_dict``: AIMET's QcQuantizeOp surface over plain data.
+
+A quantizer holds exactly four pieces of state: its `QSpec`, its `Encoding` (or None), ``enabled`` and
+``frozen``. Every change notifies the owning sim, which rebuilds its session lazily. There are no mode
+flags: calibration is a function of the sim, not a state of the quantizer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from quantsim.core.dtypes import QuantizationDataType, QuantScheme, float16, qtype
+from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
+from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+
+__all__ = ["QcQuantizeOp", "TfEncoding"]
+
+
+@dataclass
+class TfEncoding:
+    """AIMET's per-channel encoding record (``libpymo.TfEncoding``): offset ``<= 0`` on an unsigned grid."""
+
+    min: float
+    max: float
+    delta: float
+    offset: float
+    bw: int
+
+
+class QcQuantizeOp:
+    """One quantizer, shared by all tensors tied to it (``tensors``).
+
+    ``role`` is "param" (weights, biases and other initializers) or "activation".
+    """
+
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        spec: QSpec,
+        *,
+        enabled: bool,
+        tensors: tuple[str, ...],
+        shape: tuple | None = None,
+        channel_axis: int | None = None,
+        quant_scheme: QuantScheme = QuantScheme.min_max,
+        percentile: float = 100.0,
+        notify: Callable[[], None] | None = None,
+        param_type: str | None = None,
+        fixed_range: tuple[float | None, float | None] | None = None,
+    ):
+        self.name = name
+        self.role = role
+        self.tensors = tensors
+        self.shape = shape
+        self.channel_axis = channel_axis
+        self.param_type = param_type  # "weight", "bias", ... for parameters (AIMET's param type names)
+        self.fixed_range = fixed_range  # (min | None, max | None) used instead of observed values
+        self._spec = spec
+        self._enabled = bool(enabled)
+        self._encoding: Encoding | None = None
+        self._frozen = False
+        self._quant_scheme = QuantScheme.from_str(quant_scheme)
+        self._percentile = float(percentile)
+        self._notify = notify or (lambda: None)
+        self._validate_spec(spec)
+
+    # core state ---------------------------------------------------------------------------------
+    @property
+    def spec(self) -> QSpec:
+        return self._spec
+
+    @property
+    def encoding(self) -> Encoding | None:
+        """The current `Encoding` (None before calibration and for float16)."""
+        return self._encoding
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        if bool(value) != self._enabled:
+            self._enabled = bool(value)
+            self._notify()
+
+    def is_encoding_frozen(self) -> bool:
+        return self._frozen
+
+    def freeze_encodings(self) -> None:
+        """Keep the current encoding through later calibrations (there is no unfreeze, as in AIMET)."""
+        if not self._spec.is_float and self._encoding is None:
+            raise RuntimeError(f"quantizer {self.name!r} has no encoding to freeze; calibrate or load one first")
+        self._frozen = True
+
+    def is_initialized(self) -> bool:
+        return self._spec.is_float or self._encoding is not None
+
+    def set_qspec(self, spec: QSpec) -> None:
+        """Replace the spec; the encoding is dropped (recomputed at the next calibration). No-op if frozen."""
+        if self._frozen:
+            return
+        self._validate_spec(spec)
+        if spec != self._spec:
+            self._spec = spec
+            self._encoding = None
+            self._notify()
+
+    def set_encoding(self, encoding: Encoding | None) -> None:
+        """Install an encoding computed or loaded elsewhere (checked against the spec and shape)."""
+        if self._frozen:
+            raise RuntimeError(f"quantizer {self.name!r} is frozen: its encoding cannot change")
+        if encoding is not None:
+            self._check_encoding(encoding, self._spec)
+        self._encoding = encoding
+        self._notify()
+
+    # AIMET surface -------------------------------------------------------------------------------
+    @property
+    def bitwidth(self) -> int:
+        return self._spec.dtype.bits
+
+    @bitwidth.setter
+    def bitwidth(self, bits: int) -> None:
+        if self._frozen:
+            raise RuntimeError(f"quantizer {self.name!r} is frozen: its bitwidth cannot change")
+        self.set_bitwidth(bits)
+
+    def set_bitwidth(self, bits: int) -> None:
+        if self._spec.is_float:
+            self.set_precision(qtype.from_legacy_repr(QuantizationDataType.float, bits))
+        else:
+            self.set_precision(qtype.int(bits))
+
+    @property
+    def data_type(self) -> QuantizationDataType:
+        return QuantizationDataType.float if self._spec.is_float else QuantizationDataType.int
+
+    @data_type.setter
+    def data_type(self, value: QuantizationDataType) -> None:
+        if isinstance(value, str):
+            value = QuantizationDataType[value]
+        if value == self.data_type:
+            return
+        self.set_precision(float16 if value == QuantizationDataType.float else qtype.int(8))
+
+    def precision(self) -> qtype:
+        return self._spec.dtype
+
+    def set_precision(self, dtype: qtype | str) -> None:
+        """Switch to another data type (e.g. int4, int16, float16); the encoding is dropped."""
+        dtype = qtype.as_qtype(dtype)
+        if dtype.is_float and dtype.bits != 16:
+            raise ValueError(f"{dtype} simulation is not supported; disable the quantizer to keep float32")
+        self.set_qspec(self._spec.with_(dtype=dtype))
+
+    @property
+    def use_symmetric_encodings(self) -> bool:
+        return self._spec.symmetric
+
+    @use_symmetric_encodings.setter
+    def use_symmetric_encodings(self, value: bool) -> None:
+        self.set_qspec(self._spec.with_(symmetric=bool(value)))
+
+    @property
+    def use_strict_symmetric(self) -> bool:
+        return self._spec.strict_symmetric
+
+    @use_strict_symmetric.setter
+    def use_strict_symmetric(self, value: bool) -> None:
+        self.set_qspec(self._spec.with_(strict_symmetric=bool(value)))
+
+    @property
+    def use_unsigned_symmetric(self) -> bool:
+        return self._spec.unsigned_symmetric
+
+    @use_unsigned_symmetric.setter
+    def use_unsigned_symmetric(self, value: bool) -> None:
+        self.set_qspec(self._spec.with_(unsigned_symmetric=bool(value)))
+
+    def enable_per_channel_quantization(self, enable: bool = True) -> None:
+        """Per-channel along the tensor's channel axis (weights only), or back to per-tensor."""
+        if not enable:
+            self.set_qspec(self._spec.with_(granularity=PerTensor()))
+            return
+        if self.channel_axis is None:
+            raise ValueError(f"quantizer {self.name!r} has no channel axis (only weights can be per-channel)")
+        self.set_qspec(self._spec.with_(granularity=PerChannel(self.channel_axis)))
+
+    def set_fixed_encoding_range(self, fixed_range: tuple[float | None, float | None] | None) -> None:
+        """Calibrate with this ``(min, max)`` instead of the observed one (None keeps that side observed);
+        ``None`` clears it. AIMET's config ``encoding_constraints`` set the same thing."""
+        if fixed_range is not None:
+            lo, hi = fixed_range
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"quantizer {self.name!r}: fixed range min {lo} > max {hi}")
+        self.fixed_range = None if fixed_range is None else tuple(fixed_range)
+
+    @property
+    def quant_scheme(self) -> QuantScheme:
+        return self._quant_scheme
+
+    def set_quant_scheme(self, scheme: QuantScheme | str) -> None:
+        self._quant_scheme = QuantScheme.from_str(scheme)
+
+    @property
+    def percentile_value(self) -> float:
+        return self._percentile
+
+    def set_percentile_value(self, percentile: float) -> None:
+        """Percentile used by the percentile scheme (0 < p <= 100)."""
+        if not 0 < float(percentile) <= 100:
+            raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+        self._percentile = float(percentile)
+
+    def get_encodings(self) -> list[TfEncoding] | None:
+        """AIMET-style list of per-channel (or one) `TfEncoding`; None if uncalibrated or float."""
+        enc = self._encoding
+        if enc is None:
+            return None
+        offsets = aimet_offset(enc).reshape(-1)
+        return [
+            TfEncoding(float(lo), float(hi), float(s), float(o), enc.bits)
+            for lo, hi, s, o in zip(enc.min.reshape(-1), enc.max.reshape(-1), enc.scale.reshape(-1), offsets)
+        ]
+
+    def load_encodings(self, encodings: list[TfEncoding]) -> None:
+        """Install encodings given in AIMET's form (one per channel, or one)."""
+        if self._spec.is_float:
+            raise RuntimeError(f"quantizer {self.name!r} simulates {self._spec.dtype}: it has no encodings")
+        if self._frozen:
+            raise RuntimeError(f"quantizer {self.name!r} is frozen")
+        if isinstance(encodings, TfEncoding):
+            encodings = [encodings]
+        bits = {int(e.bw) for e in encodings}
+        if len(bits) != 1:
+            raise ValueError(f"quantizer {self.name!r}: encodings with mixed bitwidths {sorted(bits)}")
+        scales = np.array([e.delta for e in encodings], dtype=np.float64)
+        offsets = np.array([e.offset for e in encodings], dtype=np.float64)
+        granularity = self._spec.granularity
+        axis = getattr(granularity, "axis", None)
+        if len(encodings) == 1 and isinstance(granularity, PerTensor):
+            scales, offsets = scales[0], offsets[0]
+        block = granularity if isinstance(granularity, PerBlock) else None
+        enc = encoding_from_aimet(
+            scales if block is None else scales.reshape(self.shape[block.axis], -1),
+            offsets if block is None else offsets.reshape(self.shape[block.axis], -1),
+            bits.pop(),
+            symmetric=self._spec.symmetric,
+            axis=axis,
+            block_axis=block.block_axis if block else None,
+            block_size=block.block_size if block else None,
+        )
+        spec = self._spec if enc.bits == self.bitwidth else self._spec.with_(dtype=qtype.int(enc.bits))
+        self._check_encoding(enc, spec)  # validate before changing anything
+        self._spec = spec
+        self.set_encoding(enc)
+
+    # checks --------------------------------------------------------------------------------------
+    def _validate_spec(self, spec: QSpec) -> None:
+        granularity = spec.granularity
+        if isinstance(granularity, PerTensor) or spec.is_float:
+            return
+        if self.shape is None or any(not isinstance(d, int) for d in self.shape):
+            raise ValueError(f"quantizer {self.name!r}: {granularity.describe()} needs a tensor of known shape")
+        rank = len(self.shape)
+        if not -rank <= granularity.axis < rank:
+            raise ValueError(f"quantizer {self.name!r}: axis {granularity.axis} out of range for shape {self.shape}")
+        if isinstance(granularity, PerBlock):
+            length = self.shape[granularity.block_axis % rank]
+            if length % granularity.block_size:
+                raise ValueError(
+                    f"quantizer {self.name!r}: dimension {granularity.block_axis} of size {length} is not "
+                    f"divisible by block size {granularity.block_size}"
+                )
+
+    def _check_encoding(self, enc: Encoding, spec: QSpec) -> None:
+        if spec.is_float:
+            raise ValueError(f"quantizer {self.name!r} simulates {spec.dtype}: it takes no integer encoding")
+        if enc.bits != spec.dtype.bits:
+            raise ValueError(f"encoding for {self.name!r} is {enc.bits}-bit but the quantizer is {spec.dtype}")
+        granularity = spec.granularity
+        expected: tuple = ()
+        if isinstance(granularity, PerChannel):
+            expected = (self.shape[granularity.axis],)
+        elif isinstance(granularity, PerBlock):
+            expected = (self.shape[granularity.axis], self.shape[granularity.block_axis] // granularity.block_size)
+        if enc.scale.shape != expected:
+            raise ValueError(
+                f"encoding for {self.name!r} has {enc.scale.size} scale(s) of shape {enc.scale.shape}; "
+                f"the quantizer ({granularity.describe()} on shape {self.shape}) needs shape {expected}"
+            )
+
+    def __repr__(self) -> str:
+        state = "enabled" if self._enabled else "disabled"
+        frozen = ", frozen" if self._frozen else ""
+        return f"QcQuantizeOp({self.name!r}, {self.role}, {self._spec.describe()}, {state}{frozen})"
