@@ -285,7 +285,7 @@ def test_sessions_with_in_memory_weights_match_the_full_model(monkeypatch):
 def test_large_model_path_with_in_memory_weights(monkeypatch):
     import importlib
 
-    common = importlib.import_module("quantsim.prepare.common")
+    common = importlib.import_module("quantsim.graph.large_models")
     sim, feeds = _sim()
     expected = [_bits(sim.session.run(None, feed)) for feed in feeds]
     monkeypatch.setattr(common, "LARGE_MODEL_BYTES", 512)  # the rest of the model still counts as large

@@ -177,7 +177,7 @@ def test_large_model_paths_use_external_data(tmp_path, monkeypatch):
     the threshold is lowered here so a small model takes that path."""
     import importlib
 
-    common = importlib.import_module("quantsim.prepare.common")
+    common = importlib.import_module("quantsim.graph.large_models")
 
     model = _messy_model()
     sim = QuantizationSimModel(model, progress=False)

@@ -12,7 +12,7 @@ import pytest
 from onnx import helper, numpy_helper, parser
 
 from quantsim.prepare import PrepareError, PrepareWarning, default_passes, prepare
-from quantsim.prepare import common
+from quantsim.graph import edit, large_models
 from quantsim.prepare import passes as qp
 from quantsim.prepare.batchnorm import find_batchnorm_folds
 from quantsim.prepare.opset import runtime_limits
@@ -191,7 +191,7 @@ g (float[2,4] x) => (float[2,2] y, float[2] z) {
 
 def test_opset11_model_is_upgraded_to_13():
     prepared = checked_prepare(parser.parse_model(OPSET11))
-    assert common.default_opset(prepared) == 13
+    assert edit.default_opset(prepared) == 13
     assert "Constant" not in ops(prepared)  # the converter's axes constants became initializers
 
 
@@ -290,11 +290,11 @@ def test_optional_ort_optimisation_keeps_outputs():
 def test_large_model_paths_use_files(monkeypatch):
     model = conv_bn_model(cin=16, cout=16)
     small = qp.infer_shapes(_copy(model))[0]
-    monkeypatch.setattr(common, "LARGE_MODEL_BYTES", 1000)  # everything takes the > 2 GiB route
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)  # everything takes the > 2 GiB route
     real, used = onnx.shape_inference.infer_shapes_path, []
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes_path", lambda *a, **k: used.append(a) or real(*a, **k))
     large = qp.infer_shapes(_copy(model))[0]
-    assert used and common.is_large(large)
+    assert used and large_models.is_large(large)
     assert [v.SerializeToString() for v in large.graph.value_info] == \
         [v.SerializeToString() for v in small.graph.value_info]
     prepared = checked_prepare(model, optimize=True)
@@ -369,7 +369,7 @@ def test_shapes_that_cannot_be_inferred_warn_and_continue():
 # surface and size ------------------------------------------------------------------------------------
 def test_public_surface_and_line_budget():
     package = sys.modules["quantsim.prepare"]  # the attribute quantsim.prepare is the function
-    for module in (package, qp, common):
+    for module in (package, qp, edit, large_models):
         for name in module.__all__:
             assert hasattr(module, name), name
     for path in Path(package.__file__).parent.glob("*.py"):

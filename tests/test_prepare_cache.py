@@ -12,7 +12,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, prepare
-from quantsim.prepare import common
+from quantsim.graph import edit, large_models
 from quantsim.prepare.cache import cache_key, cache_root, load_cached, pass_identity, store_cached
 from quantsim.prepare.passes import name_nodes
 
@@ -148,7 +148,7 @@ def test_unwritable_cache_only_warns(tmp_path):
 
 
 def test_large_model_is_stored_with_external_data(tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "LARGE_MODEL_BYTES", 1000)
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
     model = model_with_bn(size=16)
     first = prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert first.graph.initializer[0].HasField("raw_data")  # storing did not take the weights away

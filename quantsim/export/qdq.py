@@ -37,7 +37,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.prepare.common import drop_unused_initializers
+from quantsim.graph.edit import drop_unused_initializers
 from quantsim.core.bias import quantize_bias
 
 __all__ = ["BIAS_SLOT", "to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "protect_float_weights", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]

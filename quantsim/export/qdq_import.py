@@ -26,7 +26,7 @@ from onnx import TensorProto, numpy_helper
 from quantsim.encodings import TensorEncoding
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.core.numerics import Encoding
-from quantsim.prepare.common import drop_unused_initializers
+from quantsim.graph.edit import drop_unused_initializers
 from quantsim.prepare.naming import name_nodes
 
 __all__ = ["strip_qdq", "sim_from_qdq"]

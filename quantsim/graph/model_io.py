@@ -1,7 +1,7 @@
 """Writing models to disk and handing them to onnxruntime, 2 GB models included.
 
 Small models are serialised in one piece. Models past protobuf's 2 GiB limit (judged from tensor shapes,
-see `quantsim.prepare.common.is_large`) are written as a graph file plus one ONNX external-data file
+see `quantsim.graph.large_models.is_large`) are written as a graph file plus one ONNX external-data file
 ``<name>.data``; onnxruntime then loads them from that path. Files are staged under temporary names in
 the target folder and renamed into place only when everything is written, so a failure never leaves a
 half-written or mismatched model behind.
@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from quantsim.prepare.common import is_large, save_model
+from quantsim.graph.large_models import is_large, save_model
 
 __all__ = ["stage_model", "commit_staged", "discard_staged", "save_model_atomic", "session_model_source",
            "in_memory_placeholder", "IN_MEMORY_LOCATION", "IN_MEMORY_MIN_BYTES", "IN_MEMORY_ELEM_TYPES"]

@@ -23,7 +23,7 @@ import onnx
 from onnx import helper
 
 from quantsim.graph.index import GraphIndex
-from quantsim.prepare.common import drop_unused_initializers, drop_value_info
+from quantsim.graph.edit import drop_unused_initializers, drop_value_info
 
 __all__ = ["fuse_activations"]
 

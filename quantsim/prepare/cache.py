@@ -38,7 +38,8 @@ from typing import NamedTuple
 
 import onnx
 
-from quantsim.prepare.common import PrepareWarning, is_external_candidate, is_large, save_model, skeleton
+from quantsim.prepare.common import PrepareWarning
+from quantsim.graph.large_models import is_external_candidate, is_large, save_model, skeleton
 
 __all__ = ["ENV_VAR", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached", "store_cached",
            "clear_cache", "cache_info", "cache_size"]

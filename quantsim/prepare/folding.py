@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from quantsim.prepare.common import constant_names, describe, drop_unused_initializers
+from quantsim.graph.edit import constant_names, describe, drop_unused_initializers
 
 __all__ = ["MAX_FOLDED_BYTES", "fold_constants"]
 

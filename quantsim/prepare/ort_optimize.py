@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from quantsim.prepare.common import is_large, save_model
+from quantsim.graph.large_models import is_large, save_model
 
 __all__ = ["optimize_with_ort"]
 

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import onnx
 
-from quantsim.prepare.common import PrepareWarning, describe, is_large, skeleton
+from quantsim.prepare.common import PrepareWarning
+from quantsim.graph.edit import describe
+from quantsim.graph.large_models import is_large, skeleton
 
 __all__ = ["infer_shapes"]
 

@@ -23,7 +23,7 @@ from quantsim.graph.index import GraphIndex
 from quantsim.sim.legacy_args import map_legacy_arguments
 from quantsim.sim.placement import place_quantizers
 from quantsim.prepare import prepare
-from quantsim.prepare.common import is_large
+from quantsim.graph.large_models import is_large
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors

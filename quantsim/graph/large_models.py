@@ -1,0 +1,128 @@
+"""Models of any size: when a model counts as large, and writing or copying one without a second copy
+of its weights.
+
+A model is large when protobuf cannot serialise it in one piece (2 GiB): such a model is written to
+disk as a small graph file plus one external-data file (``save_model``) and read back with
+``onnx.load``, which loads the external data into the tensors once. ``LARGE_MODEL_BYTES`` is read at
+call time, so tests can lower it to exercise the large-model paths on small models.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+__all__ = [
+    "LARGE_MODEL_BYTES",
+    "is_large",
+    "estimated_bytes",
+    "skeleton",
+    "copy_without_initializers",
+    "is_external_candidate",
+    "save_model",
+]
+
+LARGE_MODEL_BYTES = onnx.checker.MAXIMUM_PROTOBUF  # protobuf's 2 GiB message limit
+_EXTERNAL_MIN_BYTES = 1024  # initializers at least this big go to the external-data file
+
+
+def is_large(model: onnx.ModelProto) -> bool:
+    """True when ``model`` is at least ``LARGE_MODEL_BYTES``, judged from tensor shapes (no serialising)."""
+    return estimated_bytes(model) >= LARGE_MODEL_BYTES
+
+
+def estimated_bytes(model: onnx.ModelProto) -> int:
+    """Serialised size of ``model``: initializer payloads from their shapes, everything else measured."""
+    graph = model.graph
+    total = sum(_payload_bytes(t) + len(t.name) + 16 for t in graph.initializer)
+    for part in (graph.node, graph.input, graph.output, graph.value_info, graph.sparse_initializer, model.functions):
+        total += sum(item.ByteSize() for item in part)
+    return total
+
+
+def _payload_bytes(tensor: onnx.TensorProto) -> int:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return 0
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except Exception:  # noqa: BLE001 - strings, undefined types: measure the tensor itself
+        return tensor.ByteSize()
+    return itemsize * math.prod(tensor.dims)
+
+
+def skeleton(model: onnx.ModelProto, data_file=None) -> onnx.ModelProto:
+    """A copy of ``model`` without the payload of its big initializers (raw data of 1 KiB or more).
+
+    Their copies become ONNX external-data references. With ``data_file`` (an open binary file) the
+    payloads are written to it and the references point into it, so the skeleton plus that file is
+    the model; without, they point at ``"unwritten"`` (enough for shape inference and for hashing).
+    ``model`` is not modified and its weights are never copied as a whole.
+    """
+    result = copy_without_initializers(model)
+    location = Path(data_file.name).name if data_file is not None else "unwritten"
+    for tensor in model.graph.initializer:
+        copy = result.graph.initializer.add()
+        if not is_external_candidate(tensor):
+            copy.CopyFrom(tensor)
+            continue
+        copy.name, copy.data_type = tensor.name, tensor.data_type
+        copy.dims.extend(tensor.dims)
+        copy.data_location = onnx.TensorProto.EXTERNAL
+        offset, length = 0, _payload_bytes(tensor)
+        if data_file is not None:
+            offset = data_file.tell()
+            length = data_file.write(tensor.raw_data)
+        for key, value in (("location", location), ("offset", offset), ("length", length)):
+            entry = copy.external_data.add()
+            entry.key, entry.value = key, str(value)
+    return result
+
+
+def is_external_candidate(tensor: onnx.TensorProto) -> bool:
+    """Initializers that ``skeleton`` moves out: raw data of at least 1 KiB, not already external."""
+    return (tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data")
+            and _payload_bytes(tensor) >= _EXTERNAL_MIN_BYTES)
+
+
+def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with everything but its initializers (the caller adds those it wants)."""
+    copy = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(copy, field, value)
+    copy.graph.SetInParent()
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(copy.graph, field, value)
+    return copy
+
+
+def _copy_field(target, field, value) -> None:
+    repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+    if repeated:
+        getattr(target, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(target, field.name).CopyFrom(value)
+    else:
+        setattr(target, field.name, value)
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> list[Path]:
+    """Write ``model`` to ``path`` and return the files written.
+
+    A large model's big initializers go to ``<path>.data`` beside it as ONNX external data (see
+    ``skeleton``). Unlike ``onnx.save(save_as_external_data=True)`` the in-memory model keeps its weights.
+    """
+    path = Path(path)
+    if not is_large(model):
+        path.write_bytes(model.SerializeToString(deterministic=True))
+        return [path]
+    data_path = path.with_name(path.name + ".data")
+    with open(data_path, "wb") as data_file:
+        graph_only = skeleton(model, data_file)
+    path.write_bytes(graph_only.SerializeToString(deterministic=True))
+    return [path, data_path]
