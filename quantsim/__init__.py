@@ -5,7 +5,6 @@ AIMET-compatible surface: ``QuantizationSimModel``, ``compute_encodings``, quant
 with AIMET's encodings formats, and ``to_onnx_qdq``/``from_onnx_qdq``. The sim itself is a plain ONNX
 graph of QuantizeLinear/DequantizeLinear (or Clip, or Cast) nodes.
 """
-from quantsim.sim.config import ConfigError, QuantsimConfig, load_config
 from quantsim.core.dtypes import (
     QuantizationDataType,
     QuantScheme,
@@ -17,15 +16,27 @@ from quantsim.core.dtypes import (
     int16,
     qtype,
 )
-from quantsim.encodings import EncodingFormatError
 from quantsim.core.numerics import Encoding
-from quantsim.export.integer.context import IntegerExportError
-from quantsim.prepare import prepare
-from quantsim.prepare.common import PrepareError, PrepareWarning
-from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
-from quantsim.encodings.transfer import EncodingMismatch, EncodingMismatchError, load_encodings_to_sim
-from quantsim.sim.model import QuantizationSimModel
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.encodings.transfer import EncodingMismatch, load_encodings_to_sim
+from quantsim.errors import (
+    CalibrationError,
+    ConfigError,
+    EncodingFormatError,
+    EncodingMismatchError,
+    IntegerExportError,
+    InvalidArgumentError,
+    InvalidStateError,
+    InvalidTypeError,
+    PrepareError,
+    PrepareWarning,
+    QuantsimError,
+    QuantsimWarning,
+)
+from quantsim.prepare import prepare
+from quantsim.sim.config import QuantsimConfig, load_config
+from quantsim.sim.model import QuantizationSimModel
+from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
 
 __version__ = "0.1.0"
 
@@ -58,5 +69,11 @@ __all__ = [
     "PrepareError",
     "PrepareWarning",
     "IntegerExportError",
+    "QuantsimError",
+    "QuantsimWarning",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "InvalidStateError",
+    "CalibrationError",
     "__version__",
 ]

@@ -52,6 +52,7 @@ import numpy as np
 
 from quantsim.core.numerics import Encoding, encoding_from_range
 from quantsim.calibration.tf_enhanced_search import SATURATION_WEIGHT, best_grids
+from quantsim.errors import InvalidArgumentError
 
 __all__ = [
     "HistogramObserver", "tf_enhanced_encoding_of", "tf_enhanced_encodings", "tf_enhanced_encodings_of",
@@ -104,7 +105,7 @@ class HistogramObserver:
 
     def __init__(self, num_bins: int = DEFAULT_NUM_BINS):
         if int(num_bins) < 2:
-            raise ValueError(f"num_bins must be >= 2, got {num_bins}")
+            raise InvalidArgumentError(f"num_bins must be >= 2, got {num_bins}")
         self.num_bins = int(num_bins)
         self.counts = np.zeros(self.num_bins, dtype=np.float64)
         self.lo = 0.0  # left edge of bin 0
@@ -135,7 +136,7 @@ class HistogramObserver:
 
     def _require_data(self) -> None:
         if self.is_empty:
-            raise ValueError("no data observed: the histogram observer has not seen any finite value")
+            raise InvalidArgumentError("no data observed: the histogram observer has not seen any finite value")
 
     # ---------------------------------------------------------------- accumulation
     def update(self, x: np.ndarray, value_range: tuple[float, float] | None = None) -> None:
@@ -173,7 +174,7 @@ class HistogramObserver:
         with np.errstate(over="ignore"):
             lo_pos, hi_pos = (mn - self.lo) / w, (mx - self.lo) / w
         if not (math.isfinite(lo_pos) and math.isfinite(hi_pos)):
-            raise ValueError("value range too wide for the histogram's resolution")
+            raise InvalidArgumentError("value range too wide for the histogram's resolution")
         first, last = math.floor(lo_pos), math.floor(hi_pos)
         below, above = max(0, -first), max(0, last - nb + 1)
         if below == 0 and above == 0:
@@ -194,12 +195,12 @@ class HistogramObserver:
         overlaps in proportion to the overlap (values assumed uniform within a bin).
         """
         if other is self:
-            raise ValueError("cannot merge an observer into itself")
+            raise InvalidArgumentError("cannot merge an observer into itself")
         if other.is_empty:
             return
         if self.is_empty:
             if other.num_bins != self.num_bins:
-                raise ValueError("cannot merge observers with different numbers of bins")
+                raise InvalidArgumentError("cannot merge observers with different numbers of bins")
             self.counts, self.lo, self.bin_width = other.counts.copy(), other.lo, other.bin_width
             self.count, self._min, self._max = other.count, other._min, other._max
             return
@@ -240,7 +241,7 @@ class HistogramObserver:
         """The ``[min, max]`` the percentile rule keeps (before zero is included)."""
         p = float(percentile)
         if not (0.0 < p <= 100.0):
-            raise ValueError(f"percentile must satisfy 0 < p <= 100, got {percentile!r}")
+            raise InvalidArgumentError(f"percentile must satisfy 0 < p <= 100, got {percentile!r}")
         self._require_data()
         edges, w = self.edges, self.bin_width
         nz = np.flatnonzero(self.counts)
@@ -358,14 +359,14 @@ def _tensor_item(x, axis: int | None, num_bins: int):
     moved = np.moveaxis(x, axis % x.ndim, 0)
     rows = np.ascontiguousarray(moved, dtype=np.float64).reshape(moved.shape[0], -1)  # one copy at most
     if rows.shape[1] == 0:
-        raise ValueError("no data observed: a channel has no finite values")
+        raise InvalidArgumentError("no data observed: a channel has no finite values")
     omin, omax = rows.min(axis=1), rows.max(axis=1)
     if np.isfinite(omin).all() and np.isfinite(omax).all():
         lo, w = _initial_grid(omin, omax, num_bins)
         return _channel_histograms(rows, lo, w, num_bins), lo, w, omin, omax, axis
     finite = np.isfinite(rows)
     if not np.all(finite.any(axis=1)):
-        raise ValueError("no data observed: a channel has no finite values")
+        raise InvalidArgumentError("no data observed: a channel has no finite values")
     omin = np.where(finite, rows, np.inf).min(axis=1)
     omax = np.where(finite, rows, -np.inf).max(axis=1)
     lo, w = _initial_grid(omin, omax, num_bins)

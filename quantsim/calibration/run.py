@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from quantsim.calibration.histograms import HistogramObserver
 from quantsim.calibration.statistics_graph import StatisticsOutputs
+from quantsim.errors import CalibrationError, InvalidArgumentError, InvalidTypeError
 
 __all__ = ["TensorStats", "CalibrationSession", "check_feed", "run_calibration", "CALIBRATION_EXECUTION_ORDER"]
 
@@ -54,12 +55,12 @@ class TensorStats:
 def check_feed(feed: Mapping, inputs: list, where: str) -> dict[str, np.ndarray]:
     """Validate one feed dict against the session inputs: names, dtypes and ranks (clear errors)."""
     if not isinstance(feed, Mapping):
-        raise TypeError(f"{where}: expected a dict of input name -> array, got {type(feed).__name__}")
+        raise InvalidTypeError(f"{where}: expected a dict of input name -> array, got {type(feed).__name__}")
     expected = {i.name: i for i in inputs}
     unknown = sorted(set(feed) - set(expected))
     missing = sorted(set(expected) - set(feed))
     if unknown or missing:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{where}: feed does not match the model inputs {sorted(expected)}"
             + (f"; unknown: {unknown}" if unknown else "")
             + (f"; missing: {missing}" if missing else "")
@@ -69,10 +70,10 @@ def check_feed(feed: Mapping, inputs: list, where: str) -> dict[str, np.ndarray]
         array = np.asarray(value)
         want = _ORT_TO_NUMPY.get(expected[name].type)
         if want is not None and array.dtype != want:
-            raise TypeError(f"{where}: input {name!r} has dtype {array.dtype}, the model expects {np.dtype(want)}")
+            raise InvalidTypeError(f"{where}: input {name!r} has dtype {array.dtype}, the model expects {np.dtype(want)}")
         rank = len(expected[name].shape) if expected[name].shape is not None else None
         if rank is not None and array.ndim != rank:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{where}: input {name!r} has rank {array.ndim} (shape {array.shape}), the model expects rank "
                 f"{rank} {tuple(expected[name].shape)}"
             )
@@ -112,7 +113,7 @@ class CalibrationSession:
         names = output_names or self._outputs.model_outputs
         unknown = [n for n in names if n not in self._outputs.model_outputs]
         if unknown:
-            raise ValueError(f"calibration session: {unknown} are not outputs of the model "
+            raise InvalidArgumentError(f"calibration session: {unknown} are not outputs of the model "
                              f"(outputs: {self._outputs.model_outputs})")
         if not _finite_feed(feed):
             self.batches_skipped += 1
@@ -159,7 +160,7 @@ class CalibrationSession:
                 RuntimeWarning, stacklevel=2,
             )
         if self.batches_used == 0:
-            raise ValueError(
+            raise CalibrationError(
                 "calibration saw no usable batch"
                 + (f" ({self.batches_skipped} skipped for NaN/Inf)" if self.batches_skipped else " (empty calibration data)")
                 + "; encodings are unchanged"
@@ -173,7 +174,7 @@ def run_calibration(session: CalibrationSession, data, *, progress: bool = True)
         data(session)
         return session.finish()
     if isinstance(data, Mapping) or not isinstance(data, Iterable):
-        raise TypeError(
+        raise InvalidTypeError(
             "compute_encodings expects an iterable of feed dicts or a callback(session[, args]); "
             f"got {type(data).__name__}"
         )

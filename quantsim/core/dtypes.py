@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from onnx import TensorProto
+from quantsim.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = [
     "qtype",
@@ -62,17 +63,17 @@ class qtype:  # noqa: N801 - the name users know from AIMET
     def __post_init__(self) -> None:
         if self.kind == "int":
             if not MIN_INT_BITS <= self.bits <= MAX_INT_BITS:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"integer bitwidth {self.bits} is outside the supported {MIN_INT_BITS}..{MAX_INT_BITS}"
                 )
         elif self.kind == "float":
             if (self.exponent_bits, self.mantissa_bits) not in ((5, 10), (8, 23)):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"float{self.bits} (e{self.exponent_bits}m{self.mantissa_bits}) is not supported: "
                     "only float16 simulation and float32 (no quantization)"
                 )
         else:
-            raise ValueError(f"qtype kind must be 'int' or 'float', got {self.kind!r}")
+            raise InvalidArgumentError(f"qtype kind must be 'int' or 'float', got {self.kind!r}")
 
     # constructors -------------------------------------------------------------------------------
     @classmethod
@@ -91,7 +92,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
         try:
             return _ALIASES[name.strip().lower()]
         except (KeyError, AttributeError):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"unknown quantized type {name!r}; expected one of {sorted(_ALIASES)} or qtype.int(n)"
             ) from None
 
@@ -102,7 +103,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
             return value
         if isinstance(value, str):
             return cls.from_string(value)
-        raise TypeError(f"expected a qtype or a type name, got {type(value).__name__}")
+        raise InvalidTypeError(f"expected a qtype or a type name, got {type(value).__name__}")
 
     @classmethod
     def from_legacy_repr(cls, data_type: QuantizationDataType, bits: int) -> "qtype":
@@ -114,7 +115,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
                 return float16
             if bits == 32:
                 return float32
-            raise ValueError(f"float bitwidth {bits} is not supported (16 or 32)")
+            raise InvalidArgumentError(f"float bitwidth {bits} is not supported (16 or 32)")
         return cls.int(bits)
 
     def to_legacy_repr(self) -> tuple[QuantizationDataType, int]:
@@ -130,7 +131,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
     def storage_type(self, signed: bool) -> int:
         """ONNX element type of the Q/DQ container for this grid (next native width up)."""
         if self.is_float:
-            raise ValueError(f"{self} has no integer storage type")
+            raise InvalidArgumentError(f"{self} has no integer storage type")
         for bits in sorted(_NATIVE_CONTAINERS):
             if self.bits <= bits:
                 signed_type, unsigned_type, _ = _NATIVE_CONTAINERS[bits]
@@ -195,7 +196,7 @@ class QuantScheme(enum.Enum):
             "post_training_percentile": cls.post_training_percentile,
         }
         if key not in table:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"unknown quant scheme {name!r}; expected one of 'min_max' ('tf'), 'tf_enhanced', 'percentile'"
             )
         return table[key]

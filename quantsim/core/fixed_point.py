@@ -33,6 +33,7 @@ arrays, so no intermediate overflows.
 from __future__ import annotations
 
 import numpy as np
+from quantsim.errors import InvalidArgumentError
 
 __all__ = [
     "quantize_multiplier",
@@ -59,7 +60,7 @@ def quantize_multiplier(real) -> tuple[np.ndarray, np.ndarray]:
     """
     m = np.asarray(real, dtype=np.float64)
     if not np.all(np.isfinite(m)) or np.any(m < 0):
-        raise ValueError(f"requantization multipliers must be finite and >= 0, got {m[~(np.isfinite(m) & (m >= 0))][:3]}")
+        raise InvalidArgumentError(f"requantization multipliers must be finite and >= 0, got {m[~(np.isfinite(m) & (m >= 0))][:3]}")
     fraction, exponent = np.frexp(m)  # m = fraction * 2^exponent, fraction in [0.5, 1) (0 for m == 0)
     mantissa = np.floor(fraction * 2.0**31 + 0.5).astype(np.int64)  # exact: fraction has 53 bits
     shift = exponent.astype(np.int64)
@@ -67,7 +68,7 @@ def quantize_multiplier(real) -> tuple[np.ndarray, np.ndarray]:
     mantissa = np.where(carry, mantissa // 2, mantissa)
     shift = np.where(carry, shift + 1, shift)
     if np.any(shift > _MAX_LEFT_SHIFT):
-        raise ValueError(f"requantization multiplier {m.max():g} is too large for a 31-bit left shift")
+        raise InvalidArgumentError(f"requantization multiplier {m.max():g} is too large for a 31-bit left shift")
     flush = (m == 0) | (shift < -31)
     return np.where(flush, 0, mantissa).astype(np.int64), np.where(flush, 0, shift).astype(np.int64)
 
@@ -97,7 +98,7 @@ def rounding_right_shift(x, exponent) -> np.ndarray:
     x = np.asarray(x, dtype=np.int64)
     e = np.asarray(exponent, dtype=np.int64)
     if np.any(e < 0) or np.any(e > 62):
-        raise ValueError("rounding_right_shift exponent must be in [0, 62]")
+        raise InvalidArgumentError("rounding_right_shift exponent must be in [0, 62]")
     mask = np.left_shift(np.int64(1), e) - 1
     remainder = x & mask
     threshold = (mask >> 1) + (x < 0).astype(np.int64)

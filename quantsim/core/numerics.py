@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from quantsim.errors import InvalidArgumentError
 
 __all__ = [
     "Encoding",
@@ -92,9 +93,9 @@ class Encoding:
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "zero_point", zp)
         if not scale_ok:
-            raise ValueError("encoding scales must be finite and positive")
+            raise InvalidArgumentError("encoding scales must be finite and positive")
         if not zp_ok:
-            raise ValueError(f"zero point outside the grid [{self.qmin}, {self.qmax}]")
+            raise InvalidArgumentError(f"zero point outside the grid [{self.qmin}, {self.qmax}]")
 
     @property
     def num_steps(self) -> int:
@@ -146,11 +147,11 @@ def _scalar_grid(min_val: float, max_val: float, n_steps: int, symmetric: bool,
     numpy's per-call overhead on 0-d arrays.
     """
     if min_val != min_val or max_val != max_val:  # NaN (np.minimum/np.maximum would keep it)
-        raise ValueError("cannot compute an encoding from a non-finite range")
+        raise InvalidArgumentError("cannot compute an encoding from a non-finite range")
     mn = min_val if min_val < 0.0 else 0.0
     mx = max_val if max_val > 0.0 else 0.0
     if not (math.isfinite(mn) and math.isfinite(mx)):
-        raise ValueError("cannot compute an encoding from a non-finite range")
+        raise InvalidArgumentError("cannot compute an encoding from a non-finite range")
     floor = min(SCALE_FLOOR_EPS, 0.01 / n_steps)
     if symmetric and not (unsigned_symmetric and mn >= 0):
         positive, negative = _symmetric_split(n_steps)
@@ -183,9 +184,9 @@ def encoding_from_range(
     mn = np.minimum(np.asarray(min_val, dtype=np.float64), 0.0)
     mx = np.maximum(np.asarray(max_val, dtype=np.float64), 0.0)
     if mn.shape != mx.shape:
-        raise ValueError(f"min and max shapes differ: {mn.shape} vs {mx.shape}")
+        raise InvalidArgumentError(f"min and max shapes differ: {mn.shape} vs {mx.shape}")
     if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
-        raise ValueError("cannot compute an encoding from a non-finite range")
+        raise InvalidArgumentError("cannot compute an encoding from a non-finite range")
     floor = min(SCALE_FLOOR_EPS, 0.01 / n_steps)
     use_unsigned = symmetric and unsigned_symmetric and bool((mn >= 0).all())
     if symmetric and not use_unsigned:
@@ -227,7 +228,7 @@ def encoding_from_aimet(
     scale = np.asarray(scale, dtype=np.float64)
     off = np.broadcast_to(np.asarray(offset, dtype=np.float64), scale.shape)
     if np.any(off != np.round(off)):
-        raise ValueError("fractional offsets (zero-point shift) are not supported")
+        raise InvalidArgumentError("fractional offsets (zero-point shift) are not supported")
     off = off.astype(np.int64)
     half = 1 << (bits - 1)
     if symmetric and np.all(off == -half):
@@ -238,7 +239,7 @@ def encoding_from_aimet(
         return Encoding(scale, 0, bits, True, qmin, qmax, True, axis, block_axis, block_size)
     qmin, qmax = grid_bounds(bits, signed=False)
     if np.any(off > 0) or np.any(off < -qmax):
-        raise ValueError(f"offset outside [-{qmax}, 0] for a {bits}-bit grid")
+        raise InvalidArgumentError(f"offset outside [-{qmax}, 0] for a {bits}-bit grid")
     return Encoding(scale, -off, bits, False, qmin, qmax, symmetric, axis, block_axis, block_size)
 
 
@@ -336,7 +337,7 @@ def reduce_min_max(
     block_axis %= x.ndim
     length = x.shape[block_axis]
     if length % block_size:
-        raise ValueError(f"dimension {block_axis} of size {length} is not divisible by block size {block_size}")
+        raise InvalidArgumentError(f"dimension {block_axis} of size {length} is not divisible by block size {block_size}")
     moved = np.moveaxis(x, (axis, block_axis), (0, 1))
     blocks = moved.reshape(x.shape[axis], length // block_size, -1)
     return blocks.min(axis=2).astype(np.float64), blocks.max(axis=2).astype(np.float64)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from quantsim.core.dtypes import qtype
+from quantsim.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["PerTensor", "PerChannel", "PerBlock", "Granularity", "QSpec"]
 
@@ -42,9 +43,9 @@ class PerBlock:
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
+            raise InvalidArgumentError(f"block_size must be positive, got {self.block_size}")
         if self.axis == self.block_axis:
-            raise ValueError("the channel axis and the block axis must differ")
+            raise InvalidArgumentError("the channel axis and the block axis must differ")
 
     def describe(self) -> str:
         return f"per-block(axis={self.axis}, block_axis={self.block_axis}, block_size={self.block_size})"
@@ -72,7 +73,7 @@ class QSpec:
         if not isinstance(self.dtype, qtype):
             object.__setattr__(self, "dtype", qtype.as_qtype(self.dtype))
         if not isinstance(self.granularity, (PerTensor, PerChannel, PerBlock)):
-            raise TypeError(f"unknown granularity {self.granularity!r}")
+            raise InvalidTypeError(f"unknown granularity {self.granularity!r}")
 
     @classmethod
     def per_tensor(cls, dtype: qtype | str, *, symmetric: bool = False) -> "QSpec":

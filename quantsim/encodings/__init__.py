@@ -14,7 +14,7 @@ import os
 from typing import Any, Iterable
 
 from quantsim.encodings import v0_6_1, v1_0_0, v2_0_0
-from quantsim.encodings.errors import EncodingFormatError
+from quantsim.errors import InvalidArgumentError, EncodingFormatError
 from quantsim.encodings.jsonio import load_json_file, write_json_atomic
 from quantsim.encodings.record import TensorEncoding
 from quantsim.encodings.validate import Where, check_unique_names
@@ -58,7 +58,7 @@ def encodings_to_dict(
     layout = layout_for_writing(Where(source), version)
     source = f"<encodings writer {layout}>"
     if force_activation_as not in v2_0_0.FORCE_CHOICES:
-        raise ValueError(f"force_activation_as must be 'unsigned' or 'signed', got {force_activation_as!r}")
+        raise InvalidArgumentError(f"force_activation_as must be 'unsigned' or 'signed', got {force_activation_as!r}")
     records = list(records)
     for index, record in enumerate(records):
         if not isinstance(record, TensorEncoding):

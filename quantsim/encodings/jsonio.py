@@ -6,7 +6,7 @@ import os
 import uuid
 from typing import Any
 
-from quantsim.encodings.errors import EncodingFormatError
+from quantsim.errors import EncodingFormatError
 
 __all__ = ["write_json_atomic", "load_json_file"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantsim.core.numerics import Encoding
+from quantsim.errors import InvalidArgumentError
 
 __all__ = ["TensorEncoding", "KINDS", "FLOAT16_BITS", "INT32_BITS"]
 
@@ -32,17 +33,17 @@ class TensorEncoding:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"tensor name must be a non-empty string, got {self.name!r}")
+            raise InvalidArgumentError(f"tensor name must be a non-empty string, got {self.name!r}")
         if self.kind not in KINDS:
-            raise ValueError(f"{self.name}: kind must be 'param', 'activation' or None, got {self.kind!r}")
+            raise InvalidArgumentError(f"{self.name}: kind must be 'param', 'activation' or None, got {self.kind!r}")
         if self.is_float:
             if self.encoding is not None or self.bits != FLOAT16_BITS:
-                raise ValueError(f"{self.name}: a float record has bits 16 and no encoding")
+                raise InvalidArgumentError(f"{self.name}: a float record has bits 16 and no encoding")
         else:
             if not isinstance(self.encoding, Encoding):
-                raise ValueError(f"{self.name}: an integer record needs an Encoding")
+                raise InvalidArgumentError(f"{self.name}: an integer record needs an Encoding")
             if self.bits != self.encoding.bits:
-                raise ValueError(f"{self.name}: bits {self.bits} != encoding bits {self.encoding.bits}")
+                raise InvalidArgumentError(f"{self.name}: bits {self.bits} != encoding bits {self.encoding.bits}")
         if self.shape is not None:
             object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
 

@@ -28,10 +28,10 @@ from quantsim.graph.model_io import commit_staged, discard_staged, stage_model
 from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.errors import InvalidArgumentError, InvalidStateError, EncodingMismatchError
 
 __all__ = [
     "EncodingMismatch",
-    "EncodingMismatchError",
     "load_encodings_to_sim",
     "export_sim",
     "sim_records",
@@ -55,9 +55,6 @@ class EncodingMismatch:
     def __str__(self) -> str:
         return f"{self.name}: {self.field} is {self.sim_value!r} in the sim but {self.file_value!r} in the file"
 
-
-class EncodingMismatchError(ValueError):
-    """Raised by a strict load when the file disagrees with the sim's quantizers."""
 
 
 def sim_records(sim) -> list[TensorEncoding]:
@@ -119,7 +116,7 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
     integer export's fixed-point table) goes into the file under `REQUANT_KEY`; AIMET's readers and
     ours ignore unknown top-level keys."""
     if not sim.quantizers or not any(q.enabled and q.is_initialized() for q in sim.quantizers):
-        raise RuntimeError("nothing to export: call compute_encodings (or load encodings) first")
+        raise InvalidStateError("nothing to export: call compute_encodings (or load encodings) first")
     uncalibrated = [q.name for q in sim.quantizers if q.enabled and not q.is_initialized()]
     if uncalibrated:
         warnings.warn(f"{len(uncalibrated)} enabled quantizer(s) have no encoding and are not exported, "
@@ -154,11 +151,11 @@ def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, 
     else:
         axis = enc.axis if enc.axis is not None else q.channel_axis
         if axis is None or not shape:
-            raise ValueError(f"{where} has {enc.scale.size} per-channel scales but is not a weight with a channel axis")
+            raise InvalidArgumentError(f"{where} has {enc.scale.size} per-channel scales but is not a weight with a channel axis")
         axis %= len(shape)
         if enc.block_size is None:
             if shape[axis] != enc.scale.shape[0]:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"{where}: wrong channel count: {enc.scale.shape[0]} scales for shape {tuple(shape)} "
                     f"(channel axis {axis} has {shape[axis]})"
                 )
@@ -168,7 +165,7 @@ def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, 
             block_axis %= len(shape)
             blocks = shape[block_axis] // enc.block_size
             if enc.scale.size != shape[axis] * blocks:
-                raise ValueError(f"{where}: {enc.scale.size} block scales do not fit shape {tuple(shape)} "
+                raise InvalidArgumentError(f"{where}: {enc.scale.size} block scales do not fit shape {tuple(shape)} "
                                  f"with block size {enc.block_size}")
             granularity = PerBlock(axis, block_axis, enc.block_size)
             enc = replace(enc, scale=enc.scale.reshape(shape[axis], blocks),
@@ -229,7 +226,7 @@ def _check_for_model(sim, records: list[TensorEncoding], source: str) -> list[st
     model_tensors = set(sim._index.elem_type) | set(sim._index.producer)
     unknown = [r.name for r in records if r.name not in model_tensors]
     if records and len(unknown) == len(records):
-        raise ValueError(f"{source}: none of its {len(records)} tensors (e.g. {unknown[:3]}) exist in {sim._label}; "
+        raise InvalidArgumentError(f"{source}: none of its {len(records)} tensors (e.g. {unknown[:3]}) exist in {sim._label}; "
                          "is it for another model?")
     return unknown
 

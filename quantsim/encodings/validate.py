@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from quantsim.encodings.errors import EncodingFormatError
+from quantsim.errors import EncodingFormatError
 
 __all__ = [
     "Where",

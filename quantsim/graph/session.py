@@ -8,6 +8,7 @@ import onnx
 import onnxruntime as ort
 
 from quantsim.graph.model_io import session_model_source
+from quantsim.errors import InvalidStateError
 
 __all__ = ["make_session", "DEFAULT_PROVIDERS"]
 
@@ -65,7 +66,7 @@ def make_session(
     except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
         if not fuse_qdq:
             raise
-        raise RuntimeError(
+        raise InvalidStateError(
             "onnxruntime could not build integer kernels for this sim (its Q/DQ fusion supports 8-bit "
             f"activations with int8/uint8 weights): {error}. Use the exact sim session instead."
         ) from error

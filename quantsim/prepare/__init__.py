@@ -26,7 +26,7 @@ import os
 import onnx
 
 from quantsim.prepare.cache import cache_info, cache_key, cache_size, clear_cache, load_cached, store_cached
-from quantsim.prepare.common import PrepareError, PrepareWarning
+from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
 from quantsim.prepare.passes import (
     check_graph,
     constants_to_initializers,
@@ -98,7 +98,7 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
     if passes is None:
         chosen = default_passes(**options)
     elif (fold_batchnorm, fold_constants, optimize) != (True, True, False):
-        raise ValueError("pass either `passes` or the fold_batchnorm/fold_constants/optimize flags, not both")
+        raise InvalidArgumentError("pass either `passes` or the fold_batchnorm/fold_constants/optimize flags, not both")
     else:
         chosen = tuple(passes)
     key = cache_key(model, chosen, options) if cache else None

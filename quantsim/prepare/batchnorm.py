@@ -52,7 +52,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.prepare.common import PrepareWarning
+from quantsim.errors import PrepareWarning
 from quantsim.graph.edit import constant_names, describe, drop_unused_initializers, drop_value_info
 
 __all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm", "fold_channel_affine"]

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import onnx
 
-from quantsim.prepare.common import PrepareWarning
+from quantsim.errors import InvalidArgumentError, PrepareWarning
 from quantsim.graph.large_models import is_external_candidate, is_large, save_model, skeleton
 
 __all__ = ["ENV_VAR", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached", "store_cached",
@@ -223,10 +223,10 @@ def _read_manifest(path: Path) -> dict[str, str]:
     for line in path.read_text().splitlines():
         digest, _, name = line.partition("  ")
         if not _KEY.fullmatch(digest) or not name or "/" in name or "\\" in name or name.startswith("."):
-            raise ValueError(f"bad line {line!r}")
+            raise InvalidArgumentError(f"bad line {line!r}")
         expected[name] = digest
     if _MODEL not in expected:
-        raise ValueError(f"{_MODEL} is not listed")
+        raise InvalidArgumentError(f"{_MODEL} is not listed")
     return expected
 
 

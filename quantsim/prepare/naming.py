@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 import onnx
 
 from quantsim.graph.index import subgraph_references
-from quantsim.prepare.common import PrepareError
+from quantsim.errors import PrepareError
 from quantsim.graph.edit import describe
 
 __all__ = ["check_graph", "name_nodes"]

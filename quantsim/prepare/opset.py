@@ -20,7 +20,7 @@ import functools
 import onnx
 from onnx import helper
 
-from quantsim.prepare.common import PrepareError
+from quantsim.errors import PrepareError
 from quantsim.graph.edit import default_opset
 
 __all__ = ["MIN_OPSET", "upgrade_opset", "runtime_limits"]

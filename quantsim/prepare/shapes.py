@@ -22,7 +22,7 @@ from pathlib import Path
 
 import onnx
 
-from quantsim.prepare.common import PrepareWarning
+from quantsim.errors import PrepareWarning
 from quantsim.graph.edit import describe
 from quantsim.graph.large_models import is_large, skeleton
 

@@ -38,6 +38,7 @@ from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
 from quantsim.graph.large_models import copy_without_initializers, is_external_candidate
 from quantsim.graph.edit import default_opset
 from quantsim.sim.quantizer import QcQuantizeOp
+from quantsim.errors import InvalidArgumentError, InvalidStateError
 
 __all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
 
@@ -86,7 +87,7 @@ def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     try:
         converted = onnx.version_converter.convert_version(model, opset)
     except Exception as error:  # noqa: BLE001 - re-raised with context
-        raise RuntimeError(
+        raise InvalidStateError(
             f"the sim needs opset {opset} for its quantizers but converting the model from opset {current} "
             f"failed: {error}"
         ) from error
@@ -362,7 +363,7 @@ def build_sim_model(
     ``external_initializers``, which spares copying, serialising and parsing the weights.
     """
     if weights not in ("fake", "qdq"):
-        raise ValueError(f"weights must be 'fake' or 'qdq', got {weights!r}")
+        raise InvalidArgumentError(f"weights must be 'fake' or 'qdq', got {weights!r}")
     if skip_redundant is None:
         skip_redundant = weights == "fake"
     active = [q for q in quantizers if q.enabled and q.is_initialized()]

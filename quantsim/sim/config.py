@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
+from quantsim.errors import ConfigError
 
 __all__ = [
     "QuantFlags",
     "OpTypeRule",
     "QuantsimConfig",
-    "ConfigError",
     "load_config",
     "CONFIG_ALIASES",
     "CONFIG_DIR",
@@ -54,9 +54,6 @@ _BITWIDTHS = (4, 8, 16, 32)
 _DTYPES = ("int", "float")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
-
-class ConfigError(ValueError):
-    """A quantsim config that cannot be used; the message names the source and the JSON path."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 from quantsim.core.dtypes import QuantizationDataType, qtype
+from quantsim.errors import InvalidTypeError, InvalidStateError
 
 __all__ = ["LEGACY_POSITIONAL_ORDER", "LEGACY_KEYWORDS", "map_legacy_arguments"]
 
@@ -29,10 +30,10 @@ LEGACY_KEYWORDS = frozenset(
 def map_legacy_arguments(args: tuple, legacy: dict, current: dict) -> dict:
     """Merge positional/legacy arguments into ``current`` (the new-style keywords); returns it."""
     if len(args) > len(LEGACY_POSITIONAL_ORDER):
-        raise TypeError(f"QuantizationSimModel takes at most {len(LEGACY_POSITIONAL_ORDER) + 1} positional arguments")
+        raise InvalidTypeError(f"QuantizationSimModel takes at most {len(LEGACY_POSITIONAL_ORDER) + 1} positional arguments")
     unknown = set(legacy) - LEGACY_KEYWORDS
     if unknown:
-        raise TypeError(f"QuantizationSimModel got unexpected keyword argument(s) {sorted(unknown)}")
+        raise InvalidTypeError(f"QuantizationSimModel got unexpected keyword argument(s) {sorted(unknown)}")
     legacy = dict(legacy)
     for name, value in zip(LEGACY_POSITIONAL_ORDER, args):
         if name in LEGACY_KEYWORDS:
@@ -50,12 +51,12 @@ def map_legacy_arguments(args: tuple, legacy: dict, current: dict) -> dict:
     )
     rounding = legacy.pop("rounding_mode", None)
     if rounding and rounding != "nearest":  # None (the legacy positional default) means "nearest", as in AIMET
-        raise TypeError(f"rounding_mode {rounding!r} is not supported; only 'nearest'")
+        raise InvalidTypeError(f"rounding_mode {rounding!r} is not supported; only 'nearest'")
     legacy.pop("use_symmetric_encodings", None)
     use_cuda, device = legacy.pop("use_cuda", None), legacy.pop("device", None)
     if use_cuda is not None or device is not None:
         if current.get("providers") is not None:
-            raise RuntimeError("providers cannot be combined with the legacy use_cuda/device arguments")
+            raise InvalidStateError("providers cannot be combined with the legacy use_cuda/device arguments")
         if use_cuda:
             current["providers"] = [("CUDAExecutionProvider", {"device_id": device or 0}), "CPUExecutionProvider"]
     # like AIMET, a legacy dtype argument given as None counts as not given
@@ -63,7 +64,7 @@ def map_legacy_arguments(args: tuple, legacy: dict, current: dict) -> dict:
                   if legacy.get(key) is not None}
     if dtype_args:
         if current.get("param_type_given") or current.get("activation_type_given"):
-            raise RuntimeError("the legacy bitwidth/data-type arguments cannot be combined with param_type/activation_type")
+            raise InvalidStateError("the legacy bitwidth/data-type arguments cannot be combined with param_type/activation_type")
         data_type = dtype_args.get("default_data_type", QuantizationDataType.int)
         current["param_type"] = qtype.from_legacy_repr(data_type, int(dtype_args.get("default_param_bw", 8)))
         current["activation_type"] = qtype.from_legacy_repr(data_type, int(dtype_args.get("default_activation_bw", 8)))

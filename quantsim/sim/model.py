@@ -29,6 +29,7 @@ from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.sim.build import build_sim_model
 from quantsim.calibration.statistics_graph import add_statistics_outputs
+from quantsim.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["QuantizationSimModel", "load_model"]
 
@@ -45,24 +46,24 @@ def load_model(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelPr
         try:
             proto = onnx.load(str(path))
         except Exception as error:  # noqa: BLE001 - any decoding failure means "not an ONNX file"
-            raise ValueError(f"{path} is not a readable ONNX model: {error}") from error
+            raise InvalidArgumentError(f"{path} is not a readable ONNX model: {error}") from error
         label = str(path)
     elif isinstance(model, onnx.ModelProto):
         proto, label = model, f"graph {model.graph.name or '<unnamed>'!r}"
     else:
-        raise TypeError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
+        raise InvalidTypeError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
     if not proto.graph.node:
-        raise ValueError(f"{label} has no nodes (is it an ONNX model?)")
+        raise InvalidArgumentError(f"{label} has no nodes (is it an ONNX model?)")
     try:
         if isinstance(model, (str, os.PathLike)):
             onnx.checker.check_model(str(model))  # from the file: works past 2 GiB, no re-serialisation
         elif not is_large(proto):  # a >2 GiB ModelProto cannot be serialised for the checker
             onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
-        raise ValueError(f"{label} fails onnx.checker: {str(error).splitlines()[0]}") from error
+        raise InvalidArgumentError(f"{label} fails onnx.checker: {str(error).splitlines()[0]}") from error
     quantized = [n.name or n.op_type for n in proto.graph.node if n.op_type in _QDQ_OPS]
     if quantized:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{label} already contains quantization nodes ({', '.join(quantized[:3])}...): build the sim with "
             "QuantizationSimModel.from_onnx_qdq(model) instead"
         )
@@ -114,7 +115,7 @@ class QuantizationSimModel:
             "activation_type_given": activation_type is not None,
         })
         if options.get("user_onnx_libs"):
-            raise ValueError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
+            raise InvalidArgumentError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
         proto, self._label = load_model(model)
         self.param_type = qtype.as_qtype(options["param_type"] or int8)
         self.activation_type = qtype.as_qtype(options["activation_type"] or int8)
@@ -206,11 +207,11 @@ class QuantizationSimModel:
         """
         data = inputs if inputs is not None else forward_pass_callback
         if data is None:
-            raise TypeError("compute_encodings needs calibration inputs or a forward-pass callback")
+            raise InvalidTypeError("compute_encodings needs calibration inputs or a forward-pass callback")
         if forward_pass_callback_args is not _NOT_SPECIFIED:
             # AIMET calls callback(session, args) whenever args are given, even None
             if not callable(data):
-                raise TypeError("forward_pass_callback_args is only valid with a callback")
+                raise InvalidTypeError("forward_pass_callback_args is only valid with a callback")
             callback, callback_args = data, forward_pass_callback_args
             data = lambda session: callback(session, callback_args)  # noqa: E731
         snapshot = [(q, q.encoding) for q in self._quantizers]

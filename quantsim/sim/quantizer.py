@@ -14,6 +14,7 @@ import numpy as np
 from quantsim.core.dtypes import QuantizationDataType, QuantScheme, float16, qtype
 from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.errors import InvalidArgumentError, InvalidStateError
 
 __all__ = ["QcQuantizeOp", "TfEncoding"]
 
@@ -93,7 +94,7 @@ class QcQuantizeOp:
     def freeze_encodings(self) -> None:
         """Keep the current encoding through later calibrations (there is no unfreeze, as in AIMET)."""
         if not self._spec.is_float and self._encoding is None:
-            raise RuntimeError(f"quantizer {self.name!r} has no encoding to freeze; calibrate or load one first")
+            raise InvalidStateError(f"quantizer {self.name!r} has no encoding to freeze; calibrate or load one first")
         self._frozen = True
 
     def is_initialized(self) -> bool:
@@ -112,7 +113,7 @@ class QcQuantizeOp:
     def set_encoding(self, encoding: Encoding | None) -> None:
         """Install an encoding computed or loaded elsewhere (checked against the spec and shape)."""
         if self._frozen:
-            raise RuntimeError(f"quantizer {self.name!r} is frozen: its encoding cannot change")
+            raise InvalidStateError(f"quantizer {self.name!r} is frozen: its encoding cannot change")
         if encoding is not None:
             self._check_encoding(encoding, self._spec)
         self._encoding = encoding
@@ -126,7 +127,7 @@ class QcQuantizeOp:
     @bitwidth.setter
     def bitwidth(self, bits: int) -> None:
         if self._frozen:
-            raise RuntimeError(f"quantizer {self.name!r} is frozen: its bitwidth cannot change")
+            raise InvalidStateError(f"quantizer {self.name!r} is frozen: its bitwidth cannot change")
         self.set_bitwidth(bits)
 
     def set_bitwidth(self, bits: int) -> None:
@@ -154,7 +155,7 @@ class QcQuantizeOp:
         """Switch to another data type (e.g. int4, int16, float16); the encoding is dropped."""
         dtype = qtype.as_qtype(dtype)
         if dtype.is_float and dtype.bits != 16:
-            raise ValueError(f"{dtype} simulation is not supported; disable the quantizer to keep float32")
+            raise InvalidArgumentError(f"{dtype} simulation is not supported; disable the quantizer to keep float32")
         self.set_qspec(self._spec.with_(dtype=dtype))
 
     @property
@@ -187,7 +188,7 @@ class QcQuantizeOp:
             self.set_qspec(self._spec.with_(granularity=PerTensor()))
             return
         if self.channel_axis is None:
-            raise ValueError(f"quantizer {self.name!r} has no channel axis (only weights can be per-channel)")
+            raise InvalidArgumentError(f"quantizer {self.name!r} has no channel axis (only weights can be per-channel)")
         self.set_qspec(self._spec.with_(granularity=PerChannel(self.channel_axis)))
 
     def set_fixed_encoding_range(self, fixed_range: tuple[float | None, float | None] | None) -> None:
@@ -196,7 +197,7 @@ class QcQuantizeOp:
         if fixed_range is not None:
             lo, hi = fixed_range
             if lo is not None and hi is not None and lo > hi:
-                raise ValueError(f"quantizer {self.name!r}: fixed range min {lo} > max {hi}")
+                raise InvalidArgumentError(f"quantizer {self.name!r}: fixed range min {lo} > max {hi}")
         self.fixed_range = None if fixed_range is None else tuple(fixed_range)
 
     @property
@@ -213,7 +214,7 @@ class QcQuantizeOp:
     def set_percentile_value(self, percentile: float) -> None:
         """Percentile used by the percentile scheme (0 < p <= 100)."""
         if not 0 < float(percentile) <= 100:
-            raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+            raise InvalidArgumentError(f"percentile must be in (0, 100], got {percentile}")
         self._percentile = float(percentile)
 
     def get_encodings(self) -> list[TfEncoding] | None:
@@ -230,14 +231,14 @@ class QcQuantizeOp:
     def load_encodings(self, encodings: list[TfEncoding]) -> None:
         """Install encodings given in AIMET's form (one per channel, or one)."""
         if self._spec.is_float:
-            raise RuntimeError(f"quantizer {self.name!r} simulates {self._spec.dtype}: it has no encodings")
+            raise InvalidStateError(f"quantizer {self.name!r} simulates {self._spec.dtype}: it has no encodings")
         if self._frozen:
-            raise RuntimeError(f"quantizer {self.name!r} is frozen")
+            raise InvalidStateError(f"quantizer {self.name!r} is frozen")
         if isinstance(encodings, TfEncoding):
             encodings = [encodings]
         bits = {int(e.bw) for e in encodings}
         if len(bits) != 1:
-            raise ValueError(f"quantizer {self.name!r}: encodings with mixed bitwidths {sorted(bits)}")
+            raise InvalidArgumentError(f"quantizer {self.name!r}: encodings with mixed bitwidths {sorted(bits)}")
         scales = np.array([e.delta for e in encodings], dtype=np.float64)
         offsets = np.array([e.offset for e in encodings], dtype=np.float64)
         granularity = self._spec.granularity
@@ -265,23 +266,23 @@ class QcQuantizeOp:
         if isinstance(granularity, PerTensor) or spec.is_float:
             return
         if self.shape is None or any(not isinstance(d, int) for d in self.shape):
-            raise ValueError(f"quantizer {self.name!r}: {granularity.describe()} needs a tensor of known shape")
+            raise InvalidArgumentError(f"quantizer {self.name!r}: {granularity.describe()} needs a tensor of known shape")
         rank = len(self.shape)
         if not -rank <= granularity.axis < rank:
-            raise ValueError(f"quantizer {self.name!r}: axis {granularity.axis} out of range for shape {self.shape}")
+            raise InvalidArgumentError(f"quantizer {self.name!r}: axis {granularity.axis} out of range for shape {self.shape}")
         if isinstance(granularity, PerBlock):
             length = self.shape[granularity.block_axis % rank]
             if length % granularity.block_size:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"quantizer {self.name!r}: dimension {granularity.block_axis} of size {length} is not "
                     f"divisible by block size {granularity.block_size}"
                 )
 
     def _check_encoding(self, enc: Encoding, spec: QSpec) -> None:
         if spec.is_float:
-            raise ValueError(f"quantizer {self.name!r} simulates {spec.dtype}: it takes no integer encoding")
+            raise InvalidArgumentError(f"quantizer {self.name!r} simulates {spec.dtype}: it takes no integer encoding")
         if enc.bits != spec.dtype.bits:
-            raise ValueError(f"encoding for {self.name!r} is {enc.bits}-bit but the quantizer is {spec.dtype}")
+            raise InvalidArgumentError(f"encoding for {self.name!r} is {enc.bits}-bit but the quantizer is {spec.dtype}")
         granularity = spec.granularity
         expected: tuple = ()
         if isinstance(granularity, PerChannel):
@@ -289,7 +290,7 @@ class QcQuantizeOp:
         elif isinstance(granularity, PerBlock):
             expected = (self.shape[granularity.axis], self.shape[granularity.block_axis] // granularity.block_size)
         if enc.scale.shape != expected:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"encoding for {self.name!r} has {enc.scale.size} scale(s) of shape {enc.scale.shape}; "
                 f"the quantizer ({granularity.describe()} on shape {self.shape}) needs shape {expected}"
             )

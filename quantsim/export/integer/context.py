@@ -26,8 +26,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.graph.index import GraphIndex
 from quantsim.core.numerics import Encoding, dequantize, fake_quantize, fp16_round_trip, quantize
+from quantsim.errors import IntegerExportError
 
-__all__ = ["Grid", "QTensor", "Unsupported", "IntegerExportError", "LoweringContext", "MS_DOMAIN"]
+__all__ = ["Grid", "QTensor", "Unsupported", "LoweringContext", "MS_DOMAIN"]
 
 MS_DOMAIN = "com.microsoft"
 
@@ -35,9 +36,6 @@ MS_DOMAIN = "com.microsoft"
 class Unsupported(Exception):
     """A rule cannot lower this node to integer kernels (the message says why)."""
 
-
-class IntegerExportError(ValueError):
-    """The sim cannot be exported at all (uncalibrated quantizer, unusable scale, ...)."""
 
 
 @dataclass(frozen=True)

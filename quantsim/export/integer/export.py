@@ -53,6 +53,7 @@ from quantsim.export.integer import lut as lowering_lut
 from quantsim.export.integer import movement as lowering_movement
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
 from quantsim.export.integer.context import MS_DOMAIN, IntegerExportError, LoweringContext, Unsupported
+from quantsim.errors import InvalidArgumentError, IntegerExportError
 
 __all__ = ["export_integer", "IntegerExport", "ReportEntry", "LOWERINGS", "IntegerExportError", "REQUANT_FORMAT"]
 
@@ -132,15 +133,15 @@ def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, int]:
     current = GraphIndex(model).opset()
     target = current if opset is None else int(opset)
     if target < current:
-        raise ValueError(f"opset {target} is below the model's opset {current}")
+        raise InvalidArgumentError(f"opset {target} is below the model's opset {current}")
     if target > current:
         try:
             model = onnx.version_converter.convert_version(model, target)
         except Exception as error:  # noqa: BLE001 - re-raised with context
-            raise ValueError(f"cannot convert the model from opset {current} to {target} "
+            raise InvalidArgumentError(f"cannot convert the model from opset {current} to {target} "
                              f"({str(error).splitlines()[-1]}); export at the model's opset") from None
     if target < MIN_OPSET:
-        raise ValueError(f"integer export needs ai.onnx opset >= {MIN_OPSET} (QuantizeLinear); the model has "
+        raise InvalidArgumentError(f"integer export needs ai.onnx opset >= {MIN_OPSET} (QuantizeLinear); the model has "
                          f"{target}: pass opset={MIN_OPSET} or convert the model")
     return model, target
 

@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto
 
 from quantsim.export.integer.context import MS_DOMAIN, Grid, IntegerExportError, LoweringContext, Unsupported
+from quantsim.errors import IntegerExportError
 
 __all__ = ["lower_in_float", "apply_quantizer"]
 

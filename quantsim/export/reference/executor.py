@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper
 
 from quantsim.export.reference.movement import MOVEMENT_KERNELS, _max_pool, _split
 from quantsim.export.reference.qlinear_linear import BOUNDARY_OPS, QUANT_KERNELS
+from quantsim.errors import InvalidArgumentError
 
 __all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxruntime", "SUPPORTED_OPS"]
 
@@ -107,14 +108,14 @@ class IntegerReferenceExecutor:
         try:
             ins = [env[n] if n else None for n in node.input]
         except KeyError as err:
-            raise ValueError(f"node {node.name!r} ({node.op_type}) reads {err} before it is produced") from None
+            raise InvalidArgumentError(f"node {node.name!r} ({node.op_type}) reads {err} before it is produced") from None
         return [np.asarray(v) for v in self._kernels[index](ins, attrs, self.opsets.get(domain, 1))]
 
     def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor value of the graph (initializers, feeds, node outputs)."""
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
-            raise ValueError(f"missing feeds for graph inputs {missing}")
+            raise InvalidArgumentError(f"missing feeds for graph inputs {missing}")
         env = dict(self.initializers)
         env.update({k: np.asarray(v) for k, v in feeds.items()})
         self.trace = []

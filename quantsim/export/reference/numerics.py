@@ -10,6 +10,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from quantsim.core.fixed_point import quantize_multiplier, requantize
+from quantsim.errors import InvalidTypeError
 
 __all__ = ["qrange", "int_matmul", "pool_geometry", "extract_windows"]  # the _helpers serve the sibling kernel modules
 
@@ -32,7 +33,7 @@ def _zp(t) -> np.ndarray:
 def _codes(q, name: str) -> np.ndarray:
     q = np.asarray(q)
     if not np.issubdtype(q.dtype, np.integer):
-        raise TypeError(f"{name}: quantized input must be an integer tensor, got {q.dtype}")
+        raise InvalidTypeError(f"{name}: quantized input must be an integer tensor, got {q.dtype}")
     return q.astype(np.int32)
 
 

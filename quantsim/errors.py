@@ -1,0 +1,85 @@
+"""Every error and warning quantsim raises on purpose, under one root.
+
+Each public error keeps the built-in base it had before (``ValueError`` for bad values and files,
+``TypeError`` for wrong kinds of arguments, ``RuntimeError`` for calls in the wrong state), so both
+``except QuantsimError`` and ``except ValueError`` catch it. Messages name the node, tensor, file,
+quantizer or option at fault.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "QuantsimError",
+    "QuantsimWarning",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "InvalidStateError",
+    "ConfigError",
+    "PrepareError",
+    "PrepareWarning",
+    "EncodingFormatError",
+    "EncodingMismatchError",
+    "IntegerExportError",
+    "CalibrationError",
+]
+
+
+class QuantsimError(Exception):
+    """Root of every error quantsim raises on purpose."""
+
+
+class QuantsimWarning(UserWarning):
+    """Root of quantsim's warnings: it went on, with less than it wanted."""
+
+
+class InvalidArgumentError(QuantsimError, ValueError):
+    """An argument or value is out of range or inconsistent; the message says which and why."""
+
+
+class InvalidTypeError(QuantsimError, TypeError):
+    """An argument is of the wrong kind (e.g. a feed that is not a dict of arrays)."""
+
+
+class InvalidStateError(QuantsimError, RuntimeError):
+    """The call is not valid in the current state (e.g. changing a frozen quantizer)."""
+
+
+class ConfigError(QuantsimError, ValueError):
+    """A quantsim-config file or dict is invalid; the message names the JSON path."""
+
+
+class PrepareError(QuantsimError, ValueError):
+    """The model cannot be prepared; the message names the offending nodes, values or versions."""
+
+
+class PrepareWarning(QuantsimWarning):
+    """Preparation went on with less than it wanted (no shapes, a refused fold, a cache entry dropped)."""
+
+
+class EncodingFormatError(QuantsimError, ValueError):
+    """An encodings file (or dict, or record list) that cannot be read or written.
+
+    The message always says where: ``"<source>: <entry>: <problem>"``, where ``source`` is the file path
+    (or ``"<dict>"`` / a writer label) and ``entry`` names the tensor or list slot concerned.
+    """
+
+    def __init__(self, source: str, entry: str | None, problem: str):
+        self.source = str(source)
+        self.entry = entry
+        self.problem = problem
+        where = f"{self.source}: {entry}" if entry else self.source
+        super().__init__(f"{where}: {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.source, self.entry, self.problem))
+
+
+class EncodingMismatchError(QuantsimError, ValueError):
+    """Encodings do not fit the sim they are loaded into (``strict=True``); carries the mismatches."""
+
+
+class IntegerExportError(QuantsimError, ValueError):
+    """The model cannot be exported as an integer model as asked; the message names the node."""
+
+
+class CalibrationError(QuantsimError, ValueError):
+    """Calibration could not produce encodings (e.g. no usable batch); the message says which input."""
