@@ -23,7 +23,7 @@ from quantsim.encodings import (
     write_json_atomic,
 )
 from quantsim.core.bias import bias_scale
-from quantsim.export.qdq import BIAS_SLOT
+from quantsim.graph.op_facts import BIAS_SLOT
 from quantsim.graph.model_io import commit_staged, discard_staged, stage_model
 from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.sim.quantizer import QcQuantizeOp

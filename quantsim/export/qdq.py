@@ -38,19 +38,17 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.edit import drop_unused_initializers
+from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, WEIGHTED_OPS, facts_of
 from quantsim.core.bias import quantize_bias
 
-__all__ = ["BIAS_SLOT", "to_qdq_model", "quantize_biases", "wide_weights_for_wide_activations", "protect_float_weights", "drop_zero_zero_points", "add_derived_qdq", "GRID_MOVEMENT_OPS"]
-
-#: ops whose output values are a subset of their (single quantized) data input's values
-GRID_MOVEMENT_OPS = frozenset(
-    """Reshape Flatten Transpose Squeeze Unsqueeze MaxPool GlobalMaxPool Slice Expand Tile Identity
-    DepthToSpace SpaceToDepth Gather Split""".split()
-)
-
-BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}  # input slot of the bias
-_WEIGHT_AXIS_FOR_OUTPUT = {"Conv": 0, "ConvTranspose": 1}
-
+__all__ = [
+    "to_qdq_model",
+    "quantize_biases",
+    "wide_weights_for_wide_activations",
+    "protect_float_weights",
+    "drop_zero_zero_points",
+    "add_derived_qdq",
+]
 
 def _dq_params(index: GraphIndex, name: str):
     """``(scale array, axis attr)`` of the DequantizeLinear producing ``name``, or None."""
@@ -84,7 +82,7 @@ def quantize_biases(model: onnx.ModelProto) -> onnx.ModelProto:
                 continue
             output_axis = 0 if attrs.get("transB", 0) else 1
         else:
-            output_axis = _WEIGHT_AXIS_FOR_OUTPUT[node.op_type]
+            output_axis = facts_of(node.op_type).weight_output_axis
             if node.op_type == "ConvTranspose" and attrs.get("group", 1) != 1 and w_scale.ndim:
                 continue
         if w_scale.ndim and w_axis % len(index.shape.get(node.input[1]) or (0, 0)) != output_axis:
@@ -205,15 +203,12 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
     return model
 
 
-_WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
-
-
 def protect_float_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """Read DQ outputs through Cast/Sub/Mul for ops whose weight is float (module docstring)."""
     index = GraphIndex(model)
     before: dict[str, list[onnx.NodeProto]] = {}
     for node in index.nodes:
-        if node.op_type not in _WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
             continue
         dq = index.producer_of(node.input[0])
         if dq is None or dq.op_type != "DequantizeLinear" or any(a.name == "block_size" for a in dq.attribute):

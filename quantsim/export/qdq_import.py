@@ -168,7 +168,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
 
 def _is_derived(index: GraphIndex, q: onnx.NodeProto, source: str) -> bool:
     """True for a Q/DQ pair after a data-movement op that repeats its input's Q/DQ parameters."""
-    from quantsim.export.qdq import GRID_MOVEMENT_OPS
+    from quantsim.graph.op_facts import GRID_MOVEMENT_OPS
 
     producer = index.producer_of(source)
     if producer is None or producer.op_type not in GRID_MOVEMENT_OPS or not producer.input:

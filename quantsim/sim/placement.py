@@ -27,34 +27,12 @@ import onnx
 
 from quantsim.sim.config import QuantsimConfig
 from quantsim.core.dtypes import int8, qtype
-from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.graph.index import GraphIndex
+from quantsim.graph.op_facts import GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_mask_tensors, find_normalization_statistics
 from quantsim.core.spec import PerChannel, PerTensor, QSpec
 
-__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "channel_axis_of", "PARAM_SLOTS", "GRID_PRESERVING"]
-
-PARAM_SLOTS: dict[str, dict[int, str]] = {
-    "Conv": {1: "weight", 2: "bias"},
-    "ConvTranspose": {1: "weight", 2: "bias"},
-    "Gemm": {1: "weight", 2: "bias"},
-    "MatMul": {1: "weight"},
-    "BatchNormalization": {1: "weight", 2: "bias", 3: "running_mean", 4: "running_var"},
-    "InstanceNormalization": {1: "weight", 2: "bias"},
-    "LayerNormalization": {1: "weight", 2: "bias"},
-    "GroupNormalization": {1: "weight", 2: "bias"},
-    "PRelu": {1: "weight"},
-    "LSTM": {1: "weight", 2: "weight", 3: "bias"},
-    "GRU": {1: "weight", 2: "weight", 3: "bias"},
-    "RNN": {1: "weight", 2: "weight", 3: "bias"},
-}
-RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
-NORM_OPS = frozenset({"BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization"})
-
-GRID_PRESERVING = frozenset(
-    """Col2Im Compress DepthToSpace Dropout Expand Flatten Gather GatherElements GatherND Identity MaxPool
-    MaxRoiPool NonZero Pad ReduceMax ReduceMin Reshape Slice SpaceToDepth Split SplitToSequence Squeeze Tile
-    TopK Transpose Unsqueeze GlobalMaxPool Shape Size Cast""".split()
-)
+__all__ = ["QuantizerPlan", "Placement", "place_quantizers"]
 
 CONSTANT_INPUT_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Concat", "Where"})
 FORWARD_TIED = frozenset({"Relu", "AveragePool", "Resize", "Upsample"})
@@ -85,27 +63,6 @@ class Placement:
     plans: list[QuantizerPlan]
     left_in_float: list[tuple[str, str]] = field(default_factory=list)  # (node or tensor, why)
     index_tensors: frozenset[str] = frozenset()
-
-
-def channel_axis_of(node: onnx.NodeProto, slot: int, shape: tuple | None) -> int | None:
-    """Output-channel axis of a parameter (None when it cannot be per-channel)."""
-    if not shape:
-        return None
-    rank = len(shape)
-    if node.op_type in RECURRENT_OPS:
-        return 1 if rank >= 2 else 0  # [directions, gates * hidden, ...]
-    if slot != 1 or rank == 1:
-        return 0
-    attrs = node_attributes(node)
-    if node.op_type == "Conv" or node.op_type in NORM_OPS or node.op_type == "PRelu":
-        return 0
-    if node.op_type == "ConvTranspose":
-        return 1 if attrs.get("group", 1) == 1 else None
-    if node.op_type == "Gemm":
-        return 0 if attrs.get("transB", 0) else 1
-    if node.op_type == "MatMul":
-        return rank - 1
-    return None
 
 
 class _UnionFind:

@@ -28,14 +28,11 @@ from quantsim.graph.index import node_attributes
 from quantsim.export.integer.epilogue import clamp_codes, clip_bounds, code_clamp
 from quantsim.export.integer.context import LoweringContext, QTensor, Unsupported
 from quantsim.export.integer.lut import lower_lut, regrid
+from quantsim.graph.op_facts import UINT8_KERNEL_OPSET
 
 __all__ = ["RULES", "DIRECT_OPS"]
 
-DIRECT_OPS: dict[str, int] = {
-    "MaxPool": 12, "Reshape": 5, "Flatten": 1, "Transpose": 1, "Squeeze": 1, "Unsqueeze": 1, "Slice": 1,
-    "Resize": 10, "Split": 2, "Pad": 11, "DepthToSpace": 1, "SpaceToDepth": 1, "Tile": 6, "Expand": 8,
-    "Gather": 1, "GatherElements": 11, "ReduceMax": 12, "ReduceMin": 12,
-}
+DIRECT_OPS = UINT8_KERNEL_OPSET  # op -> first opset with a uint8 kernel (`quantsim.graph.op_facts`)
 
 
 def _data_outputs(ctx: LoweringContext, node: onnx.NodeProto) -> list[int]:
