@@ -16,7 +16,15 @@ from quantsim.core.dtypes import (
     int16,
     qtype,
 )
-from quantsim.core.numerics import Encoding
+from quantsim.core.numerics import (
+    Encoding,
+    broadcast_param,
+    dequantize,
+    encoding_from_range,
+    fake_quantize,
+    grid_bounds,
+    quantize,
+)
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings.transfer import EncodingMismatch, load_encodings_to_sim
 from quantsim.errors import (
@@ -34,9 +42,13 @@ from quantsim.errors import (
     QuantsimWarning,
 )
 from quantsim.prepare import prepare
+from quantsim.sim.capture import TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
+from quantsim.sim.groups import QuantizerGroup
+from quantsim.sim.layers import FollowingActivation, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
+from quantsim.sim.state import SimState
 
 __version__ = "0.1.0"
 
@@ -56,6 +68,17 @@ __all__ = [
     "PerChannel",
     "PerBlock",
     "Encoding",
+    "encoding_from_range",
+    "quantize",
+    "dequantize",
+    "fake_quantize",
+    "broadcast_param",
+    "grid_bounds",
+    "WeightedLayer",
+    "FollowingActivation",
+    "QuantizerGroup",
+    "SimState",
+    "TensorCache",
     "QcQuantizeOp",
     "TfEncoding",
     "load_encodings_to_sim",

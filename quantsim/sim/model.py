@@ -29,7 +29,12 @@ from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.sim.build import build_sim_model
 from quantsim.calibration.statistics_graph import add_statistics_outputs
-from quantsim.errors import InvalidArgumentError, InvalidTypeError
+from quantsim.core.numerics import Encoding
+from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError
+from quantsim.sim.capture import iter_tensors
+from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
+from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
+from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state
 
 __all__ = ["QuantizationSimModel", "load_model"]
 
@@ -147,6 +152,8 @@ class QuantizationSimModel:
         self._session_version = -1
         self._fused: tuple | None = None
         self._calibration_cache: tuple | None = None
+        self._capture_sessions: dict[tuple, tuple] = {}
+        self._open_states: list[SimState] = []
         self.qc_quantize_op_dict: dict[str, QcQuantizeOp] = {}
         self._quantizers: list[QcQuantizeOp] = []
         for plan in placement.plans:
@@ -264,9 +271,12 @@ class QuantizationSimModel:
 
     def sim_model(self) -> onnx.ModelProto:
         """The sim graph as a ModelProto (uncalibrated activation quantizers pass data through)."""
+        return self._built_sim_model()
+
+    def _built_sim_model(self, external: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
         with self._index.cached_constants():
             self._ensure_param_encodings()
-            return build_sim_model(self.model, self._quantizers, source=self._index)
+            return build_sim_model(self.model, self._quantizers, source=self._index, external=external)
 
     @property
     def session(self) -> ort.InferenceSession:
@@ -310,6 +320,61 @@ class QuantizationSimModel:
 
         self._ensure_param_encodings()
         return export_integer(self, integer_io=integer_io, opset=opset)
+
+    # extension hooks (what adaround/ and mixed_precision/ build on) -------------------------------
+    def weighted_layers(self) -> list[WeightedLayer]:
+        """Conv/ConvTranspose/Gemm/MatMul nodes with a constant weight, in topological order, with their
+        tensors, weight quantizer and following activation (see `quantsim.sim.layers`)."""
+        return find_weighted_layers(self)
+
+    def get_weight(self, name: str) -> np.ndarray:
+        """A float copy of constant ``name`` of the prepared model (before fake quantization)."""
+        return read_weight(self, name)
+
+    def replace_weight(self, name: str, values: np.ndarray, *, encoding: Encoding | None = None,
+                       freeze: bool = False) -> None:
+        """Replace constant ``name``'s values (same shape); optionally install ``encoding`` on its quantizer
+        and freeze it. Sessions that depend on it are rebuilt on next use; open snapshots can undo it."""
+        old = read_weight(self, name)
+        q = self.qc_quantize_op_dict.get(name)
+        if (encoding is not None or freeze) and q is None:
+            raise InvalidArgumentError(f"{name!r} has no quantizer to take an encoding or be frozen")
+        if encoding is not None and q is not None and q.is_encoding_frozen():
+            raise InvalidStateError(f"quantizer {q.name!r} is frozen: its encoding cannot change")
+        record_weight(self, name, old)
+        self._write_weight(name, values)
+        if encoding is not None and q is not None:
+            q.set_encoding(encoding)
+        if freeze and q is not None:
+            q.freeze_encodings()
+
+    def _write_weight(self, name: str, values: np.ndarray) -> None:
+        write_weight(self, name, values)
+        self._calibration_cache = None  # its key holds quantizer state, not weight values
+        self._invalidate()
+
+    def capture(self, tensors, inputs, *, quantized: bool = True):
+        """Yield ``{tensor: array}`` per feed dict of ``inputs``: the values of ``tensors`` in the sim
+        (after their quantizers) or, with ``quantized=False``, in the float model. Streamed: nothing is
+        kept between batches (keep what you need, e.g. in a `quantsim.TensorCache`)."""
+        return iter_tensors(self, tensors, inputs, quantized=quantized)
+
+    def quantizer_groups(self) -> list[QuantizerGroup]:
+        """Each weighted op's parameter quantizers with the activation quantizers it reads; every enabled
+        quantizer in exactly one group (see `quantsim.sim.groups`)."""
+        return find_quantizer_groups(self)
+
+    def snapshot(self) -> SimState:
+        """The sim's state (quantizers, replaced weights, sessions), for `restore`."""
+        return snapshot(self)
+
+    def restore(self, state: SimState) -> None:
+        """Put the sim back exactly into a `snapshot` (no session rebuild when nothing else changed)."""
+        restore(self, state)
+
+    def temporary_state(self):
+        """Context manager: change quantizers or weights inside it; on exit the sim is restored exactly."""
+        return temporary_state(self)
 
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",

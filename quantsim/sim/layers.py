@@ -1,0 +1,121 @@
+"""The sim's weighted layers and their weights: what weight-side algorithms (AdaRound, Sequential MSE)
+read and write.
+
+A weighted layer is a Conv, ConvTranspose, Gemm or MatMul node of the prepared model whose slot-1 input
+is a constant (`quantsim.graph.op_facts.WEIGHTED_OPS`). Its record names the data input, weight, bias and
+output tensors, the weight's quantizer, and the nonlinearity that follows it when the output has exactly
+one consumer and that consumer is an elementwise activation (constant operands such as Clip's bounds are
+resolved into ``attributes``). Layers come in the graph's topological order.
+
+`write_weight` replaces an initializer's values in place in the prepared model, so every session built
+afterwards sees them; the sim's version moves on so that stale sessions are rebuilt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from onnx import numpy_helper
+
+from quantsim.errors import InvalidArgumentError
+from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.graph.op_facts import WEIGHTED_OPS, facts_of
+
+if TYPE_CHECKING:
+    from quantsim.sim.model import QuantizationSimModel
+    from quantsim.sim.quantizer import QcQuantizeOp
+
+__all__ = ["WeightedLayer", "FollowingActivation", "find_weighted_layers", "read_weight", "write_weight", "FOLLOWING_ACTIVATIONS"]
+
+#: elementwise ops whose effect on a layer's output AdaRound reproduces on both sides of its loss
+FOLLOWING_ACTIVATIONS = frozenset(
+    {"Relu", "Clip", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Softmax", "PRelu", "Elu", "Gelu"}
+)
+
+
+@dataclass(frozen=True)
+class FollowingActivation:
+    """The activation applied to a layer's output: op type, attributes (constant operands resolved:
+    Clip ``min``/``max``, PRelu ``slope``) and the tensor it writes."""
+
+    op_type: str
+    attributes: dict[str, Any]
+    output: str
+
+
+@dataclass(frozen=True)
+class WeightedLayer:
+    """A Conv/ConvTranspose/Gemm/MatMul node with a constant weight (names are the prepared model's)."""
+
+    node: str
+    op_type: str
+    attributes: dict[str, Any]
+    input: str
+    weight: str
+    bias: str | None
+    output: str
+    weight_quantizer: QcQuantizeOp | None
+    activation: FollowingActivation | None = None
+    shared_weight: bool = False  # the weight initializer feeds other nodes too
+
+
+def _resolved_activation(index: GraphIndex, output: str) -> FollowingActivation | None:
+    consumer = index.single_consumer(output)
+    if consumer is None or consumer.op_type not in FOLLOWING_ACTIVATIONS or consumer.input[0] != output:
+        return None
+    attrs = dict(node_attributes(consumer))
+    if consumer.op_type == "Clip":
+        for slot, key in ((1, "min"), (2, "max")):
+            if len(consumer.input) > slot and consumer.input[slot]:
+                if not index.is_constant(consumer.input[slot]):
+                    return None
+                attrs[key] = float(index.constant_value(consumer.input[slot]))
+    if consumer.op_type == "PRelu":
+        if not index.is_constant(consumer.input[1]):
+            return None
+        attrs["slope"] = np.array(index.constant_value(consumer.input[1]), dtype=np.float32)
+    return FollowingActivation(consumer.op_type, attrs, consumer.output[0])
+
+
+def find_weighted_layers(sim: QuantizationSimModel) -> list[WeightedLayer]:
+    """Every weighted layer of the sim's prepared model, in topological order."""
+    index = sim._index
+    layers = []
+    for node in index.nodes:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
+            continue
+        if index.is_constant(node.input[0]):
+            continue
+        bias_slot = facts_of(node.op_type).bias_slot
+        bias = node.input[bias_slot] if bias_slot is not None and len(node.input) > bias_slot else None
+        if bias and not index.is_constant(bias):
+            continue
+        weight = node.input[1]
+        layers.append(WeightedLayer(
+            node=node.name, op_type=node.op_type, attributes=dict(node_attributes(node)), input=node.input[0],
+            weight=weight, bias=bias or None, output=node.output[0],
+            weight_quantizer=sim.qc_quantize_op_dict.get(weight),
+            activation=_resolved_activation(index, node.output[0]),
+            shared_weight=len(index.uses(weight)) > 1,
+        ))
+    return layers
+
+
+def read_weight(sim: QuantizationSimModel, name: str) -> np.ndarray:
+    """A writable float copy of initializer ``name`` of the prepared model."""
+    if not sim._index.is_constant(name):
+        raise InvalidArgumentError(f"{name!r} is not a constant of the prepared model (see sim.param_names)")
+    return numpy_helper.to_array(sim._index.initializers[name]).copy()
+
+
+def write_weight(sim: QuantizationSimModel, name: str, values: np.ndarray) -> None:
+    """Replace initializer ``name``'s values in place (same shape and dtype), invalidating sessions."""
+    tensor = sim._index.initializers[name]
+    old = numpy_helper.to_array(tensor)
+    values = np.asarray(values)
+    if values.shape != old.shape:
+        raise InvalidArgumentError(f"new values for {name!r} have shape {values.shape}, the weight has {old.shape}")
+    if not np.isfinite(values).all():
+        raise InvalidArgumentError(f"new values for {name!r} are not all finite")
+    tensor.CopyFrom(numpy_helper.from_array(values.astype(old.dtype, copy=False), name))
