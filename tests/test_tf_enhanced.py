@@ -305,7 +305,7 @@ def test_sim_batched_encodings_equal_one_quantizer_at_a_time(scheme):
     from models import BUILDERS  # tests/models.py
 
     import quantsim
-    from quantsim.calibration.encode import encoding_for_stats, encoding_for_values
+    from quantsim.calibration.encode import fixed_range_encoding
 
     model, make_feed = BUILDERS["mixed"]()
     feeds = [make_feed(seed, 4) for seed in range(3)]
@@ -320,10 +320,12 @@ def test_sim_batched_encodings_equal_one_quantizer_at_a_time(scheme):
     for q in sim._quantizers:
         if q.encoding is None or q.spec.is_float:
             continue
-        if q.name in stats:
-            expected = encoding_for_stats(q, stats[q.name])
+        scheme, request = q.calibration_scheme, q.encoding_request()
+        if q.name in stats:  # the scheme's one-at-a-time form
+            expected = (fixed_range_encoding(request, stats[q.name]) if request.fixed_range is not None
+                        else scheme.from_stats(request, stats[q.name]))
         elif sim._is_constant_quantizer(q):
-            expected = encoding_for_values(q, sim._constant_values(q))
+            expected = scheme.from_values(request, sim._constant_values(q))
         else:
             continue
         assert q.encoding.same_as(expected), q.name

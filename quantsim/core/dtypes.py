@@ -200,7 +200,3 @@ class QuantScheme(enum.Enum):
                 f"unknown quant scheme {name!r}; expected one of 'min_max' ('tf'), 'tf_enhanced', 'percentile'"
             )
         return table[key]
-
-    @property
-    def uses_histogram(self) -> bool:
-        return self is not QuantScheme.min_max

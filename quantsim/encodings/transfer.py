@@ -103,7 +103,7 @@ def _quantizer_args(sim) -> dict:
         "is_symmetric": flags["is_symmetric"],
         "param_bitwidth": param_bits,
         "per_channel_quantization": flags["per_channel_quantization"],
-        "quant_scheme": sim._quant_scheme.name,
+        "quant_scheme": sim.quant_scheme_name,
     }
 
 

@@ -19,6 +19,7 @@ from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, CalibrationSes
 from quantsim.sim.config import load_config
 from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.calibration.encode import encodings_for_stats, encodings_for_values
+from quantsim.calibration.schemes import CalibrationScheme, get_scheme
 from quantsim.graph.index import GraphIndex
 from quantsim.sim.legacy_args import map_legacy_arguments
 from quantsim.sim.placement import place_quantizers
@@ -101,7 +102,7 @@ class QuantizationSimModel:
         *args,
         param_type: qtype | str | None = None,
         activation_type: qtype | str | None = None,
-        quant_scheme: QuantScheme | str = QuantScheme.min_max,
+        quant_scheme: QuantScheme | str | CalibrationScheme = QuantScheme.min_max,
         config_file=None,
         dummy_input=None,
         user_onnx_libs=None,
@@ -124,7 +125,7 @@ class QuantizationSimModel:
         proto, self._label = load_model(model)
         self.param_type = qtype.as_qtype(options["param_type"] or int8)
         self.activation_type = qtype.as_qtype(options["activation_type"] or int8)
-        self._quant_scheme = QuantScheme.from_str(options["quant_scheme"])
+        self._quant_scheme = get_scheme(options["quant_scheme"])
         self.config = load_config(options["config_file"])
         ignored = [p for p in self.config.supergroup_pass_list if p != "MatmulAdd"]
         if ignored or self.config.hw_version:
@@ -173,6 +174,12 @@ class QuantizationSimModel:
         self._version += 1
 
     @property
+    def quant_scheme_name(self) -> str:
+        """The sim's default calibration scheme, by AIMET's enum name where it has one."""
+        scheme = self._quant_scheme
+        return scheme.quant_scheme.name if scheme.quant_scheme is not None else scheme.name
+
+    @property
     def quantizers(self) -> list[QcQuantizeOp]:
         """Every distinct quantizer object (tied tensors share one)."""
         return list(self._quantizers)
@@ -202,7 +209,8 @@ class QuantizationSimModel:
         todo = [q for q in self._quantizers
                 if q.enabled and not q.spec.is_float and not q.is_encoding_frozen() and self._is_constant_quantizer(q)
                 and not (only_missing and q.encoding is not None)]
-        for q, encoding in zip(todo, encodings_for_values(todo, self._constant_values)):
+        items = [(q.calibration_scheme, q.encoding_request(), self._constant_values(q)) for q in todo]
+        for q, encoding in zip(todo, encodings_for_values(items)):
             q.set_encoding(encoding)
 
     def compute_encodings(self, inputs=None, forward_pass_callback_args=_NOT_SPECIFIED, *, forward_pass_callback=None):
@@ -235,7 +243,8 @@ class QuantizationSimModel:
                     warnings.warn(f"quantizer {q.name!r} saw no data during calibration; left uncalibrated",
                                   RuntimeWarning, stacklevel=2)
             seen = [q for q in observed if q.name in stats]
-            new = {q.name: e for q, e in zip(seen, encodings_for_stats([(q, stats[q.name]) for q in seen]))}
+            items = [(q.calibration_scheme, q.encoding_request(), stats[q.name]) for q in seen]
+            new = {q.name: e for q, e in zip(seen, encodings_for_stats(items))}
         except BaseException:
             for q, encoding in snapshot:
                 q._encoding = encoding  # restore without validation: these were valid before
@@ -246,7 +255,7 @@ class QuantizationSimModel:
                 q.set_encoding(new[q.name])
 
     def _calibration_session(self, observed: list[QcQuantizeOp]) -> CalibrationSession:
-        histogram = any(q.quant_scheme.uses_histogram for q in observed)
+        histogram = any(q.calibration_scheme.needs_histogram for q in observed)
         groups = {t: q.name for q in observed for t in q.tensors if not self._index.is_constant(t)}
         constants = [q for q in self._quantizers if q.role == "param" or self._is_constant_quantizer(q)]
         key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), histogram)

@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from quantsim.calibration.schemes import CalibrationScheme, EncodingRequest, get_scheme
 from quantsim.core.dtypes import QuantizationDataType, QuantScheme, float16, qtype
 from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
@@ -46,7 +47,7 @@ class QcQuantizeOp:
         tensors: tuple[str, ...],
         shape: tuple | None = None,
         channel_axis: int | None = None,
-        quant_scheme: QuantScheme = QuantScheme.min_max,
+        quant_scheme: QuantScheme | str | CalibrationScheme = QuantScheme.min_max,
         percentile: float = 100.0,
         notify: Callable[[], None] | None = None,
         param_type: str | None = None,
@@ -63,7 +64,7 @@ class QcQuantizeOp:
         self._enabled = bool(enabled)
         self._encoding: Encoding | None = None
         self._frozen = False
-        self._quant_scheme = QuantScheme.from_str(quant_scheme)
+        self._scheme = get_scheme(quant_scheme)
         self._percentile = float(percentile)
         self._notify = notify or (lambda: None)
         self._validate_spec(spec)
@@ -201,11 +202,28 @@ class QcQuantizeOp:
         self.fixed_range = None if fixed_range is None else tuple(fixed_range)
 
     @property
-    def quant_scheme(self) -> QuantScheme:
-        return self._quant_scheme
+    def quant_scheme(self) -> QuantScheme | str:
+        """AIMET's enum member for the built-in schemes; the registered name for others."""
+        return self._scheme.quant_scheme or self._scheme.name
 
-    def set_quant_scheme(self, scheme: QuantScheme | str) -> None:
-        self._quant_scheme = QuantScheme.from_str(scheme)
+    @property
+    def calibration_scheme(self) -> CalibrationScheme:
+        """The registered scheme that turns this quantizer's statistics into encodings."""
+        return self._scheme
+
+    def set_quant_scheme(self, scheme: QuantScheme | str | CalibrationScheme) -> None:
+        """Any registered scheme: an AIMET enum member, a name or alias, or a `CalibrationScheme`."""
+        self._scheme = get_scheme(scheme)
+
+    def encoding_request(self) -> EncodingRequest:
+        """What calibration needs to know to compute this quantizer's encoding (plain data)."""
+        spec, granularity = self._spec, self._spec.granularity
+        axis = getattr(granularity, "axis", None)
+        return EncodingRequest(
+            spec.dtype.bits, spec.symmetric, spec.strict_symmetric, spec.unsigned_symmetric, axis=axis,
+            block_axis=getattr(granularity, "block_axis", None), block_size=getattr(granularity, "block_size", None),
+            parameters={"percentile": self._percentile}, fixed_range=self.fixed_range,
+        )
 
     @property
     def percentile_value(self) -> float:

@@ -45,7 +45,7 @@ class SimState:
 
 
 def _quantizer_state(q) -> QuantizerState:
-    return QuantizerState(q._spec, q._encoding, q._enabled, q._frozen, q.fixed_range, q._quant_scheme,
+    return QuantizerState(q._spec, q._encoding, q._enabled, q._frozen, q.fixed_range, q._scheme,
                           q._percentile)
 
 
@@ -67,7 +67,7 @@ def restore(sim: QuantizationSimModel, state: SimState) -> None:
         if saved is None:
             continue
         q._spec, q._encoding, q._enabled, q._frozen = saved.spec, saved.encoding, saved.enabled, saved.frozen
-        q.fixed_range, q._quant_scheme, q._percentile = saved.fixed_range, saved.quant_scheme, saved.percentile
+        q.fixed_range, q._scheme, q._percentile = saved.fixed_range, saved.quant_scheme, saved.percentile
     # versions only grow, so no cache built during the change can be mistaken for a current one; the
     # sessions that were current at the snapshot are current again under a fresh version number
     fresh = sim._version + 1
