@@ -7,7 +7,11 @@ quantizer or option at fault.
 """
 from __future__ import annotations
 
+import sys
+import warnings
+
 __all__ = [
+    "warn_at_caller",
     "QuantsimError",
     "QuantsimWarning",
     "InvalidArgumentError",
@@ -83,3 +87,21 @@ class IntegerExportError(QuantsimError, ValueError):
 
 class CalibrationError(QuantsimError, ValueError):
     """Calibration could not produce encodings (e.g. no usable batch); the message says which input."""
+
+
+#: packages whose frames a warning skips, so it points at the user's own line
+_LIBRARY_PACKAGES = ("quantsim", "adaround", "mixed_precision")
+
+
+def _is_library_frame(frame) -> bool:
+    module = frame.f_globals.get("__name__", "")
+    return module.split(".", 1)[0] in _LIBRARY_PACKAGES
+
+
+def warn_at_caller(message: str, category: type[Warning] = QuantsimWarning) -> None:
+    """``warnings.warn`` attributed to the first frame outside quantsim's packages: the caller's line,
+    however deep inside the library the warning arose."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and _is_library_frame(frame):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

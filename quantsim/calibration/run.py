@@ -15,8 +15,8 @@ batch statistics are non-finite ignores that batch. A calibration that ends with
 """
 from __future__ import annotations
 
+import logging
 import math
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -26,7 +26,9 @@ from tqdm.auto import tqdm
 
 from quantsim.calibration.histograms import HistogramObserver
 from quantsim.calibration.statistics_graph import StatisticsOutputs
-from quantsim.errors import CalibrationError, InvalidArgumentError, InvalidTypeError
+from quantsim.errors import CalibrationError, InvalidArgumentError, InvalidTypeError, warn_at_caller
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["TensorStats", "CalibrationSession", "check_feed", "run_calibration", "CALIBRATION_EXECUTION_ORDER"]
 
@@ -117,9 +119,10 @@ class CalibrationSession:
                              f"(outputs: {self._outputs.model_outputs})")
         if not _finite_feed(feed):
             self.batches_skipped += 1
-            warnings.warn(
+            _log.info("calibration: batch %d skipped (NaN/Inf in its inputs)", self.batches_used + self.batches_skipped - 1)
+            warn_at_caller(
                 f"calibration batch {self.batches_used + self.batches_skipped - 1} has NaN/Inf in its inputs: skipped",
-                RuntimeWarning, stacklevel=2,
+                RuntimeWarning
             )
             return self._session.run(list(names), feed, run_options)
         values = dict(zip(self._fetch, self._session.run(self._fetch, feed, run_options)))
@@ -155,9 +158,9 @@ class CalibrationSession:
     def finish(self) -> dict[str, TensorStats]:
         if self._nonfinite_tensors:
             names = sorted(self._nonfinite_tensors)
-            warnings.warn(
+            warn_at_caller(
                 f"non-finite values in {len(names)} tensor(s) (e.g. {names[:3]}); those batches were ignored for them",
-                RuntimeWarning, stacklevel=2,
+                RuntimeWarning
             )
         if self.batches_used == 0:
             raise CalibrationError(

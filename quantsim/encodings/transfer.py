@@ -8,7 +8,6 @@ everything only after every entry has been validated, so a failed load leaves th
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from quantsim.graph.model_io import commit_staged, discard_staged, stage_model
 from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
-from quantsim.errors import InvalidArgumentError, InvalidStateError, EncodingMismatchError
+from quantsim.errors import InvalidArgumentError, InvalidStateError, EncodingMismatchError, warn_at_caller
 
 __all__ = [
     "EncodingMismatch",
@@ -119,8 +118,8 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
         raise InvalidStateError("nothing to export: call compute_encodings (or load encodings) first")
     uncalibrated = [q.name for q in sim.quantizers if q.enabled and not q.is_initialized()]
     if uncalibrated:
-        warnings.warn(f"{len(uncalibrated)} enabled quantizer(s) have no encoding and are not exported, "
-                      f"e.g. {uncalibrated[:3]}", RuntimeWarning, stacklevel=3)
+        warn_at_caller(f"{len(uncalibrated)} enabled quantizer(s) have no encoding and are not exported, "
+                      f"e.g. {uncalibrated[:3]}", RuntimeWarning)
     path.mkdir(parents=True, exist_ok=True)
     records = sim_records(sim)
     if export_int32_bias if export_int32_bias is not None else version == "2.0.0":
@@ -244,7 +243,7 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
                                                   else "the sim has no quantizer for this tensor"))
             continue
         if q.is_encoding_frozen():
-            warnings.warn(f"{source}: {record.name!r} is frozen in the sim; its encoding is kept", stacklevel=2)
+            warn_at_caller(f"{source}: {record.name!r} is frozen in the sim; its encoding is kept")
             continue
         spec, enc = _bind(q, record, source)
         mismatches += _mismatches(q, record, spec, version)
@@ -253,7 +252,7 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
         details = problems + [str(m) for m in mismatches]
         raise EncodingMismatchError(f"{source} does not match the sim ({len(details)} issue(s)):\n  " + "\n  ".join(details))
     for problem in problems:
-        warnings.warn(f"{source}: skipped {problem}", stacklevel=2)
+        warn_at_caller(f"{source}: skipped {problem}")
     for q, spec, enc in plan:
         q._spec = spec  # bypass set_qspec: it would drop the encoding we are about to set
         q.set_encoding(enc)
@@ -266,7 +265,7 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
             if id(q) not in loaded and not q.is_encoding_frozen():
                 q.enabled = False
     for m in mismatches:
-        warnings.warn(f"{source}: {m}", stacklevel=2)
+        warn_at_caller(f"{source}: {m}")
     return mismatches
 
 

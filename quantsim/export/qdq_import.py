@@ -17,7 +17,6 @@ is ``<name>/...`` of the DQ's output (this SDK's own export convention): then it
 """
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import onnx
@@ -28,6 +27,7 @@ from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.core.numerics import Encoding
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.prepare.naming import name_nodes
+from quantsim.errors import warn_at_caller
 
 __all__ = ["strip_qdq", "sim_from_qdq"]
 
@@ -231,7 +231,7 @@ def _unmatched(node: onnx.NodeProto, strict: bool) -> None:
     message = f"{node.op_type} node {node.name!r} is not part of a recognised Q/DQ pattern; left in the model"
     if strict:
         raise NotImplementedError(message)
-    warnings.warn(message, stacklevel=3)
+    warn_at_caller(message)
 
 
 def sim_from_qdq(cls, model, *, strict: bool = False, **init_kwargs):
@@ -247,5 +247,5 @@ def sim_from_qdq(cls, model, *, strict: bool = False, **init_kwargs):
                  disable_missing_quantizers=True)
     matched = sum(1 for r in records if r.name in sim.qc_quantize_op_dict)
     if matched < len(records):
-        warnings.warn(f"loaded {matched} of {len(records)} encodings from the QDQ model", stacklevel=3)
+        warn_at_caller(f"loaded {matched} of {len(records)} encodings from the QDQ model")
     return sim

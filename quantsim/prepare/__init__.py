@@ -21,7 +21,9 @@ instead of running the passes.
 """
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import onnx
 
@@ -39,6 +41,8 @@ from quantsim.prepare.passes import (
     optimize_with_ort,
     upgrade_opset,
 )
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "prepare",
@@ -105,7 +109,9 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
     if key is not None:
         cached = load_cached(key, cache_dir)
         if cached is not None:
+            _log.info("prepare: cache hit %s", key[:16])
             return cached
+        _log.info("prepare: cache miss %s, running %d passes", key[:16], len(chosen))
     work = onnx.ModelProto()
     work.CopyFrom(model)
     work = _run_passes(work, chosen)
@@ -116,5 +122,8 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
 
 def _run_passes(model: onnx.ModelProto, passes) -> onnx.ModelProto:
     for run_pass in passes:
-        model, _ = run_pass(model)
+        start = time.perf_counter()
+        model, modified = run_pass(model)
+        _log.debug("prepare: pass %s %s in %.3f s", getattr(run_pass, "__name__", run_pass),
+                   "changed the model" if modified else "changed nothing", time.perf_counter() - start)
     return model

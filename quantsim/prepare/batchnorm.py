@@ -44,7 +44,6 @@ the folded node's output name, the folded node and its now unused parameters are
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +51,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.errors import PrepareWarning
+from quantsim.errors import PrepareWarning, warn_at_caller
 from quantsim.graph.edit import constant_names, describe, drop_unused_initializers, drop_value_info
 
 __all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm", "fold_channel_affine"]
@@ -113,8 +112,8 @@ def _fold(model: onnx.ModelProto, ops: tuple[str, ...], *, warn: bool) -> tuple[
                 folded.append(match)
             elif warn and match.bn.name not in refused:
                 refused.add(match.bn.name)
-                warnings.warn(f"{match.bn.op_type} {describe(match.bn)} not folded into {describe(match.layer)}: "
-                              f"{reason}", PrepareWarning, stacklevel=3)
+                warn_at_caller(f"{match.bn.op_type} {describe(match.bn)} not folded into {describe(match.layer)}: "
+                              f"{reason}", PrepareWarning)
         if not folded:
             return model, modified
         _remove(model.graph, folded)

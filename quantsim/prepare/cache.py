@@ -32,13 +32,12 @@ import sys
 import tempfile
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import NamedTuple
 
 import onnx
 
-from quantsim.errors import InvalidArgumentError, PrepareWarning
+from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
 from quantsim.graph.large_models import is_external_candidate, is_large, save_model, skeleton
 
 __all__ = ["ENV_VAR", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached", "store_cached",
@@ -142,7 +141,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     except OSError as exc:
-        warnings.warn(f"could not write the prepared-model cache entry {entry}: {exc}", PrepareWarning, stacklevel=3)
+        warn_at_caller(f"could not write the prepared-model cache entry {entry}: {exc}", PrepareWarning)
         return None
     return entry
 
@@ -232,8 +231,8 @@ def _read_manifest(path: Path) -> dict[str, str]:
 
 def _discard(entry: Path, why: str) -> None:
     """Warn about a corrupted entry and remove it; returns None (a cache miss)."""
-    warnings.warn(f"prepared-model cache entry {entry} is corrupted ({why}); discarding it and preparing again",
-                  PrepareWarning, stacklevel=4)
+    warn_at_caller(f"prepared-model cache entry {entry} is corrupted ({why}); discarding it and preparing again",
+                  PrepareWarning)
     _remove(entry)
 
 

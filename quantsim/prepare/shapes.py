@@ -17,12 +17,11 @@ Rules:
 from __future__ import annotations
 
 import tempfile
-import warnings
 from pathlib import Path
 
 import onnx
 
-from quantsim.errors import PrepareWarning
+from quantsim.errors import PrepareWarning, warn_at_caller
 from quantsim.graph.edit import describe
 from quantsim.graph.large_models import is_large, skeleton
 
@@ -39,8 +38,7 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
             _copy_types(inferred.graph, model.graph)
     except Exception as exc:  # noqa: BLE001 - inference is best effort by contract
-        warnings.warn(f"shape inference failed, continuing without inferred shapes: {exc}", PrepareWarning,
-                      stacklevel=2)
+        warn_at_caller(f"shape inference failed, continuing without inferred shapes: {exc}", PrepareWarning)
         return model, False
     _warn_untyped(model.graph)
     return model, _typing(model.graph) != before
@@ -73,5 +71,5 @@ def _warn_untyped(graph: onnx.GraphProto) -> None:
     untyped = [(name, node) for node in graph.node for name in node.output if name and name not in typed]
     if untyped:
         name, node = untyped[0]
-        warnings.warn(f'shape inference left {len(untyped)} value(s) without a type (first: "{name}" from '
-                      f"node {describe(node)}); continuing without their shapes", PrepareWarning, stacklevel=3)
+        warn_at_caller(f'shape inference left {len(untyped)} value(s) without a type (first: "{name}" from '
+                      f"node {describe(node)}); continuing without their shapes", PrepareWarning)

@@ -9,10 +9,9 @@ arguments cannot be mixed with ``param_type``/``activation_type``.
 """
 from __future__ import annotations
 
-import warnings
 
 from quantsim.core.dtypes import QuantizationDataType, qtype
-from quantsim.errors import InvalidTypeError, InvalidStateError
+from quantsim.errors import InvalidTypeError, InvalidStateError, warn_at_caller
 
 __all__ = ["LEGACY_POSITIONAL_ORDER", "LEGACY_KEYWORDS", "map_legacy_arguments"]
 
@@ -42,12 +41,11 @@ def map_legacy_arguments(args: tuple, legacy: dict, current: dict) -> dict:
             current[name] = value
     if not args and not legacy:
         return current
-    warnings.warn(
+    warn_at_caller(
         "positional arguments and default_param_bw/default_activation_bw/use_symmetric_encodings/"
         "default_data_type/rounding_mode/use_cuda/device are deprecated; use param_type=, activation_type=, "
         "providers= keywords",
-        DeprecationWarning,
-        stacklevel=3,
+        DeprecationWarning
     )
     rounding = legacy.pop("rounding_mode", None)
     if rounding and rounding != "nearest":  # None (the legacy positional default) means "nearest", as in AIMET

@@ -7,8 +7,9 @@ lazily when a quantizer changed; exports and loads go through `sim_encodings` an
 """
 from __future__ import annotations
 
+import logging
 import os
-import warnings
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +32,13 @@ from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.sim.build import build_sim_model
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.numerics import Encoding
-from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError
+from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, warn_at_caller
 from quantsim.sim.capture import iter_tensors
 from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
 from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["QuantizationSimModel", "load_model"]
 
@@ -129,10 +132,10 @@ class QuantizationSimModel:
         self.config = load_config(options["config_file"])
         ignored = [p for p in self.config.supergroup_pass_list if p != "MatmulAdd"]
         if ignored or self.config.hw_version:
-            warnings.warn(f"config {self.config.source}: "
+            warn_at_caller(f"config {self.config.source}: "
                           + (f"supergroup passes {ignored} are not applied; " if ignored else "")
                           + (f"hw_version {self.config.hw_version!r} exception rules are not applied" if
-                             self.config.hw_version else ""), UserWarning, stacklevel=2)
+                             self.config.hw_version else ""), UserWarning)
         self.providers = list(options["providers"] or ["CPUExecutionProvider"])
         self.path = Path(options["path"]) if options["path"] is not None else None
         if self.path is not None:
@@ -240,8 +243,8 @@ class QuantizationSimModel:
             stats = run_calibration(session, data, progress=self.progress)
             for q in observed:
                 if q.name not in stats:
-                    warnings.warn(f"quantizer {q.name!r} saw no data during calibration; left uncalibrated",
-                                  RuntimeWarning, stacklevel=2)
+                    warn_at_caller(f"quantizer {q.name!r} saw no data during calibration; left uncalibrated",
+                                  RuntimeWarning)
             seen = [q for q in observed if q.name in stats]
             items = [(q.calibration_scheme, q.encoding_request(), stats[q.name]) for q in seen]
             new = {q.name: e for q, e in zip(seen, encodings_for_stats(items))}
@@ -291,6 +294,7 @@ class QuantizationSimModel:
     def session(self) -> ort.InferenceSession:
         """onnxruntime session of the sim; rebuilt on first use after any quantizer change."""
         if self._session is None or self._session_version != self._version:
+            start = time.perf_counter()
             weights: dict[str, np.ndarray] = {}
             with self._index.cached_constants():
                 self._ensure_param_encodings()
@@ -302,6 +306,8 @@ class QuantizationSimModel:
                                          session_options_kwargs=self._session_options_kwargs,
                                          external_initializers=weights)
             self._session_version = self._version
+            _log.debug("sim %s: session rebuilt in %.3f s (version %d)", self._label, time.perf_counter() - start,
+                       self._version)
         return self._session
 
     def fused_session(self) -> ort.InferenceSession:

@@ -17,12 +17,16 @@ The result equals the sim on that node; the export's report lists it with the re
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import onnx
 from onnx import TensorProto
 
 from quantsim.export.integer.context import MS_DOMAIN, Grid, IntegerExportError, LoweringContext, Unsupported
 from quantsim.errors import IntegerExportError
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["lower_in_float", "apply_quantizer"]
 
@@ -85,6 +89,7 @@ def lower_in_float(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     except Unsupported as error:
         raise IntegerExportError(f"node {node.name!r}: {error}") from error
     outputs = [ctx.fresh(f"{name}/float") if name and ctx.index.is_float(name) else name for name in node.output]
+    _log.info("integer export: node %r (%s) runs in float", node.name, node.op_type)
     ctx.emit(node.op_type, inputs, outputs, name=node.name, domain=node.domain, attributes_of=node)
     for name, out in zip(node.output, outputs):
         if name and ctx.index.is_float(name):
