@@ -46,3 +46,43 @@ def test_public_modules_declare_all():
         if path.name == "__init__.py" and path.parent.name in ("export",):
             continue
         assert hasattr(importlib.import_module(module), "__all__"), f"{module} has no __all__"
+
+
+# the algorithm packages build on quantsim's public surface only ------------------------------------------
+ALGORITHM_PACKAGES = ("adaround", "mixed_precision")
+ALGORITHM_FILES = sorted(p for pkg in ALGORITHM_PACKAGES for p in (ROOT / pkg).rglob("*.py")) if any(
+    (ROOT / pkg).exists() for pkg in ALGORITHM_PACKAGES) else []
+#: module paths users (and the algorithm packages) may import from: the README documents them
+PUBLIC_MODULES = ("quantsim", "quantsim.prepare", "quantsim.export.reference", "quantsim.errors",
+                  "quantsim.calibration.schemes")
+
+
+def _public_names(module: str) -> set[str]:
+    return set(importlib.import_module(module).__all__)
+
+
+@pytest.mark.parametrize("path", ALGORITHM_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_algorithm_packages_use_only_public_quantsim_names(path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "quantsim":
+            assert node.module in PUBLIC_MODULES, f"{path.name}:{node.lineno} imports from {node.module}"
+            public = _public_names(node.module)
+            for alias in node.names:
+                assert alias.name in public, f"{path.name}:{node.lineno}: {node.module}.{alias.name} is not public"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "quantsim":
+                    assert alias.name in PUBLIC_MODULES, f"{path.name}:{node.lineno} imports {alias.name}"
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+              and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            raise AssertionError(f"{path.name}:{node.lineno} reaches for someone else's private attribute {node.attr!r}")
+
+
+def test_quantsim_never_imports_the_algorithm_packages():
+    for path in PACKAGE_FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert node.module.split(".")[0] not in ALGORITHM_PACKAGES, f"{path.name} imports {node.module}"
+            if isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] not in ALGORITHM_PACKAGES for a in node.names), path.name
