@@ -22,10 +22,10 @@ from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.calibration.encode import encodings_for_stats, encodings_for_values
 from quantsim.calibration.schemes import CalibrationScheme, get_scheme
 from quantsim.graph.index import GraphIndex
+from quantsim.graph.loading import load_model
 from quantsim.sim.legacy_args import map_legacy_arguments
 from quantsim.sim.placement import place_quantizers
 from quantsim.prepare import prepare
-from quantsim.graph.large_models import is_large
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
@@ -40,43 +40,9 @@ from quantsim.sim.state import SimState, record_weight, restore, snapshot, tempo
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["QuantizationSimModel", "load_model"]
+__all__ = ["QuantizationSimModel"]
 
 _NOT_SPECIFIED = object()  # compute_encodings: no forward_pass_callback_args given (None is a valid value)
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QcQuantizeOp"})
-
-
-def load_model(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str]:
-    """A checked ModelProto and a label naming it (file path or ``graph '<name>'``) for error messages."""
-    if isinstance(model, (str, os.PathLike)):
-        path = Path(model)
-        if not path.is_file():
-            raise FileNotFoundError(f"ONNX model file not found: {path}")
-        try:
-            proto = onnx.load(str(path))
-        except Exception as error:  # noqa: BLE001 - any decoding failure means "not an ONNX file"
-            raise InvalidArgumentError(f"{path} is not a readable ONNX model: {error}") from error
-        label = str(path)
-    elif isinstance(model, onnx.ModelProto):
-        proto, label = model, f"graph {model.graph.name or '<unnamed>'!r}"
-    else:
-        raise InvalidTypeError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
-    if not proto.graph.node:
-        raise InvalidArgumentError(f"{label} has no nodes (is it an ONNX model?)")
-    try:
-        if isinstance(model, (str, os.PathLike)):
-            onnx.checker.check_model(str(model))  # from the file: works past 2 GiB, no re-serialisation
-        elif not is_large(proto):  # a >2 GiB ModelProto cannot be serialised for the checker
-            onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as error:
-        raise InvalidArgumentError(f"{label} fails onnx.checker: {str(error).splitlines()[0]}") from error
-    quantized = [n.name or n.op_type for n in proto.graph.node if n.op_type in _QDQ_OPS]
-    if quantized:
-        raise InvalidArgumentError(
-            f"{label} already contains quantization nodes ({', '.join(quantized[:3])}...): build the sim with "
-            "QuantizationSimModel.from_onnx_qdq(model) instead"
-        )
-    return proto, label
 
 
 def _constant_state(q: QcQuantizeOp) -> tuple:
