@@ -173,3 +173,25 @@ def test_uncalibrated_sim_capture_passes_activations_through():
     feed = batch(2)
     (values,) = sim.capture(["x"], [feed])
     np.testing.assert_array_equal(values["x"], feed["x"])
+
+
+def test_transaction_keeps_changes_on_success_and_undoes_them_on_interrupt():
+    sim = calibrated_sim()
+    before = snapshot(sim)
+    with pytest.raises(KeyboardInterrupt):
+        with sim.transaction():
+            sim.replace_weight("W", np.zeros_like(sim.get_weight("W")), freeze=True)
+            raise KeyboardInterrupt
+    assert snapshot(sim) == before and sim.get_weight("W").any()
+    with sim.transaction():
+        sim.qc_quantize_op_dict["W"].set_bitwidth(4)
+    assert sim.qc_quantize_op_dict["W"].bitwidth == 4
+    assert not sim._open_states  # the snapshot was released: later weight changes are not recorded
+
+
+def test_compute_param_encodings_needs_no_data():
+    sim = new_sim()
+    assert sim.qc_quantize_op_dict["W"].encoding is None
+    sim.compute_param_encodings()
+    assert sim.qc_quantize_op_dict["W"].encoding is not None
+    assert sim.qc_quantize_op_dict["r"].encoding is None

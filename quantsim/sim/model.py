@@ -36,7 +36,7 @@ from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidType
 from quantsim.sim.capture import iter_tensors
 from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
-from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state
+from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state, transaction
 
 _log = logging.getLogger(__name__)
 
@@ -356,6 +356,16 @@ class QuantizationSimModel:
     def temporary_state(self):
         """Context manager: change quantizers or weights inside it; on exit the sim is restored exactly."""
         return temporary_state(self)
+
+    def transaction(self):
+        """Context manager: changes inside it stay if the block completes; an exception (KeyboardInterrupt
+        included) restores the sim exactly as it was."""
+        return transaction(self)
+
+    def compute_param_encodings(self) -> None:
+        """Encodings of enabled parameter quantizers that have none yet, from the weights (no data needed)."""
+        with self._index.cached_constants():
+            self._ensure_param_encodings()
 
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",

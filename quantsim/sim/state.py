@@ -18,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
 
-__all__ = ["SimState", "QuantizerState", "snapshot", "restore", "release", "record_weight", "temporary_state"]
+__all__ = ["SimState", "QuantizerState", "snapshot", "restore", "release", "record_weight", "temporary_state", "transaction"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,16 @@ def temporary_state(sim: QuantizationSimModel) -> Iterator[SimState]:
         yield state
     finally:
         restore(sim, state)
+
+
+@contextmanager
+def transaction(sim: QuantizationSimModel) -> Iterator[SimState]:
+    """Within the block, change anything; if it raises (any BaseException) the sim is restored exactly,
+    otherwise the changes stay and the snapshot is released."""
+    state = snapshot(sim)
+    try:
+        yield state
+    except BaseException:
+        restore(sim, state)
+        raise
+    release(sim, state)
