@@ -42,7 +42,7 @@ from quantsim.errors import (
     QuantsimWarning,
 )
 from quantsim.prepare import prepare
-from quantsim.sim.capture import TensorCache
+from quantsim.sim.capture import Capturer, TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
 from quantsim.sim.layers import FollowingActivation, WeightedLayer
@@ -79,6 +79,7 @@ __all__ = [
     "QuantizerGroup",
     "SimState",
     "TensorCache",
+    "Capturer",
     "QcQuantizeOp",
     "TfEncoding",
     "load_encodings_to_sim",

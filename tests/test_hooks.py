@@ -195,3 +195,15 @@ def test_compute_param_encodings_needs_no_data():
     sim.compute_param_encodings()
     assert sim.qc_quantize_op_dict["W"].encoding is not None
     assert sim.qc_quantize_op_dict["r"].encoding is None
+
+
+def test_a_capturer_keeps_the_model_it_was_made_from():
+    sim = calibrated_sim()
+    feed = batch(6)
+    float_capturer = sim.capturer(["c"], quantized=False)
+    (before,) = float_capturer([feed])
+    sim.replace_weight("W", np.zeros_like(sim.get_weight("W")))
+    (after,) = float_capturer([feed])
+    np.testing.assert_array_equal(before["c"], after["c"])
+    (fresh,) = sim.capture(["c"], [feed], quantized=False)
+    assert not np.array_equal(fresh["c"], before["c"])  # capture() follows the sim as it is now

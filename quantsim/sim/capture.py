@@ -31,7 +31,7 @@ from quantsim.graph.session import make_session
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
 
-__all__ = ["iter_tensors", "TensorCache", "DEFAULT_MEMORY_BUDGET"]
+__all__ = ["iter_tensors", "make_capturer", "Capturer", "TensorCache", "DEFAULT_MEMORY_BUDGET"]
 
 DEFAULT_MEMORY_BUDGET = 2 << 30  # bytes of captured arrays kept in memory before spilling to disk
 
@@ -89,19 +89,36 @@ def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quanti
     return session, names
 
 
-def iter_tensors(sim: QuantizationSimModel, tensors: Iterable[str], inputs: Iterable[Mapping],
-                 *, quantized: bool = True) -> Iterator[dict[str, np.ndarray]]:
-    """For each feed dict of ``inputs``, the values of ``tensors`` in the sim (``quantized=True``) or in
-    the float model, as ``{tensor: array}``."""
+class Capturer:
+    """Captures fixed tensors of the sim or float model as it was when the capturer was made: later
+    changes to the sim (new encodings, replaced weights) do not reach it."""
+
+    def __init__(self, session, names: dict[str, str], wanted: tuple[str, ...]):
+        self._session, self._wanted = session, wanted
+        self._outputs = [names[t] for t in wanted]
+
+    def __call__(self, inputs: Iterable[Mapping]) -> Iterator[dict[str, np.ndarray]]:
+        """``{tensor: array}`` for each feed dict of ``inputs``."""
+        for number, feed in enumerate(inputs):
+            checked = check_feed(feed, self._session.get_inputs(), f"batch {number}")
+            yield dict(zip(self._wanted, self._session.run(self._outputs, checked)))
+
+
+def make_capturer(sim: QuantizationSimModel, tensors: Iterable[str], *, quantized: bool = True) -> Capturer:
+    """A `Capturer` of ``tensors`` in the sim (``quantized=True``: the values consumers read, after their
+    quantizers) or in the float model."""
     wanted = tuple(dict.fromkeys(tensors))
     if not wanted:
         raise InvalidArgumentError("no tensors to capture")
     session, names = _capture_session(sim, wanted, quantized)
-    outputs = [names[t] for t in wanted]
-    for number, feed in enumerate(inputs):
-        checked = check_feed(feed, session.get_inputs(), f"batch {number}")
-        values = session.run(outputs, checked)
-        yield dict(zip(wanted, values))
+    return Capturer(session, names, wanted)
+
+
+def iter_tensors(sim: QuantizationSimModel, tensors: Iterable[str], inputs: Iterable[Mapping],
+                 *, quantized: bool = True) -> Iterator[dict[str, np.ndarray]]:
+    """For each feed dict of ``inputs``, the values of ``tensors`` in the sim (``quantized=True``) or in
+    the float model, as ``{tensor: array}``."""
+    return make_capturer(sim, tensors, quantized=quantized)(inputs)
 
 
 class TensorCache:

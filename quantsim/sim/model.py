@@ -33,7 +33,7 @@ from quantsim.sim.build import build_sim_model
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.numerics import Encoding
 from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, warn_at_caller
-from quantsim.sim.capture import iter_tensors
+from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
 from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
 from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state, transaction
@@ -339,6 +339,11 @@ class QuantizationSimModel:
         (after their quantizers) or, with ``quantized=False``, in the float model. Streamed: nothing is
         kept between batches (keep what you need, e.g. in a `quantsim.TensorCache`)."""
         return iter_tensors(self, tensors, inputs, quantized=quantized)
+
+    def capturer(self, tensors, *, quantized: bool = True) -> Capturer:
+        """A callable ``capturer(inputs)`` like `capture`, bound to the sim (or float model) as it is now:
+        later changes to the sim do not reach it (e.g. float targets while weights are being replaced)."""
+        return make_capturer(self, tensors, quantized=quantized)
 
     def quantizer_groups(self) -> list[QuantizerGroup]:
         """Each weighted op's parameter quantizers with the activation quantizers it reads; every enabled
