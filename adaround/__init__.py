@@ -1,3 +1,7 @@
-"""Weight-side post-training techniques built on quantsim's public API: AdaRound, Sequential MSE, CLE."""
+"""Weight-side post-training techniques built on quantsim's public API: AdaRound, Sequential MSE and
+cross-layer equalization. Numpy only (no torch)."""
+from adaround.apply import LayerReport, apply_adaround
+from adaround.legacy import Adaround
+from adaround.params import AdaroundParameters, AdaroundSettings
 
-__all__: list[str] = []
+__all__ = ["apply_adaround", "Adaround", "AdaroundParameters", "AdaroundSettings", "LayerReport"]

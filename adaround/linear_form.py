@@ -80,6 +80,18 @@ class LinearForm:
     def groups(self) -> int:
         return int(self.attributes.get("group", 1)) if self.op_type in ("Conv", "ConvTranspose") else 1
 
+    @property
+    def rows(self) -> int:
+        """``M``: the layer's output channels (rows of ``W_mat`` over all groups)."""
+        shape = self.weight_shape
+        if self.op_type == "Conv":
+            return shape[0]
+        if self.op_type == "ConvTranspose":
+            return shape[1] * self.groups
+        if self.op_type == "Gemm":
+            return shape[0] if self.attributes.get("transB", 0) else shape[1]
+        return shape[1]
+
     def to_matrix(self, weight: np.ndarray) -> np.ndarray:
         """``[groups, M/g, K]`` view (or copy) of a weight of `weight_shape`."""
         g = self.groups

@@ -1,0 +1,188 @@
+"""`apply_adaround`: AdaRound every eligible weighted layer of a sim, in place, in topological order.
+
+For each layer: the sim's input to it (earlier layers already rounded; activation quantizers as
+calibrated, or pass-through while uncalibrated, as in AIMET) and the float model's target are streamed
+through once (`adaround.layer_data`), the rounding is optimised (`adaround.layer_rounding`), and the
+rounded weight replaces the sim's weight with its encoding frozen. The whole run is one
+`sim.transaction()`: an exception or KeyboardInterrupt leaves the sim exactly as it was.
+
+Skipped, each with the reason in the returned report: layers whose weight quantizer is missing,
+disabled, float (FP16) or frozen (e.g. after `set_and_freeze_param_encodings`), shared weights, and
+layer shapes the linear form does not cover (3-D convolutions, ConvTranspose with ``output_shape``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from quantsim import InvalidArgumentError, QuantizationSimModel, WeightedLayer, broadcast_param
+from quantsim.errors import warn_at_caller
+
+from adaround.activations import Activation, activation_for
+from adaround.layer_data import column_sample, second_moments
+from adaround.layer_rounding import WeightGrid, optimize_rounding
+from adaround.linear_form import LinearForm, UnsupportedLayer, linear_form
+from adaround.params import AdaroundSettings
+
+__all__ = ["apply_adaround", "LayerReport", "select_layers"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """What happened to one weighted layer."""
+
+    node: str
+    op_type: str
+    status: str  # "rounded" or "skipped"
+    reason: str = ""
+    mode: str = ""  # "moments" (exact, no activation follows) or "sampled"
+    loss_nearest: float | None = None
+    loss_adaround: float | None = None
+    flipped: float | None = None  # share of weights rounded away from nearest
+    seconds: float = 0.0
+
+
+def _skip_reason(layer: WeightedLayer) -> str | None:
+    q = layer.weight_quantizer
+    if q is None or not q.enabled:
+        return "weight quantizer disabled"
+    if q.spec.is_float:
+        return f"weight simulated as {q.spec.dtype} (no integer grid to round to)"
+    if q.is_encoding_frozen():
+        return "weight encoding frozen (left as it is)"
+    if q.encoding is None:
+        return "weight has no encoding"
+    if layer.shared_weight:
+        return "weight shared with other nodes"
+    return None
+
+
+def select_layers(sim: QuantizationSimModel, nodes_to_include: Iterable[str] | None) -> tuple[list, list[LayerReport]]:
+    """``(layers to optimise, reports of the skipped ones)``; unknown or weightless names are an error."""
+    layers = sim.weighted_layers()
+    by_name = {layer.node: layer for layer in layers}
+    if nodes_to_include is not None:
+        wanted = list(nodes_to_include)
+        unknown = [n for n in wanted if n not in by_name]
+        if unknown:
+            known = {node.name for node in sim.model.graph.node}
+            detail = ", ".join(f"{n!r} ({'has no constant weight' if n in known else 'no such node'})" for n in unknown)
+            raise InvalidArgumentError(f"nodes_to_include: {detail}; weighted layers: {sorted(by_name)[:10]}")
+        layers = [layer for layer in layers if layer.node in set(wanted)]
+    chosen, skipped = [], []
+    for layer in layers:
+        reason = _skip_reason(layer)
+        if reason is None:
+            try:
+                linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape)
+            except UnsupportedLayer as error:
+                reason = str(error)
+        if reason is None:
+            chosen.append(layer)
+        else:
+            skipped.append(LayerReport(layer.node, layer.op_type, "skipped", reason))
+    return chosen, skipped
+
+
+def _grid(layer: WeightedLayer, weight: np.ndarray) -> WeightGrid:
+    enc = layer.weight_quantizer.encoding
+    scale = broadcast_param(enc, enc.scale.astype(np.float32), weight.shape)
+    zero_point = broadcast_param(enc, enc.zero_point.astype(np.float32), weight.shape)
+    return WeightGrid(np.asarray(scale, np.float32), np.asarray(zero_point, np.float32), enc.qmin, enc.qmax)
+
+
+def _activation(layer: WeightedLayer, form: LinearForm) -> Activation | None:
+    """The following activation in column form, or None (none follows, or it cannot be applied)."""
+    if layer.activation is None:
+        return None
+    follow = layer.activation
+    axis = follow.attributes.get("axis", -1)
+    on_channels = axis == 1 if form.op_type in ("Conv", "ConvTranspose") else axis == -1
+    return activation_for(follow.op_type, follow.attributes, form.rows, on_channels)
+
+
+def _target_tensor(layer: WeightedLayer, form: LinearForm) -> str:
+    """What the float model contributes: the layer input (moments form) or the activation output."""
+    return layer.input if _activation(layer, form) is None else layer.activation.output
+
+
+def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) -> LayerReport:
+    start = time.perf_counter()
+    weight = sim.get_weight(layer.weight).astype(np.float32)
+    form = linear_form(layer.op_type, layer.attributes, weight.shape)
+    bias = form.bias_matrix(sim.get_weight(layer.bias) if layer.bias else None, form.rows)
+    activation = _activation(layer, form)
+    sim_capturer = sim.capturer([layer.input], quantized=True)
+    if activation is None:
+        data = second_moments(form, sim_capturer(inputs), float_capturer(inputs), layer.input)
+        mode = "moments"
+    else:
+        data = column_sample(form, sim_capturer(inputs), float_capturer(inputs), layer.input, layer.activation.output,
+                             num_batches=len(inputs), memory_budget_bytes=settings.memory_budget_bytes, rng=rng)
+        mode = "sampled"
+    bar = tqdm(total=settings.num_iterations, desc=f"AdaRound {layer.node}", unit="it", leave=False,
+               disable=None if progress else True)
+    step = max(1, settings.num_iterations // 100)
+    try:
+        result = optimize_rounding(form, weight, _grid(layer, weight), data, bias, activation, settings, rng,
+                                   on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None)
+    finally:
+        bar.close()
+    sim.replace_weight(layer.weight, result.weight, freeze=True)
+    seconds = time.perf_counter() - start
+    _log.info("AdaRound %s (%s, %s): loss %.4g -> %.4g, %.1f%% flipped, %.2f s", layer.node, layer.op_type, mode,
+              result.loss_nearest, result.loss_adaround, 100 * result.flipped, seconds)
+    return LayerReport(layer.node, layer.op_type, "rounded", "", mode, result.loss_nearest, result.loss_adaround,
+                       result.flipped, seconds)
+
+
+def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray]], num_iterations: int = 10000,
+                   nodes_to_include: Iterable[str] | None = None, *, node_names_to_optimize: Iterable[str] | None = None,
+                   reg_param: float = 0.01, beta_range: tuple[float, float] = (20.0, 2.0), warm_start: float = 0.2,
+                   learning_rate: float = 1e-3, columns_per_iteration: int = 4096,
+                   memory_budget_bytes: int = 1 << 30, seed: int = 0, progress: bool | None = None) -> list[LayerReport]:
+    """AdaRound the sim's weights in place (aimet-onnx 2.x signature plus documented hyper-parameters).
+
+    ``inputs``: feed dicts (``{input name: array}``), iterated once per layer. ``num_iterations``: Adam
+    steps per layer (AIMET recommends 10,000 for 8-bit weights, 15,000 below). ``nodes_to_include``
+    (alias ``node_names_to_optimize``, deprecated in AIMET): only these nodes. The other arguments are
+    `AdaroundSettings`'. Weight encodings missing so far are computed first; activation quantizers that
+    are uncalibrated pass data through (call ``compute_encodings`` first to round against quantized
+    inputs). Returns one `LayerReport` per weighted layer considered.
+    """
+    if node_names_to_optimize is not None:
+        if nodes_to_include is not None:
+            raise InvalidArgumentError("pass nodes_to_include or node_names_to_optimize, not both")
+        nodes_to_include = node_names_to_optimize
+    settings = AdaroundSettings(num_iterations, reg_param, tuple(beta_range), warm_start, learning_rate,
+                                columns_per_iteration, memory_budget_bytes, seed)
+    feeds = list(inputs)
+    if not feeds:
+        raise InvalidArgumentError("apply_adaround needs at least one calibration batch (inputs is empty)")
+    progress = sim.progress if progress is None else progress
+    sim.compute_param_encodings()
+    layers, reports = select_layers(sim, nodes_to_include)
+    for report in reports:
+        _log.info("AdaRound skips %s (%s): %s", report.node, report.op_type, report.reason)
+    uncalibrated = [q.name for q in sim.quantizers if q.role == "activation" and q.enabled and not q.is_initialized()]
+    if uncalibrated and layers:
+        warn_at_caller(f"{len(uncalibrated)} activation quantizer(s) are uncalibrated (e.g. {uncalibrated[:3]}): "
+                       "AdaRound sees their float values; call sim.compute_encodings first to round against "
+                       "quantized inputs")
+    rng = np.random.default_rng(seed)
+    with sim.transaction():
+        targets = [_target_tensor(layer, linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape))
+                   for layer in layers]
+        float_capturer = sim.capturer(sorted(set(targets)), quantized=False) if layers else None
+        for layer in layers:
+            reports.append(_round_layer(sim, layer, feeds, float_capturer, settings, rng, progress))
+    order = {layer.node: i for i, layer in enumerate(sim.weighted_layers())}
+    return sorted(reports, key=lambda r: order.get(r.node, len(order)))
+

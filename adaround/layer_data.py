@@ -1,0 +1,104 @@
+"""What one layer's optimisation reads, gathered in one streamed pass over the calibration data.
+
+Two forms (see `adaround.linear_form` for the column layout):
+
+* `SecondMoments` (no activation follows): the reconstruction loss
+  ``sum over columns ||W_s c_q - W c_f||^2 / P`` is quadratic in ``W_s``, so it needs only
+  ``S_qq = sum c_q c_q^T`` and ``S_qf = sum c_q c_f^T`` (``K x K`` per group, accumulated in float64) and
+  ``W S_ff W^T``'s trace. Every iteration then sees all the data at ``O(M K^2)`` cost.
+* `ColumnSample` (an activation follows): a uniform random subset of the columns of the sim's layer input
+  and the float model's activation output, bounded by a memory budget; iterations draw mini-batches
+  from it.
+
+The layer input comes from the sim (earlier layers already rounded, activations quantized as
+configured); the target from the float model, through capturers made before any weight changed.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantsim import InvalidArgumentError
+
+from adaround.linear_form import LinearForm
+
+__all__ = ["SecondMoments", "ColumnSample", "second_moments", "column_sample", "output_columns"]
+
+
+@dataclass
+class SecondMoments:
+    """Sufficient statistics of the quadratic reconstruction loss of one layer."""
+
+    s_qq: np.ndarray  # [groups, K, K]
+    s_qf: np.ndarray  # [groups, K, K]
+    s_ff: np.ndarray  # [groups, K, K]
+    columns: int
+
+    def loss(self, w_soft: np.ndarray, w_float: np.ndarray) -> float:
+        """Mean over columns of the squared output error (summed over output channels)."""
+        quad = np.einsum("gmk,gkl,gml->", w_soft, self.s_qq, w_soft, optimize=True)
+        cross = np.einsum("gmk,gkl,gml->", w_soft, self.s_qf, w_float, optimize=True)
+        const = np.einsum("gmk,gkl,gml->", w_float, self.s_ff, w_float, optimize=True)
+        return float(quad - 2 * cross + const) / self.columns
+
+    def grad(self, w_soft: np.ndarray, w_float: np.ndarray) -> np.ndarray:
+        """``d loss / d W_soft`` (``[groups, M/g, K]``)."""
+        return (2.0 / self.columns) * (np.matmul(w_soft, self.s_qq) - np.matmul(w_float, np.swapaxes(self.s_qf, 1, 2)))
+
+
+@dataclass
+class ColumnSample:
+    """Sampled columns of the sim's layer input and the float model's target, in column form."""
+
+    cols: np.ndarray  # [groups, K, P]
+    target: np.ndarray  # [M, P]
+
+
+def output_columns(form: LinearForm, y: np.ndarray) -> np.ndarray:
+    """A layer output (or its activation's) in column form ``[M, P]``, columns ordered as `LinearForm.columns`."""
+    if form.op_type in ("Conv", "ConvTranspose"):
+        return np.moveaxis(y, 1, 0).reshape(y.shape[1], -1)
+    return y.reshape(-1, y.shape[-1]).T
+
+
+def second_moments(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray]],
+                   floating: Iterator[Mapping[str, np.ndarray]], tensor: str) -> SecondMoments:
+    """Accumulate the moments of the sim's and the float model's inputs of one layer, batch by batch."""
+    s_qq = s_qf = s_ff = None
+    count = 0
+    for q_batch, f_batch in zip(quantized, floating):
+        cq, _ = form.columns(q_batch[tensor])
+        cf, _ = form.columns(f_batch[tensor])
+        cq64, cf64 = cq.astype(np.float64), cf.astype(np.float64)
+        qq = np.matmul(cq64, np.swapaxes(cq64, 1, 2))
+        qf = np.matmul(cq64, np.swapaxes(cf64, 1, 2))
+        ff = np.matmul(cf64, np.swapaxes(cf64, 1, 2))
+        s_qq, s_qf, s_ff = (qq, qf, ff) if s_qq is None else (s_qq + qq, s_qf + qf, s_ff + ff)
+        count += cq.shape[2]
+    if s_qq is None or count == 0:
+        raise InvalidArgumentError("the calibration data is empty: no batch reached the layer")
+    return SecondMoments(s_qq, s_qf, s_ff, count)
+
+
+def column_sample(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray]],
+                  floating: Iterator[Mapping[str, np.ndarray]], input_tensor: str, target_tensor: str, *,
+                  num_batches: int, memory_budget_bytes: int, rng: np.random.Generator) -> ColumnSample:
+    """Keep a uniform random share of each batch's columns so that the sample fits the budget."""
+    kept_cols, kept_target = [], []
+    per_batch: int | None = None
+    for q_batch, f_batch in zip(quantized, floating):
+        cols, _ = form.columns(q_batch[input_tensor])
+        target = output_columns(form, np.asarray(f_batch[target_tensor], dtype=np.float32))
+        if per_batch is None:
+            bytes_per_column = 4 * (cols.shape[0] * cols.shape[1] + target.shape[0])
+            per_batch = max(1, memory_budget_bytes // (bytes_per_column * max(num_batches, 1)))
+        if cols.shape[2] > per_batch:
+            keep = np.sort(rng.choice(cols.shape[2], per_batch, replace=False))
+            cols, target = cols[:, :, keep], target[:, keep]
+        kept_cols.append(cols)
+        kept_target.append(target)
+    if not kept_cols:
+        raise InvalidArgumentError("the calibration data is empty: no batch reached the layer")
+    return ColumnSample(np.concatenate(kept_cols, axis=2), np.concatenate(kept_target, axis=1))

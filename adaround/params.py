@@ -1,0 +1,80 @@
+"""AdaRound's hyper-parameters, every one a documented argument (AIMET keeps some as module constants)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from quantsim import InvalidArgumentError
+
+__all__ = ["AdaroundParameters", "AdaroundSettings", "DEFAULT_ITERATIONS", "DEFAULT_ITERATIONS_BELOW_8_BITS"]
+
+DEFAULT_ITERATIONS = 10_000  # AIMET's recommendation for weights of 8 bits or more
+DEFAULT_ITERATIONS_BELOW_8_BITS = 15_000  # ... and below 8 bits
+
+
+@dataclass(frozen=True)
+class AdaroundSettings:
+    """How each layer is optimised.
+
+    ``num_iterations``: Adam steps per layer. ``reg_param``: weight of the rounding regulariser.
+    ``beta_range``: its exponent, annealed (cosine) from the first to the second value after the warm
+    start. ``warm_start``: share of the iterations with the regulariser off. ``learning_rate``: Adam's.
+    ``columns_per_iteration``: output positions (im2col columns; rows of a MatMul/Gemm input) drawn per
+    iteration for layers followed by a nonlinearity (layers without one use the exact second-moment
+    form and see all the data at every step). ``memory_budget_bytes``: captured layer data kept in memory before it spills to disk.
+    ``seed``: the sampling generator's seed (runs are reproducible).
+    """
+
+    num_iterations: int = DEFAULT_ITERATIONS
+    reg_param: float = 0.01
+    beta_range: tuple[float, float] = (20.0, 2.0)
+    warm_start: float = 0.2
+    learning_rate: float = 1e-3
+    columns_per_iteration: int = 4096
+    memory_budget_bytes: int = 1 << 30
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if int(self.num_iterations) != self.num_iterations or self.num_iterations < 1:
+            raise InvalidArgumentError(f"num_iterations must be a positive integer, got {self.num_iterations!r}")
+        if not 0 <= self.warm_start < 1:
+            raise InvalidArgumentError(f"warm_start must be in [0, 1), got {self.warm_start}")
+        if self.reg_param < 0 or self.learning_rate <= 0:
+            raise InvalidArgumentError("reg_param must be >= 0 and learning_rate > 0")
+        if len(self.beta_range) != 2 or min(self.beta_range) <= 0:
+            raise InvalidArgumentError(f"beta_range must be two positive numbers, got {self.beta_range!r}")
+        if self.columns_per_iteration < 1:
+            raise InvalidArgumentError(f"columns_per_iteration must be >= 1, got {self.columns_per_iteration}")
+
+
+@dataclass
+class AdaroundParameters:
+    """AIMET's older parameter object: the calibration data and the defaults of every layer.
+
+    ``data_loader`` yields feed dicts (``{input name: array}``), or arrays for a single-input model;
+    ``num_batches`` of them are used. ``default_num_iterations=None`` picks 10,000 (15,000 when a weight
+    has fewer than 8 bits), as AIMET does. ``forward_fn`` is accepted for compatibility and unused: the sim
+    runs the ONNX model itself.
+    """
+
+    data_loader: Iterable[Any]
+    num_batches: int
+    default_num_iterations: int | None = None
+    default_reg_param: float = 0.01
+    default_beta_range: tuple[float, float] = (20.0, 2.0)
+    default_warm_start: float = 0.2
+    forward_fn: Any = None
+    forward_pass_callback_args: Any = None
+
+    def __post_init__(self) -> None:
+        if int(self.num_batches) != self.num_batches or self.num_batches < 1:
+            raise InvalidArgumentError(f"num_batches must be a positive integer, got {self.num_batches!r}")
+
+    def settings(self, min_weight_bits: int) -> AdaroundSettings:
+        """The per-layer settings these parameters stand for."""
+        iterations = self.default_num_iterations
+        if iterations is None:
+            iterations = DEFAULT_ITERATIONS_BELOW_8_BITS if min_weight_bits < 8 else DEFAULT_ITERATIONS
+        return AdaroundSettings(num_iterations=iterations, reg_param=self.default_reg_param,
+                                beta_range=tuple(self.default_beta_range), warm_start=self.default_warm_start)
