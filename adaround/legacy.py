@@ -9,13 +9,14 @@ sim from that model and call ``sim.set_and_freeze_param_encodings(<path>/<prefix
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import onnx
 
-from quantsim import InvalidArgumentError, QuantizationSimModel, QuantScheme, qtype
+from quantsim import InvalidArgumentError, QuantizationSimModel, QuantScheme, QuantsimWarning, qtype
 
 from adaround.apply import apply_adaround
 from adaround.params import AdaroundParameters
@@ -72,8 +73,10 @@ class Adaround:
         bits = [q.bitwidth for q in sim.quantizers if q.role == "param" and q.enabled and not q.spec.is_float]
         settings = params.settings(min(bits, default=8))
         feeds = _feeds(params, [i.name for i in sim.session.get_inputs()])
-        apply_adaround(sim, feeds, settings.num_iterations, [n for n in layers if n not in ignore],
-                       reg_param=settings.reg_param, beta_range=settings.beta_range, warm_start=settings.warm_start)
+        with warnings.catch_warnings():  # float layer inputs are this API's documented behaviour, as in AIMET
+            warnings.filterwarnings("ignore", message=".*activation quantizer.*uncalibrated", category=QuantsimWarning)
+            apply_adaround(sim, feeds, settings.num_iterations, [n for n in layers if n not in ignore],
+                           reg_param=settings.reg_param, beta_range=settings.beta_range, warm_start=settings.warm_start)
         with sim.temporary_state():
             for q in sim.quantizers:
                 if q.role != "param":
