@@ -3,5 +3,6 @@ cross-layer equalization. Numpy only (no torch)."""
 from adaround.apply import LayerReport, apply_adaround
 from adaround.legacy import Adaround
 from adaround.params import AdaroundParameters, AdaroundSettings
+from adaround.seq_mse import SeqMseParams, apply_seq_mse
 
-__all__ = ["apply_adaround", "Adaround", "AdaroundParameters", "AdaroundSettings", "LayerReport"]
+__all__ = ["apply_adaround", "Adaround", "AdaroundParameters", "AdaroundSettings", "LayerReport", "apply_seq_mse", "SeqMseParams"]

@@ -7,8 +7,10 @@ rounded weight replaces the sim's weight with its encoding frozen. The whole run
 `sim.transaction()`: an exception or KeyboardInterrupt leaves the sim exactly as it was.
 
 Skipped, each with the reason in the returned report: layers whose weight quantizer is missing,
-disabled, float (FP16) or frozen (e.g. after `set_and_freeze_param_encodings`), shared weights, and
-layer shapes the linear form does not cover (3-D convolutions, ConvTranspose with ``output_shape``).
+disabled or float (FP16), frozen weights already on their grid (e.g. loaded with
+`set_and_freeze_param_encodings` after an earlier AdaRound), shared weights, and layer shapes the linear
+form does not cover (3-D convolutions, ConvTranspose with ``output_shape``). A frozen encoding whose
+weight is not on its grid yet (e.g. chosen by Sequential MSE) is kept and the weight rounded against it.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from quantsim import InvalidArgumentError, QuantizationSimModel, WeightedLayer, broadcast_param
+from quantsim import InvalidArgumentError, QuantizationSimModel, WeightedLayer, broadcast_param, fake_quantize
 from quantsim.errors import warn_at_caller
 
 from adaround.activations import Activation, activation_for
@@ -40,23 +42,25 @@ class LayerReport:
 
     node: str
     op_type: str
-    status: str  # "rounded" or "skipped"
+    status: str  # "rounded" (AdaRound), "optimized" (Sequential MSE) or "skipped"
     reason: str = ""
-    mode: str = ""  # "moments" (exact, no activation follows) or "sampled"
-    loss_nearest: float | None = None
-    loss_adaround: float | None = None
+    mode: str = ""  # "moments" (exact, all the data) or "sampled" (an activation follows)
+    loss_before: float | None = None  # output error of nearest rounding (AdaRound) / the full range (Seq MSE)
+    loss_after: float | None = None
     flipped: float | None = None  # share of weights rounded away from nearest
     seconds: float = 0.0
 
 
-def _skip_reason(layer: WeightedLayer) -> str | None:
+def _skip_reason(sim: QuantizationSimModel, layer: WeightedLayer) -> str | None:
     q = layer.weight_quantizer
     if q is None or not q.enabled:
         return "weight quantizer disabled"
     if q.spec.is_float:
         return f"weight simulated as {q.spec.dtype} (no integer grid to round to)"
     if q.is_encoding_frozen():
-        return "weight encoding frozen (left as it is)"
+        weight = sim.get_weight(layer.weight)
+        if np.array_equal(fake_quantize(weight, q.encoding), weight):
+            return "weight encoding frozen and the weight already on its grid (left as it is)"
     if q.encoding is None:
         return "weight has no encoding"
     if layer.shared_weight:
@@ -78,7 +82,7 @@ def select_layers(sim: QuantizationSimModel, nodes_to_include: Iterable[str] | N
         layers = [layer for layer in layers if layer.node in set(wanted)]
     chosen, skipped = [], []
     for layer in layers:
-        reason = _skip_reason(layer)
+        reason = _skip_reason(sim, layer)
         if reason is None:
             try:
                 linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape)
@@ -135,11 +139,11 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
                                    on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None)
     finally:
         bar.close()
-    sim.replace_weight(layer.weight, result.weight, freeze=True)
+    sim.replace_weight(layer.weight, result.weight, freeze=not layer.weight_quantizer.is_encoding_frozen())
     seconds = time.perf_counter() - start
     _log.info("AdaRound %s (%s, %s): loss %.4g -> %.4g, %.1f%% flipped, %.2f s", layer.node, layer.op_type, mode,
-              result.loss_nearest, result.loss_adaround, 100 * result.flipped, seconds)
-    return LayerReport(layer.node, layer.op_type, "rounded", "", mode, result.loss_nearest, result.loss_adaround,
+              result.loss_before, result.loss_after, 100 * result.flipped, seconds)
+    return LayerReport(layer.node, layer.op_type, "rounded", "", mode, result.loss_before, result.loss_after,
                        result.flipped, seconds)
 
 

@@ -64,17 +64,22 @@ def output_columns(form: LinearForm, y: np.ndarray) -> np.ndarray:
 
 
 def second_moments(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray]],
-                   floating: Iterator[Mapping[str, np.ndarray]], tensor: str) -> SecondMoments:
-    """Accumulate the moments of the sim's and the float model's inputs of one layer, batch by batch."""
+                   floating: Iterator[Mapping[str, np.ndarray]] | None, tensor: str) -> SecondMoments:
+    """Accumulate the moments of the sim's and the float model's inputs of one layer, batch by batch
+    (``floating=None``: both sides read ``quantized``, all three moments are equal)."""
     s_qq = s_qf = s_ff = None
     count = 0
-    for q_batch, f_batch in zip(quantized, floating):
+    pairs = zip(quantized, floating) if floating is not None else ((batch, None) for batch in quantized)
+    for q_batch, f_batch in pairs:
         cq, _ = form.columns(q_batch[tensor])
-        cf, _ = form.columns(f_batch[tensor])
-        cq64, cf64 = cq.astype(np.float64), cf.astype(np.float64)
+        cq64 = cq.astype(np.float64)
         qq = np.matmul(cq64, np.swapaxes(cq64, 1, 2))
-        qf = np.matmul(cq64, np.swapaxes(cf64, 1, 2))
-        ff = np.matmul(cf64, np.swapaxes(cf64, 1, 2))
+        if f_batch is None:
+            qf = ff = qq
+        else:
+            cf64 = form.columns(f_batch[tensor])[0].astype(np.float64)
+            qf = np.matmul(cq64, np.swapaxes(cf64, 1, 2))
+            ff = np.matmul(cf64, np.swapaxes(cf64, 1, 2))
         s_qq, s_qf, s_ff = (qq, qf, ff) if s_qq is None else (s_qq + qq, s_qf + qf, s_ff + ff)
         count += cq.shape[2]
     if s_qq is None or count == 0:

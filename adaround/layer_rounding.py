@@ -60,8 +60,8 @@ class RoundingResult:
     """The rounded weight and the reconstruction loss of nearest rounding and of the result."""
 
     weight: np.ndarray
-    loss_nearest: float
-    loss_adaround: float
+    loss_before: float
+    loss_after: float
     flipped: float  # share of weights rounded away from nearest
 
 
@@ -114,7 +114,7 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
             on_step(iteration)
     hard = grid.weight(base, (alpha >= 0).astype(np.float32))[0]
     nearest = grid.nearest(weight)
-    loss_nearest = reconstruction_loss(form, nearest, weight, data, bias, activation)[0]
+    loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation)[0]
     loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation)[0]
-    return RoundingResult(hard, loss_nearest, loss_hard, float(np.mean(hard != nearest)))
+    return RoundingResult(hard, loss_before, loss_hard, float(np.mean(hard != nearest)))
 
