@@ -31,21 +31,31 @@ __all__ = ["SecondMoments", "ColumnSample", "second_moments", "column_sample", "
 class SecondMoments:
     """Sufficient statistics of the quadratic reconstruction loss of one layer."""
 
-    s_qq: np.ndarray  # [groups, K, K]
+    s_qq: np.ndarray  # [groups, K, K], float64 (losses nearly cancel: they are evaluated in float64)
     s_qf: np.ndarray  # [groups, K, K]
     s_ff: np.ndarray  # [groups, K, K]
     columns: int
 
+    def __post_init__(self) -> None:
+        # the gradient runs every iteration: float32 is twice as fast and ample for it
+        self._qq32 = self.s_qq.astype(np.float32)
+        self._fq32 = np.ascontiguousarray(np.swapaxes(self.s_qf, 1, 2), dtype=np.float32)
+
     def loss(self, w_soft: np.ndarray, w_float: np.ndarray) -> float:
         """Mean over columns of the squared output error (summed over output channels)."""
+        w_soft, w_float = w_soft.astype(np.float64), w_float.astype(np.float64)
         quad = np.einsum("gmk,gkl,gml->", w_soft, self.s_qq, w_soft, optimize=True)
         cross = np.einsum("gmk,gkl,gml->", w_soft, self.s_qf, w_float, optimize=True)
         const = np.einsum("gmk,gkl,gml->", w_float, self.s_ff, w_float, optimize=True)
         return float(quad - 2 * cross + const) / self.columns
 
     def grad(self, w_soft: np.ndarray, w_float: np.ndarray) -> np.ndarray:
-        """``d loss / d W_soft`` (``[groups, M/g, K]``)."""
-        return (2.0 / self.columns) * (np.matmul(w_soft, self.s_qq) - np.matmul(w_float, np.swapaxes(self.s_qf, 1, 2)))
+        """``d loss / d W_soft`` (``[groups, M/g, K]``); the float weight's term is computed once per weight."""
+        key = (w_float.ctypes.data, w_float.shape)
+        if getattr(self, "_target_key", None) != key:
+            self._target = np.matmul(w_float.astype(np.float32), self._fq32)
+            self._target_key = key
+        return (2.0 / self.columns) * (np.matmul(w_soft, self._qq32) - self._target)
 
 
 @dataclass
@@ -106,4 +116,6 @@ def column_sample(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray]
         kept_target.append(target)
     if not kept_cols:
         raise InvalidArgumentError("the calibration data is empty: no batch reached the layer")
-    return ColumnSample(np.concatenate(kept_cols, axis=2), np.concatenate(kept_target, axis=1))
+    cols, target = np.concatenate(kept_cols, axis=2), np.concatenate(kept_target, axis=1)
+    order = rng.permutation(cols.shape[2])  # shuffled once, so that any window of columns is a random sample
+    return ColumnSample(np.ascontiguousarray(cols[:, :, order]), np.ascontiguousarray(target[:, order]))

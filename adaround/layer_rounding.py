@@ -94,17 +94,19 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
     base, fraction = grid.floor_and_fraction(weight)
     alpha = init_alpha(fraction)
     adam = Adam(alpha, lr=settings.learning_rate)
+    float_matrix = form.to_matrix(weight)
     total = data.cols.shape[2] if isinstance(data, ColumnSample) else 0
     batch = min(settings.columns_per_iteration, total) if total else 0
     for iteration in range(settings.num_iterations):
         h = rectified_sigmoid(alpha)
         w_soft, dw_dh = grid.weight(base, h)
-        if isinstance(data, ColumnSample):
-            pick = rng.choice(total, batch, replace=False) if batch < total else slice(None)
-            _, grad_w = _sampled(form, form.to_matrix(w_soft), data.cols[:, :, pick], data.target[:, pick], bias,
+        if isinstance(data, ColumnSample):  # columns were shuffled once: consecutive windows are random samples
+            start = min((iteration * batch) % total, total - batch)
+            window = slice(start, start + batch)
+            _, grad_w = _sampled(form, form.to_matrix(w_soft), data.cols[:, :, window], data.target[:, window], bias,
                                  activation)
         else:
-            _, grad_w = reconstruction_loss(form, w_soft, weight, data, bias, activation)
+            grad_w = form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))
         grad_h = grad_w * dw_dh
         beta = beta_at(iteration, settings.num_iterations, settings.beta_range, settings.warm_start)
         if beta is not None and settings.reg_param:

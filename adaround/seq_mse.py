@@ -46,6 +46,7 @@ class SeqMseParams:
 
 def _row_losses(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """Output error per output channel (rows of ``W_mat``) of ``candidate`` against ``reference``."""
+    candidate, reference = candidate.astype(np.float64), reference.astype(np.float64)
     quad = np.einsum("gmk,gkl,gml->gm", candidate, data.s_qq, candidate, optimize=True)
     cross = np.einsum("gmk,gkl,gml->gm", candidate, data.s_qf, reference, optimize=True)
     const = np.einsum("gmk,gkl,gml->gm", reference, data.s_ff, reference, optimize=True)
