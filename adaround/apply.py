@@ -143,7 +143,8 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
     seconds = time.perf_counter() - start
     _log.info("AdaRound %s (%s, %s): loss %.4g -> %.4g, %.1f%% flipped, %.2f s", layer.node, layer.op_type, mode,
               result.loss_before, result.loss_after, 100 * result.flipped, seconds)
-    return LayerReport(layer.node, layer.op_type, "rounded", "", mode, result.loss_before, result.loss_after,
+    reason = "optimised rounding was worse than nearest on the data: nearest kept" if result.kept_nearest else ""
+    return LayerReport(layer.node, layer.op_type, "rounded", reason, mode, result.loss_before, result.loss_after,
                        result.flipped, seconds)
 
 

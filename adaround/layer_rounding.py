@@ -63,6 +63,7 @@ class RoundingResult:
     loss_before: float
     loss_after: float
     flipped: float  # share of weights rounded away from nearest
+    kept_nearest: bool = False  # the optimised rounding was worse on the data: nearest rounding kept
 
 
 def reconstruction_loss(form: LinearForm, w_soft: np.ndarray, w_float: np.ndarray, data: SecondMoments | ColumnSample,
@@ -118,5 +119,7 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
     nearest = grid.nearest(weight)
     loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation)[0]
     loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation)[0]
+    if loss_hard > loss_before:  # too few iterations to settle: never end worse than nearest rounding
+        return RoundingResult(nearest, loss_before, loss_before, 0.0, kept_nearest=True)
     return RoundingResult(hard, loss_before, loss_hard, float(np.mean(hard != nearest)))
 

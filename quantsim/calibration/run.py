@@ -182,6 +182,7 @@ def run_calibration(session: CalibrationSession, data, *, progress: bool = True)
             f"got {type(data).__name__}"
         )
     total = len(data) if hasattr(data, "__len__") else None
-    for feed in tqdm(data, total=total, desc="calibration", unit="batch", disable=not progress, leave=False):
+    for feed in tqdm(data, total=total, desc="calibration", unit="batch", disable=None if progress else True,
+                     leave=False):  # None: shown on a terminal only, never as fragments in CI logs
         session.run(None, feed)
     return session.finish()
