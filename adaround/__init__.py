@@ -6,4 +6,13 @@ from adaround.legacy import Adaround
 from adaround.params import AdaroundParameters, AdaroundSettings
 from adaround.seq_mse import SeqMseParams, apply_seq_mse
 
-__all__ = ["apply_adaround", "Adaround", "AdaroundParameters", "AdaroundSettings", "LayerReport", "apply_seq_mse", "SeqMseParams", "equalize_model"]
+__all__ = [
+    "apply_adaround",
+    "Adaround",
+    "AdaroundParameters",
+    "AdaroundSettings",
+    "LayerReport",
+    "apply_seq_mse",
+    "SeqMseParams",
+    "equalize_model",
+]

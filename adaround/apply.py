@@ -22,14 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from quantsim import InvalidArgumentError, QuantizationSimModel, WeightedLayer, broadcast_param, fake_quantize
-from quantsim.errors import warn_at_caller
-
 from adaround.activations import Activation, activation_for
 from adaround.layer_data import column_sample, second_moments
 from adaround.layer_rounding import WeightGrid, optimize_rounding
 from adaround.linear_form import LinearForm, UnsupportedLayer, linear_form
 from adaround.params import AdaroundSettings
+from quantsim import InvalidArgumentError, QuantizationSimModel, WeightedLayer, broadcast_param, fake_quantize
+from quantsim.errors import warn_at_caller
 
 __all__ = ["apply_adaround", "LayerReport", "select_layers"]
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantsim import InvalidArgumentError
-
 from adaround.linear_form import LinearForm
+from quantsim import InvalidArgumentError
 
 __all__ = ["SecondMoments", "ColumnSample", "second_moments", "column_sample", "output_columns"]
 

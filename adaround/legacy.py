@@ -16,10 +16,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantsim import InvalidArgumentError, QuantizationSimModel, QuantScheme, QuantsimWarning, qtype
-
 from adaround.apply import apply_adaround
 from adaround.params import AdaroundParameters
+from quantsim import InvalidArgumentError, QuantizationSimModel, QuantScheme, QuantsimWarning, qtype
 
 __all__ = ["Adaround"]
 

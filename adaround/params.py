@@ -22,7 +22,8 @@ class AdaroundSettings:
     start. ``warm_start``: share of the iterations with the regulariser off. ``learning_rate``: Adam's.
     ``columns_per_iteration``: output positions (im2col columns; rows of a MatMul/Gemm input) drawn per
     iteration for layers followed by a nonlinearity (layers without one use the exact second-moment
-    form and see all the data at every step). ``memory_budget_bytes``: captured layer data kept in memory before it spills to disk.
+    form and see all the data at every step). ``memory_budget_bytes``: the most captured layer data kept
+    (columns are subsampled uniformly to fit).
     ``seed``: the sampling generator's seed (runs are reproducible).
     """
 

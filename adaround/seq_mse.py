@@ -19,11 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from quantsim import InvalidArgumentError, QuantizationSimModel, encoding_from_range, fake_quantize
-
 from adaround.apply import LayerReport, select_layers
 from adaround.layer_data import SecondMoments, second_moments
 from adaround.linear_form import LinearForm, linear_form
+from quantsim import InvalidArgumentError, QuantizationSimModel, encoding_from_range, fake_quantize
 
 __all__ = ["apply_seq_mse", "SeqMseParams", "INPUT_SYMMETRIES"]
 

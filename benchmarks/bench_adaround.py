@@ -109,9 +109,9 @@ def speed_rows(iterations: int) -> list[tuple[str, float, str]]:
 
 def _aimet_seconds(model, feeds, iterations):
     try:
+        from aimet_onnx import apply_adaround as aimet_apply_adaround
         from aimet_onnx.adaround.adaround_weight import Adaround as AimetAdaround  # noqa: F401
         from aimet_onnx.quantsim import QuantizationSimModel as AimetSim
-        from aimet_onnx import apply_adaround as aimet_apply_adaround
     except Exception:  # noqa: BLE001 - optional comparison
         return None
     sim = AimetSim(model, param_type="int4")

@@ -1,6 +1,7 @@
 """Core quantsim benchmark: calibration cost and simulated-inference latency vs plain onnxruntime.
 
-    python -m benchmarks.bench_core [--batches 16] [--batch-size 16] [--repeats 3] [--models magika,det,rec,cls,minilm,resnet,mobilenet]
+    python -m benchmarks.bench_core [--batches 16] [--batch-size 16] [--repeats 3]
+                                    [--models magika,det,rec,cls,minilm,resnet,mobilenet]
 
 Models: magika (real model, real files from this machine as calibration data; fetched
 via benchmarks.fetch_models); the real-model suite's PP-OCRv4 det / rec / cls convolutional
@@ -37,7 +38,14 @@ import onnx
 import onnxruntime as ort
 
 from benchmarks.common import (
-    SETTLE_SECONDS, activation_scales, best_of, interleaved_best, quiet_kwargs, ratio_cell, settle, top1_agreement,
+    SETTLE_SECONDS,
+    activation_scales,
+    best_of,
+    interleaved_best,
+    quiet_kwargs,
+    ratio_cell,
+    settle,
+    top1_agreement,
 )
 
 TARGETS = {"min_max": 1.5, "tf_enhanced": 3.0, "sim": 1.5}
@@ -71,7 +79,8 @@ def load_models(names: list[str], n_batches: int, batch_size: int):
             out.append(("resnet_like (BN unfolded)", m, models.random_feeds(m, n_batches, batch_size, seed=10), "N(0,1)", True))
         elif name == "mobilenet":
             m = models.mobilenet_like(seed=1)
-            out.append(("mobilenet_like (dw, Clip 0-6)", m, models.random_feeds(m, n_batches, batch_size, seed=11), "N(0,1)", True))
+            feeds = models.random_feeds(m, n_batches, batch_size, seed=11)
+            out.append(("mobilenet_like (dw, Clip 0-6)", m, feeds, "N(0,1)", True))
         else:
             raise SystemExit(f"unknown model {name!r}")
     return out

@@ -153,8 +153,9 @@ def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx
 
 
 def bench_model(name: str, model: onnx.ModelProto, size: int, repeats: int, threads: int) -> list[dict]:
-    import quantsim
     from onnxruntime.quantization import QuantFormat
+
+    import quantsim
     from quantsim.export.integer.export import export_integer
 
     rng = np.random.default_rng(7)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 SETTLE_SECONDS = 0.1
 """Pause before every timed call. After a run, onnxruntime's intra-op worker threads keep spin-waiting for
 a while; on this 2-core machine a session run right after another session's run shares the cores with

@@ -17,15 +17,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: this file's name shadows `adaround`
 
-from adaround import apply_adaround  # noqa: E402
 from examples_common import load_case, output_agreement  # noqa: E402
+
+from adaround import apply_adaround  # noqa: E402
 from quantsim import QuantizationSimModel  # noqa: E402
 
 

@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         variants.append(("W8A16", "int16", "min_max"))
     for label, act, scheme in variants:
         print(f"[demo] calibrating {label} {scheme} ...", file=sys.stderr, flush=True)
-        t_build, sim = timed(lambda: QuantizationSimModel(
+        t_build, sim = timed(lambda act=act, scheme=scheme: QuantizationSimModel(
             model, param_type="int8", activation_type=act, quant_scheme=scheme, **quiet_kwargs(QuantizationSimModel)))
         # FP32 over the same calibration data, measured right before (best of N) -> same machine load
         t_ref = best_of(fp32_cal, repeats=args.repeats, warmup=0)
-        t_cal, _ = timed(lambda: sim.compute_encodings(cal_feeds))
+        t_cal, _ = timed(lambda sim=sim: sim.compute_encodings(cal_feeds))
         out = run_feeds(sim.session, eval_feeds)
         rows.append((f"{label} {scheme}", t_build, t_cal, t_ref, top1_agreement(ref, out), out))
         sims[(label, scheme)] = sim

@@ -17,8 +17,9 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: examples/adaround.py shadows `adaround`
 
-from adaround import apply_adaround, apply_seq_mse  # noqa: E402
 from examples_common import load_case, output_agreement  # noqa: E402
+
+from adaround import apply_adaround, apply_seq_mse  # noqa: E402
 from quantsim import QuantizationSimModel  # noqa: E402
 
 

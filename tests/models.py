@@ -25,7 +25,7 @@ Builders (``BUILDERS`` maps names to them):
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx

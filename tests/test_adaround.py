@@ -4,12 +4,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tiny_cnn import batches, make_model, snapshot
 
 import adaround
 import quantsim
 from adaround import Adaround, AdaroundParameters, apply_adaround
 from quantsim import QuantizationSimModel, fake_quantize
-from tiny_cnn import batches, make_model, snapshot
 
 
 def _cnn(seed: int = 0) -> onnx.ModelProto:

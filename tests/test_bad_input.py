@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim, snapshot  # tests/tiny_cnn.py
 
 from quantsim import (
     ConfigError,
@@ -17,8 +18,6 @@ from quantsim import (
     EncodingMismatchError,
     load_encodings_to_sim,
 )
-
-from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim, snapshot  # tests/tiny_cnn.py
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import common, fetch_models, magika_inputs as mi  # noqa: E402
+from benchmarks import common, fetch_models  # noqa: E402
+from benchmarks import magika_inputs as mi  # noqa: E402
 
 CFG = {"beg_size": 8, "mid_size": 0, "end_size": 8, "block_size": 16, "padding_token": 256,
        "use_inputs_at_offsets": False, "min_file_size_for_dl": 4, "target_labels_space": ["a", "b", "c"]}

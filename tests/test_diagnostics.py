@@ -3,9 +3,9 @@ import logging
 import warnings
 
 import numpy as np
+from tiny_cnn import batches, make_model, new_sim
 
 import quantsim
-from tiny_cnn import batches, make_model, new_sim
 
 
 def test_calibration_warning_points_at_the_callers_line():

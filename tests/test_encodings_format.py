@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import quantsim
+from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_range, fake_quantize, grid_bounds
 from quantsim.encodings import (
     SUPPORTED_VERSIONS,
     EncodingFormatError,
@@ -18,7 +19,6 @@ from quantsim.encodings import (
     read_encodings_file,
     write_json_atomic,
 )
-from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_range, fake_quantize, grid_bounds
 
 # --------------------------------------------------------------------------------------------------
 # AIMET 2.42.0 files (reference/aimet_onnx_api.md §5.4)

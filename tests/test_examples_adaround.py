@@ -3,7 +3,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from test_adaround import _cnn, _data
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

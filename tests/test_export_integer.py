@@ -24,12 +24,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from models import BUILDERS  # tests/models.py
+from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
-from quantsim.export.integer.export import IntegerExportError, export_integer
 from quantsim.core.numerics import Encoding, encoding_from_range
+from quantsim.export.integer.export import IntegerExportError, export_integer
 
 INTEGER_OPS = frozenset(
     """QLinearConv QLinearMatMul QGemm QLinearAdd QLinearMul QLinearConcat QLinearAveragePool

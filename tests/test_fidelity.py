@@ -28,13 +28,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from models import BUILDERS, avgpool_ties
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import quantsim
 from quantsim import PerChannel, QuantizationSimModel
-
-from models import BUILDERS, avgpool_ties
 
 ALL_MODELS = sorted(BUILDERS)
 CALIBRATION_SEEDS = (0, 1, 2)

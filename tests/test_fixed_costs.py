@@ -16,19 +16,18 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from models import make_model
 from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
 import quantsim.graph.session as session_module
 import quantsim.sim.model as sim_model_module
+from quantsim.core.numerics import Encoding, broadcast_param, encoding_from_range, fake_quantize, quantize, reduce_min_max
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.model_io import IN_MEMORY_LOCATION, IN_MEMORY_MIN_BYTES
-from quantsim.core.numerics import Encoding, broadcast_param, encoding_from_range, fake_quantize, quantize, reduce_min_max
 from quantsim.graph.session import make_session
-from quantsim.sim.build import build_sim_model
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
-
-from models import make_model
+from quantsim.sim.build import build_sim_model
 
 FLAGS = [dict(symmetric=s, strict=t, unsigned_symmetric=u) for s in (False, True) for t in (False, True)
          for u in (False, True)]

@@ -5,10 +5,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim, snapshot
 
 import quantsim
 from quantsim import QuantizationSimModel, TensorCache
-from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim, snapshot
 
 
 def _float_intermediate(model, tensor, feed):

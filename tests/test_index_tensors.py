@@ -2,9 +2,9 @@
 import numpy as np
 import onnx
 import onnxruntime as ort
+from models import make_model  # tests/models.py
 from onnx import TensorProto, helper, numpy_helper
 
-from models import make_model  # tests/models.py
 from quantsim import QuantizationSimModel
 
 

@@ -2,12 +2,15 @@
 import numpy as np
 import pytest
 
-from quantsim.core.numerics import encoding_from_range, fake_quantize, grid_bounds
 from quantsim.calibration import histograms as observers
 from quantsim.calibration.histograms import (
-    HistogramObserver, tf_enhanced_encoding_of, tf_enhanced_encodings, tf_enhanced_encodings_of,
+    HistogramObserver,
+    tf_enhanced_encoding_of,
+    tf_enhanced_encodings,
+    tf_enhanced_encodings_of,
 )
 from quantsim.calibration.tf_enhanced_search import candidate_costs as _candidate_costs
+from quantsim.core.numerics import encoding_from_range, fake_quantize, grid_bounds
 
 
 def _mse(x, enc):
@@ -92,7 +95,7 @@ def test_empty_observer_raises():
     with pytest.raises(ValueError, match="no data observed"):
         obs.percentile_encoding(8, 99.0, symmetric=False)
     with pytest.raises(ValueError, match="no data observed"):
-        obs.observed_min
+        _ = obs.observed_min
     with pytest.raises(ValueError, match="no data observed"):
         tf_enhanced_encoding_of(np.array([[1.0, 2.0], [np.nan, np.nan]]), 8, symmetric=True, axis=0)
 

@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper, parser
 
-from quantsim.prepare import PrepareError, PrepareWarning, default_passes, prepare
 from quantsim.graph import edit, large_models
+from quantsim.prepare import PrepareError, PrepareWarning, default_passes, prepare
 from quantsim.prepare import passes as qp
 from quantsim.prepare.batchnorm import find_batchnorm_folds
 from quantsim.prepare.opset import runtime_limits

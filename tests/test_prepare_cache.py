@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from quantsim.graph import large_models
 from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, prepare
-from quantsim.graph import edit, large_models
 from quantsim.prepare.cache import cache_key, cache_root, load_cached, pass_identity, store_cached
 from quantsim.prepare.passes import name_nodes
 

@@ -1,6 +1,7 @@
 """Calibration schemes are registered in one place; a new scheme is one registration."""
 import numpy as np
 import pytest
+from tiny_cnn import batches, new_sim
 
 import quantsim
 from quantsim import QuantScheme
@@ -12,7 +13,6 @@ from quantsim.calibration.schemes import (
     registered_schemes,
 )
 from quantsim.core.numerics import encoding_from_range
-from tiny_cnn import batches, new_sim
 
 
 def _half_range(request: EncodingRequest, stats) -> quantsim.Encoding:

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_adaround import _cnn, _data, _float_sim, _output_mse, _sim
 
 import quantsim
 from adaround import apply_adaround, apply_seq_mse
 from quantsim import QuantizationSimModel, encoding_from_range, fake_quantize
-from test_adaround import _cnn, _data, _float_sim, _output_mse, _sim
 
 
 def _gemm_model():

@@ -14,6 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
+from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim, snapshot  # tests/tiny_cnn.py
 
 import quantsim
 from quantsim import (
@@ -28,8 +29,6 @@ from quantsim import (
     int16,
     load_encodings_to_sim,
 )
-
-from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim, snapshot  # tests/tiny_cnn.py
 
 
 # --------------------------------------------------------------------------------------------------
@@ -457,7 +456,8 @@ def test_disabled_weight_quantizer_restores_float_weights():
     model = make_model()
     sim = new_sim(model)
     sim.compute_encodings(batches())
-    weight = lambda: numpy_helper.to_array(next(t for t in sim.sim_model().graph.initializer if t.name == "W"))
+    def weight():
+        return numpy_helper.to_array(next(t for t in sim.sim_model().graph.initializer if t.name == "W"))
     original = numpy_helper.to_array(model.graph.initializer[0])
     assert not np.array_equal(weight(), original)
     sim.qc_quantize_op_dict["W"].enabled = False

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from models import image_feeds, make_model
 from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
 from quantsim.core.numerics import Encoding
 from quantsim.graph.session import make_session
 from quantsim.sim.build import _selects_values, build_sim_model
-
-from models import image_feeds, make_model
 
 
 def _model():

@@ -162,8 +162,8 @@ def test_calibration_session_uses_priority_order(scheme):
 def test_non_finite_sample_values_stay_out_of_histograms():
     """A sample may hold NaN where the in-graph min/max are finite (onnxruntime's reductions skip NaN
     in most positions): those values are left out of the histogram, finite samples are binned whole."""
-    from quantsim.calibration.run import CalibrationSession
     from quantsim.calibration.histograms import HistogramObserver
+    from quantsim.calibration.run import CalibrationSession
     from quantsim.calibration.statistics_graph import StatisticsOutputs
 
     outputs = StatisticsOutputs(["out"], minmax={"t": ("t/lo", "t/hi"), "u": ("u/lo", "u/hi")},

@@ -123,8 +123,14 @@ class _Reader:
 
 def quantize_static_baseline(model_path: Path, calib_feeds, workdir: Path) -> tuple[Path, str]:
     """onnxruntime's QDQ per-channel MinMax model; pre-processes only if the plain call fails."""
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType
-    from onnxruntime.quantization import quant_pre_process, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
 
     reader_cls = type("Reader", (_Reader, CalibrationDataReader), {})
     out = workdir / f"{model_path.parent.name}-{model_path.stem}.qdq.onnx"

@@ -129,7 +129,7 @@ class WordPieceTokenizer:
         self.cls, self.sep, self.pad, self.unk = cls, sep, pad, unk
 
     @classmethod
-    def from_dir(cls, model_dir: str | os.PathLike, max_length: int = 128) -> "WordPieceTokenizer":
+    def from_dir(cls, model_dir: str | os.PathLike, max_length: int = 128) -> WordPieceTokenizer:
         import json
 
         d = Path(model_dir)

@@ -50,8 +50,8 @@ import math
 
 import numpy as np
 
-from quantsim.core.numerics import Encoding, encoding_from_range
 from quantsim.calibration.tf_enhanced_search import SATURATION_WEIGHT, best_grids
+from quantsim.core.numerics import Encoding, encoding_from_range
 from quantsim.errors import InvalidArgumentError
 
 __all__ = [
@@ -187,7 +187,7 @@ class HistogramObserver:
         self.lo = self.lo - float(shift) * w
         self.bin_width = w * float(factor)
 
-    def merge(self, other: "HistogramObserver") -> None:
+    def merge(self, other: HistogramObserver) -> None:
         """Fold ``other`` in (tensors sharing one quantizer).
 
         Same bin grid (same width, edges a whole number of bins apart): exact. Otherwise this histogram

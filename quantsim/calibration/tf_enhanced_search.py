@@ -53,7 +53,7 @@ _TWO_ROUNDS, _TWO_ROUNDS_MIN = 3, 256  # survivors per row (and in all) above wh
 _EPS = float(np.finfo(np.float64).eps)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _asymmetric_pattern(n_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """AIMET's (delta factor, offset) pairs: ``f = 1/16 .. 17/16`` outer, 21 offsets inner (read-only)."""
     f = np.arange(1, 18, dtype=np.float64) / 16.0

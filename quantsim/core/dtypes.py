@@ -9,10 +9,12 @@ container behind a Clip (see `numerics.grid_bounds`).
 """
 from __future__ import annotations
 
+import builtins
 import enum
 from dataclasses import dataclass
 
 from onnx import TensorProto
+
 from quantsim.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = [
@@ -77,17 +79,17 @@ class qtype:  # noqa: N801 - the name users know from AIMET
 
     # constructors -------------------------------------------------------------------------------
     @classmethod
-    def int(cls, bits: int) -> "qtype":
+    def int(cls, bits: int) -> qtype:
         """An integer grid of ``bits`` bits (2..16)."""
         return cls("int", int(bits))
 
     @classmethod
-    def float(cls, exponent_bits: int, mantissa_bits: int) -> "qtype":
+    def float(cls, exponent_bits: builtins.int, mantissa_bits: builtins.int) -> qtype:
         """A float format; float16 (5, 10) and float32 (8, 23) are supported."""
         return cls("float", exponent_bits + mantissa_bits + 1, exponent_bits, mantissa_bits)
 
     @classmethod
-    def from_string(cls, name: str) -> "qtype":
+    def from_string(cls, name: str) -> qtype:
         """Parse an alias such as ``"int8"`` or ``"float16"``."""
         try:
             return _ALIASES[name.strip().lower()]
@@ -97,7 +99,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
             ) from None
 
     @classmethod
-    def as_qtype(cls, value: "qtype | str") -> "qtype":
+    def as_qtype(cls, value: qtype | str) -> qtype:
         """Accept a qtype or an alias string."""
         if isinstance(value, qtype):
             return value
@@ -106,7 +108,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
         raise InvalidTypeError(f"expected a qtype or a type name, got {type(value).__name__}")
 
     @classmethod
-    def from_legacy_repr(cls, data_type: QuantizationDataType, bits: int) -> "qtype":
+    def from_legacy_repr(cls, data_type: QuantizationDataType, bits: builtins.int) -> qtype:
         """Map AIMET's legacy ``(QuantizationDataType, bitwidth)`` pair to a qtype."""
         if isinstance(data_type, str):
             data_type = QuantizationDataType[data_type]
@@ -118,7 +120,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
             raise InvalidArgumentError(f"float bitwidth {bits} is not supported (16 or 32)")
         return cls.int(bits)
 
-    def to_legacy_repr(self) -> tuple[QuantizationDataType, int]:
+    def to_legacy_repr(self) -> tuple[QuantizationDataType, builtins.int]:
         """The ``(QuantizationDataType, bitwidth)`` pair AIMET's older API uses."""
         kind = QuantizationDataType.int if self.kind == "int" else QuantizationDataType.float
         return kind, self.bits
@@ -128,7 +130,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
     def is_float(self) -> bool:
         return self.kind == "float"
 
-    def storage_type(self, signed: bool) -> int:
+    def storage_type(self, signed: bool) -> builtins.int:
         """ONNX element type of the Q/DQ container for this grid (next native width up)."""
         if self.is_float:
             raise InvalidArgumentError(f"{self} has no integer storage type")
@@ -138,11 +140,11 @@ class qtype:  # noqa: N801 - the name users know from AIMET
                 return signed_type if signed else unsigned_type
         raise AssertionError("unreachable: bits validated in __post_init__")
 
-    def storage_bits(self) -> int:
+    def storage_bits(self) -> builtins.int:
         """Width of the native container carrying this grid (4, 8 or 16)."""
         return next(b for b in sorted(_NATIVE_CONTAINERS) if self.bits <= b)
 
-    def min_opset(self) -> int:
+    def min_opset(self) -> builtins.int:
         """Lowest ai.onnx opset whose QuantizeLinear carries this type."""
         if self.is_float:
             return 1
@@ -181,7 +183,7 @@ class QuantScheme(enum.Enum):
     post_training_tf = 1  # alias of min_max (AIMET's older name)
 
     @classmethod
-    def from_str(cls, name: "str | QuantScheme") -> "QuantScheme":
+    def from_str(cls, name: str | QuantScheme) -> QuantScheme:
         """Parse ``"min_max"``, ``"tf"``, ``"tf_enhanced"`` or ``"percentile"`` (or the enum names)."""
         if isinstance(name, QuantScheme):
             return name

@@ -33,6 +33,7 @@ arrays, so no intermediate overflows.
 from __future__ import annotations
 
 import numpy as np
+
 from quantsim.errors import InvalidArgumentError
 
 __all__ = [
@@ -60,7 +61,8 @@ def quantize_multiplier(real) -> tuple[np.ndarray, np.ndarray]:
     """
     m = np.asarray(real, dtype=np.float64)
     if not np.all(np.isfinite(m)) or np.any(m < 0):
-        raise InvalidArgumentError(f"requantization multipliers must be finite and >= 0, got {m[~(np.isfinite(m) & (m >= 0))][:3]}")
+        bad = m[~(np.isfinite(m) & (m >= 0))][:3]
+        raise InvalidArgumentError(f"requantization multipliers must be finite and >= 0, got {bad}")
     fraction, exponent = np.frexp(m)  # m = fraction * 2^exponent, fraction in [0.5, 1) (0 for m == 0)
     mantissa = np.floor(fraction * 2.0**31 + 0.5).astype(np.int64)  # exact: fraction has 53 bits
     shift = exponent.astype(np.int64)

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from quantsim.errors import InvalidArgumentError
 
 __all__ = [
@@ -119,7 +120,7 @@ class Encoding:
     def max(self) -> np.ndarray:
         return self.scale * (self.qmax - self.zero_point)
 
-    def same_as(self, other: "Encoding") -> bool:
+    def same_as(self, other: Encoding) -> bool:
         """Exact equality of grid and parameters."""
         return (
             isinstance(other, Encoding)

@@ -76,20 +76,20 @@ class QSpec:
             raise InvalidTypeError(f"unknown granularity {self.granularity!r}")
 
     @classmethod
-    def per_tensor(cls, dtype: qtype | str, *, symmetric: bool = False) -> "QSpec":
+    def per_tensor(cls, dtype: qtype | str, *, symmetric: bool = False) -> QSpec:
         return cls(qtype.as_qtype(dtype), PerTensor(), symmetric)
 
     @classmethod
-    def per_channel(cls, dtype: qtype | str, axis: int = 0, *, symmetric: bool = True) -> "QSpec":
+    def per_channel(cls, dtype: qtype | str, axis: int = 0, *, symmetric: bool = True) -> QSpec:
         return cls(qtype.as_qtype(dtype), PerChannel(axis), symmetric)
 
     @classmethod
     def blockwise(
         cls, dtype: qtype | str, block_size: int, *, axis: int = 0, block_axis: int = 1, symmetric: bool = True
-    ) -> "QSpec":
+    ) -> QSpec:
         return cls(qtype.as_qtype(dtype), PerBlock(axis, block_axis, block_size), symmetric)
 
-    def with_(self, **changes) -> "QSpec":
+    def with_(self, **changes) -> QSpec:
         """A copy with some fields changed."""
         return replace(self, **changes)
 

@@ -11,14 +11,15 @@ the per-version modules::
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from quantsim.encodings import v0_6_1, v1_0_0, v2_0_0
-from quantsim.errors import InvalidArgumentError, EncodingFormatError
 from quantsim.encodings.jsonio import load_json_file, write_json_atomic
 from quantsim.encodings.record import TensorEncoding
 from quantsim.encodings.validate import Where, check_unique_names
 from quantsim.encodings.versions import SUPPORTED_VERSIONS, layout_for_reading, layout_for_writing
+from quantsim.errors import EncodingFormatError, InvalidArgumentError
 
 __all__ = [
     "SUPPORTED_VERSIONS",

@@ -50,16 +50,16 @@ class TensorEncoding:
     @classmethod
     def from_encoding(
         cls, name: str, encoding: Encoding, kind: str | None = None, shape: tuple[int, ...] | None = None
-    ) -> "TensorEncoding":
+    ) -> TensorEncoding:
         """An integer-grid record (``bits`` taken from the encoding)."""
         return cls(name, kind, encoding.bits, False, encoding, shape)
 
     @classmethod
-    def float16(cls, name: str, kind: str | None = None, shape: tuple[int, ...] | None = None) -> "TensorEncoding":
+    def float16(cls, name: str, kind: str | None = None, shape: tuple[int, ...] | None = None) -> TensorEncoding:
         """A float16-simulation record (no grid)."""
         return cls(name, kind, FLOAT16_BITS, True, None, shape)
 
-    def same_as(self, other: "TensorEncoding") -> bool:
+    def same_as(self, other: TensorEncoding) -> bool:
         """Exact equality, comparing encodings with `Encoding.same_as`."""
         if not isinstance(other, TensorEncoding):
             return False

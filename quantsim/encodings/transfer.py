@@ -13,7 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from quantsim.core.bias import bias_scale
 from quantsim.core.dtypes import QuantizationDataType, float16, qtype
+from quantsim.core.numerics import Encoding, grid_bounds
+from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings import (
     TensorEncoding,
     encodings_from_dict,
@@ -21,13 +24,10 @@ from quantsim.encodings import (
     read_encodings_file,
     write_json_atomic,
 )
-from quantsim.core.bias import bias_scale
-from quantsim.graph.op_facts import BIAS_SLOT
+from quantsim.errors import EncodingMismatchError, InvalidArgumentError, InvalidStateError, warn_at_caller
 from quantsim.graph.model_io import commit_staged, discard_staged, stage_model
-from quantsim.core.numerics import Encoding, grid_bounds
+from quantsim.graph.op_facts import BIAS_SLOT
 from quantsim.sim.quantizer import QcQuantizeOp
-from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
-from quantsim.errors import InvalidArgumentError, InvalidStateError, EncodingMismatchError, warn_at_caller
 
 __all__ = [
     "EncodingMismatch",

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class Where:
     def error(self, problem: str) -> EncodingFormatError:
         return EncodingFormatError(self.source, self.entry, problem)
 
-    def at(self, entry: str) -> "Where":
+    def at(self, entry: str) -> Where:
         return Where(self.source, entry)
 
 

@@ -36,10 +36,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.graph.edit import drop_unused_initializers
-from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, WEIGHTED_OPS, facts_of
 from quantsim.core.bias import quantize_bias
+from quantsim.graph.edit import drop_unused_initializers
+from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, WEIGHTED_OPS, facts_of
 
 __all__ = [
     "to_qdq_model",

@@ -17,17 +17,16 @@ is ``<name>/...`` of the DQ's output (this SDK's own export convention): then it
 """
 from __future__ import annotations
 
-
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from quantsim.encodings import TensorEncoding
-from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.core.numerics import Encoding
-from quantsim.graph.edit import drop_unused_initializers
-from quantsim.prepare.naming import name_nodes
+from quantsim.encodings import TensorEncoding
 from quantsim.errors import warn_at_caller
+from quantsim.graph.edit import drop_unused_initializers
+from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.prepare.naming import name_nodes
 
 __all__ = ["strip_qdq", "sim_from_qdq"]
 

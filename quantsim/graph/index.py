@@ -124,7 +124,7 @@ class GraphIndex:
         return value
 
     @contextmanager
-    def cached_constants(self) -> Iterator["GraphIndex"]:
+    def cached_constants(self) -> Iterator[GraphIndex]:
         """Within this block `constant_value` converts each initializer once (the values must not change
         meanwhile) and returns read-only arrays; they are dropped when the outermost block ends."""
         outermost = self._constant_cache is None

@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantsim.graph.model_io import session_model_source
 from quantsim.errors import InvalidStateError
+from quantsim.graph.model_io import session_model_source
 
 __all__ = ["make_session", "DEFAULT_PROVIDERS"]
 

@@ -3,7 +3,8 @@
 * **Index tensors**: shape and index arithmetic. Tensors in the shape/index slots of `SHAPE_SLOTS`
   (Reshape's shape, Gather's indices, Range's bounds, ...) and everything computed only from Shape/Size
   outputs (and constants). Only float tensors matter here (integer tensors are never quantized); an
-  embedding table gathered by token ids, or logits ranked by TopK, stay data. Quantizing them would change shapes or counts (a float
+  embedding table gathered by token ids, or logits ranked by TopK, stay data. Quantizing them would change shapes or counts
+  (a float
   Range step of 1.0 rounded to 0.999999 changes the number of anchors).
 * **Normalization statistics**: the per-row mean, variance and 1/std inside a decomposed normalization
   layer, i.e. the tensors on a path from a reduction (ReduceMean, ReduceSum, ReduceSumSquare, ReduceL2)
@@ -119,7 +120,7 @@ def find_mask_tensors(index: GraphIndex) -> frozenset[str]:
     mask fill.
     """
     seeds = []
-    for name, tensor in index.initializers.items():
+    for name in index.initializers:
         if not index.is_float(name) or not any(u.node.op_type in _MASK_ARITHMETIC for u in index.uses(name)):
             continue
         values = index.constant_value(name)

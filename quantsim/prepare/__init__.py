@@ -27,8 +27,8 @@ import time
 
 import onnx
 
-from quantsim.prepare.cache import cache_info, cache_key, cache_size, clear_cache, load_cached, store_cached
 from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
+from quantsim.prepare.cache import cache_info, cache_key, cache_size, clear_cache, load_cached, store_cached
 from quantsim.prepare.passes import (
     check_graph,
     constants_to_initializers,

@@ -22,8 +22,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from quantsim.graph.index import GraphIndex
 from quantsim.graph.edit import drop_unused_initializers, drop_value_info
+from quantsim.graph.index import GraphIndex
 
 __all__ = ["fuse_activations"]
 

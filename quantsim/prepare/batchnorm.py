@@ -50,9 +50,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.errors import PrepareWarning, warn_at_caller
 from quantsim.graph.edit import constant_names, describe, drop_unused_initializers, drop_value_info
+from quantsim.graph.index import GraphIndex, node_attributes
 
 __all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm", "fold_channel_affine"]
 

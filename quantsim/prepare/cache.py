@@ -189,7 +189,7 @@ def _feed_model(digest, model: onnx.ModelProto) -> None:
             digest.update(tensor.raw_data)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source_digest_cached(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 

@@ -109,7 +109,7 @@ def _evaluate(node, opsets, initializers, values, max_output_bytes) -> list[onnx
     except Exception as exc:  # noqa: BLE001 - an op the reference cannot run is simply not folded
         _log.debug("not folding %s: %s", describe(node), exc)
         return None
-    for (name, value), tensor in zip(outputs, tensors):
+    for name, value in outputs:
         values[name] = value
     return tensors
 

@@ -26,9 +26,9 @@ from collections import Counter, defaultdict
 
 import onnx
 
-from quantsim.graph.index import subgraph_references
 from quantsim.errors import PrepareError
 from quantsim.graph.edit import describe
+from quantsim.graph.index import subgraph_references
 
 __all__ = ["check_graph", "name_nodes"]
 

@@ -62,7 +62,7 @@ def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     return converted, True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def runtime_limits() -> tuple[int, int]:
     """``(max default-domain opset, max IR version)`` the installed onnxruntime loads."""
     max_opset = _highest(lambda v: _loads(v, 8), MIN_OPSET, onnx.defs.onnx_opset_version() + 8)

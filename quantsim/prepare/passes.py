@@ -5,9 +5,9 @@ pre/post-conditions of each pass are in its module's docstring.
 """
 from __future__ import annotations
 
+from quantsim.prepare.activations import fuse_activations
 from quantsim.prepare.batchnorm import fold_batchnorm, fold_channel_affine
 from quantsim.prepare.constants import constants_to_initializers
-from quantsim.prepare.activations import fuse_activations
 from quantsim.prepare.folding import fold_constants
 from quantsim.prepare.naming import check_graph, name_nodes
 from quantsim.prepare.opset import upgrade_opset

@@ -25,20 +25,20 @@ out changes no output bit.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.core.dtypes import int8, int16, qtype
 from quantsim.core.numerics import Encoding, fake_quantize, fp16_round_trip, grid_bounds, quantize
-from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
-from quantsim.graph.large_models import copy_without_initializers, is_external_candidate
-from quantsim.graph.edit import default_opset
-from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.errors import InvalidArgumentError, InvalidStateError
+from quantsim.graph.edit import default_opset
+from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.graph.large_models import copy_without_initializers, is_external_candidate
+from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
+from quantsim.sim.quantizer import QcQuantizeOp
 
 __all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
 

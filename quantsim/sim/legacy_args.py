@@ -9,9 +9,8 @@ arguments cannot be mixed with ``param_type``/``activation_type``.
 """
 from __future__ import annotations
 
-
 from quantsim.core.dtypes import QuantizationDataType, qtype
-from quantsim.errors import InvalidTypeError, InvalidStateError, warn_at_caller
+from quantsim.errors import InvalidStateError, InvalidTypeError, warn_at_caller
 
 __all__ = ["LEGACY_POSITIONAL_ORDER", "LEGACY_KEYWORDS", "map_legacy_arguments"]
 

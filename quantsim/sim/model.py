@@ -8,7 +8,6 @@ lazily when a quantizer changed; exports and loads go through `sim_encodings` an
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -16,26 +15,26 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, CalibrationSession, run_calibration
-from quantsim.sim.config import load_config
-from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.calibration.encode import encodings_for_stats, encodings_for_values
+from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, CalibrationSession, run_calibration
 from quantsim.calibration.schemes import CalibrationScheme, get_scheme
-from quantsim.graph.index import GraphIndex
-from quantsim.graph.loading import load_model
-from quantsim.sim.legacy_args import map_legacy_arguments
-from quantsim.sim.placement import place_quantizers
-from quantsim.prepare import prepare
-from quantsim.sim.quantizer import QcQuantizeOp
-from quantsim.graph.session import make_session
-from quantsim.graph.tensor_roles import find_nonnegative_tensors
-from quantsim.sim.build import build_sim_model
 from quantsim.calibration.statistics_graph import add_statistics_outputs
+from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.core.numerics import Encoding
 from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, warn_at_caller
+from quantsim.graph.index import GraphIndex
+from quantsim.graph.loading import load_model
+from quantsim.graph.session import make_session
+from quantsim.graph.tensor_roles import find_nonnegative_tensors
+from quantsim.prepare import prepare
+from quantsim.sim.build import build_sim_model
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
+from quantsim.sim.config import load_config
 from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
+from quantsim.sim.legacy_args import map_legacy_arguments
+from quantsim.sim.placement import place_quantizers
+from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state, transaction
 
 _log = logging.getLogger(__name__)
@@ -380,8 +379,8 @@ class QuantizationSimModel:
         model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`; with
         ``requant_table=True`` the encodings file also carries the integer export's fixed-point
         requantization table (key ``quantsim_requantization``)."""
-        from quantsim.graph.model_io import save_model_atomic
         from quantsim.encodings.transfer import export_sim
+        from quantsim.graph.model_io import save_model_atomic
 
         requant = self.export_integer().requant_document() if requant_table else None
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
@@ -396,7 +395,7 @@ class QuantizationSimModel:
         set_and_freeze_param_encodings(self, encoding_path)
 
     @classmethod
-    def from_onnx_qdq(cls, model, strict: bool = False, **init_kwargs) -> "QuantizationSimModel":
+    def from_onnx_qdq(cls, model, strict: bool = False, **init_kwargs) -> QuantizationSimModel:
         """Build a sim from a QDQ model: Q/DQ pairs become encodings of the float model's tensors."""
         from quantsim.export.qdq_import import sim_from_qdq
 

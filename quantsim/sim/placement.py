@@ -12,7 +12,8 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
 3. Shape and index arithmetic, normalization statistics and attention-mask fill arithmetic are never
    quantized (`tensor_roles`).
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
-   last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s constant into a bias.
+   last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns
+   ``Add(MatMul(x, W), b)``'s constant into a bias.
    An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
    share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
@@ -25,12 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from quantsim.sim.config import QuantsimConfig
 from quantsim.core.dtypes import int8, qtype
+from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_mask_tensors, find_normalization_statistics
-from quantsim.core.spec import PerChannel, PerTensor, QSpec
+from quantsim.sim.config import QuantsimConfig
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers"]
 
@@ -110,7 +111,7 @@ def place_quantizers(
             if not index.is_float(name) or not _finite_constant(index, name, left_in_float):
                 continue
             sites[name] = _param_plan(index, config, node, slot, ptype, param_type)
-    for name, add_node in bias_of_matmul.items():
+    for name in bias_of_matmul:
         if name not in sites:
             flags = config.param_flags("Add", "bias")
             spec = QSpec(param_type, PerTensor(), bool(flags.is_symmetric), config.strict_symmetric, config.unsigned_symmetric)

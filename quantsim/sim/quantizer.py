@@ -6,8 +6,8 @@ flags: calibration is a function of the sim, not a state of the quantizer.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

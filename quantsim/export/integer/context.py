@@ -24,9 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quantsim.graph.index import GraphIndex
 from quantsim.core.numerics import Encoding, dequantize, fake_quantize, fp16_round_trip, quantize
-from quantsim.errors import IntegerExportError
+from quantsim.graph.index import GraphIndex
 
 __all__ = ["Grid", "QTensor", "Unsupported", "LoweringContext", "MS_DOMAIN"]
 
@@ -46,7 +45,7 @@ class Grid:
     zero_point: int
 
     @classmethod
-    def from_encoding(cls, enc: Encoding) -> "Grid | None":
+    def from_encoding(cls, enc: Encoding) -> Grid | None:
         """The uint8 grid of an 8-bit per-tensor encoding filling its container, else None."""
         if enc is None or not enc.is_per_tensor or enc.bits != 8 or not enc.full_storage_range:
             return None

@@ -23,11 +23,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quantsim.graph.index import node_attributes
-from quantsim.export.integer.epilogue import epilogue, finish
 from quantsim.core.fixed_point import multiplier_record
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
+from quantsim.export.integer.epilogue import epilogue, finish
 from quantsim.export.integer.lut import lower_scalar_binary, scalar_operand_slot
+from quantsim.graph.index import node_attributes
 
 __all__ = ["RULES"]
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from quantsim.graph.index import node_attributes
 from quantsim.export.integer.context import Grid, LoweringContext, QTensor, Unsupported
+from quantsim.graph.index import node_attributes
 
 __all__ = ["Epilogue", "epilogue", "finish", "clip_bounds", "clamp_codes", "code_clamp"]
 

@@ -44,16 +44,16 @@ import onnx
 from onnx import TensorProto, helper
 
 from quantsim.encodings import write_json_atomic
-from quantsim.graph.index import GraphIndex
-from quantsim.graph.model_io import save_model_atomic
-from quantsim.sim.build import IR_FOR_OPSET
+from quantsim.errors import IntegerExportError, InvalidArgumentError
 from quantsim.export.integer import elementwise as lowering_elementwise
 from quantsim.export.integer import linear as lowering_linear
 from quantsim.export.integer import lut as lowering_lut
 from quantsim.export.integer import movement as lowering_movement
+from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
-from quantsim.export.integer.context import MS_DOMAIN, IntegerExportError, LoweringContext, Unsupported
-from quantsim.errors import InvalidArgumentError, IntegerExportError
+from quantsim.graph.index import GraphIndex
+from quantsim.graph.model_io import save_model_atomic
+from quantsim.sim.build import IR_FOR_OPSET
 
 __all__ = ["export_integer", "IntegerExport", "ReportEntry", "LOWERINGS", "IntegerExportError", "REQUANT_FORMAT"]
 

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from quantsim.export.integer.context import MS_DOMAIN, Grid, IntegerExportError, LoweringContext, Unsupported
 from quantsim.errors import IntegerExportError
+from quantsim.export.integer.context import MS_DOMAIN, Grid, LoweringContext, Unsupported
 
 _log = logging.getLogger(__name__)
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quantsim.graph.index import node_attributes
-from quantsim.core.numerics import quantize
 from quantsim.core.bias import quantize_bias
-from quantsim.export.integer.epilogue import epilogue, finish
 from quantsim.core.fixed_point import multiplier_record
+from quantsim.core.numerics import quantize
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, QTensor, Unsupported
+from quantsim.export.integer.epilogue import epilogue, finish
+from quantsim.graph.index import node_attributes
 
 __all__ = ["RULES", "lower_conv", "lower_gemm", "lower_matmul"]
 

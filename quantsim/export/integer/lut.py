@@ -26,10 +26,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quantsim.graph.session import make_session
+from quantsim.export.integer.context import Grid, LoweringContext, QTensor, Unsupported
 from quantsim.export.integer.epilogue import epilogue, finish
 from quantsim.graph.index import node_attributes
-from quantsim.export.integer.context import Grid, LoweringContext, QTensor, Unsupported
+from quantsim.graph.session import make_session
 
 __all__ = ["RULES", "UNARY_OPS", "SCALAR_BINARY_OPS", "lut_table", "apply_table", "regrid", "lower_lut",
            "hard_swish_gate", "lower_hard_sigmoid", "lower_hard_swish_product", "scalar_operand_slot",
@@ -80,7 +80,7 @@ def lut_table(ctx: LoweringContext, grid_in: Grid, grid_out: Grid, node: onnx.No
         session = make_session(model)
         (table,) = session.run(None, {"codes": np.arange(256, dtype=np.uint8)})
     except Exception as error:  # noqa: BLE001 - the op cannot be evaluated alone: run it in float
-        raise Unsupported(f"cannot tabulate {node.op_type if node else 'Identity'}: {str(error).splitlines()[0]}")
+        raise Unsupported(f"cannot tabulate {node.op_type if node else 'Identity'}: {str(error).splitlines()[0]}") from error
     return np.asarray(table, dtype=np.uint8).reshape(256)
 
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quantsim.graph.index import node_attributes
-from quantsim.export.integer.epilogue import clamp_codes, clip_bounds, code_clamp
 from quantsim.export.integer.context import LoweringContext, QTensor, Unsupported
+from quantsim.export.integer.epilogue import clamp_codes, clip_bounds, code_clamp
 from quantsim.export.integer.lut import lower_lut, regrid
+from quantsim.graph.index import node_attributes
 from quantsim.graph.op_facts import UINT8_KERNEL_OPSET
 
 __all__ = ["RULES", "DIRECT_OPS"]

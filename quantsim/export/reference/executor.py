@@ -27,9 +27,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from quantsim.errors import InvalidArgumentError
 from quantsim.export.reference.movement import MOVEMENT_KERNELS, _max_pool, _split
 from quantsim.export.reference.qlinear_linear import BOUNDARY_OPS, QUANT_KERNELS
-from quantsim.errors import InvalidArgumentError
 
 __all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxruntime", "SUPPORTED_OPS"]
 
