@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from adaround.activations import Activation, activation_for
-from adaround.layer_data import column_sample, second_moments
+from adaround.layer_data import ColumnSample, SecondMoments, column_sample, second_moments
 from adaround.layer_rounding import WeightGrid, optimize_rounding
 from adaround.linear_form import LinearForm, UnsupportedLayer, linear_form
 from adaround.params import AdaroundSettings
@@ -56,7 +56,7 @@ def _skip_reason(sim: QuantizationSimModel, layer: WeightedLayer) -> str | None:
         return "weight quantizer disabled"
     if q.spec.is_float:
         return f"weight simulated as {q.spec.dtype} (no integer grid to round to)"
-    if q.is_encoding_frozen():
+    if q.is_encoding_frozen() and q.encoding is not None:
         weight = sim.get_weight(layer.weight)
         if np.array_equal(fake_quantize(weight, q.encoding), weight):
             return "weight encoding frozen and the weight already on its grid (left as it is)"
@@ -95,7 +95,8 @@ def select_layers(sim: QuantizationSimModel, nodes_to_include: Iterable[str] | N
 
 
 def _grid(layer: WeightedLayer, weight: np.ndarray) -> WeightGrid:
-    enc = layer.weight_quantizer.encoding
+    assert layer.weight_quantizer is not None  # select_layers keeps quantized layers only
+    enc = layer.weight_quantizer.require_encoding()
     scale = broadcast_param(enc, enc.scale.astype(np.float32), weight.shape)
     zero_point = broadcast_param(enc, enc.zero_point.astype(np.float32), weight.shape)
     return WeightGrid(np.asarray(scale, np.float32), np.asarray(zero_point, np.float32), enc.qmin, enc.qmax)
@@ -113,7 +114,9 @@ def _activation(layer: WeightedLayer, form: LinearForm) -> Activation | None:
 
 def _target_tensor(layer: WeightedLayer, form: LinearForm) -> str:
     """What the float model contributes: the layer input (moments form) or the activation output."""
-    return layer.input if _activation(layer, form) is None else layer.activation.output
+    if layer.activation is None or _activation(layer, form) is None:
+        return layer.input
+    return layer.activation.output
 
 
 def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) -> LayerReport:
@@ -123,12 +126,14 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
     bias = form.bias_matrix(sim.get_weight(layer.bias) if layer.bias else None, form.rows)
     activation = _activation(layer, form)
     sim_capturer = sim.capturer([layer.input], quantized=True)
+    data: SecondMoments | ColumnSample
     if activation is None:
         data = second_moments(form, sim_capturer(inputs), float_capturer(inputs), layer.input)
         mode = "moments"
     else:
-        data = column_sample(form, sim_capturer(inputs), float_capturer(inputs), layer.input, layer.activation.output,
-                             num_batches=len(inputs), memory_budget_bytes=settings.memory_budget_bytes, rng=rng)
+        data = column_sample(form, sim_capturer(inputs), float_capturer(inputs), layer.input,
+                             _target_tensor(layer, form), num_batches=len(inputs),
+                             memory_budget_bytes=settings.memory_budget_bytes, rng=rng)
         mode = "sampled"
     bar = tqdm(total=settings.num_iterations, desc=f"AdaRound {layer.node}", unit="it", leave=False,
                disable=None if progress else True)
@@ -165,7 +170,7 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
         if nodes_to_include is not None:
             raise InvalidArgumentError("pass nodes_to_include or node_names_to_optimize, not both")
         nodes_to_include = node_names_to_optimize
-    settings = AdaroundSettings(num_iterations, reg_param, tuple(beta_range), warm_start, learning_rate,
+    settings = AdaroundSettings(num_iterations, reg_param, (beta_range[0], beta_range[1]), warm_start, learning_rate,
                                 columns_per_iteration, memory_budget_bytes, seed)
     feeds = list(inputs)
     if not feeds:

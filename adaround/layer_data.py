@@ -91,7 +91,7 @@ def second_moments(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray
             ff = np.matmul(cf64, np.swapaxes(cf64, 1, 2))
         s_qq, s_qf, s_ff = (qq, qf, ff) if s_qq is None else (s_qq + qq, s_qf + qf, s_ff + ff)
         count += cq.shape[2]
-    if s_qq is None or count == 0:
+    if s_qq is None or s_qf is None or s_ff is None or count == 0:
         raise InvalidArgumentError("the calibration data is empty: no batch reached the layer")
     return SecondMoments(s_qq, s_qf, s_ff, count)
 

@@ -69,8 +69,8 @@ class Adaround:
         missing = ignore - set(layers)
         if missing:
             raise InvalidArgumentError(f"ignore_quant_ops_list: {sorted(missing)} are not weighted nodes")
-        bits = [q.bitwidth for q in sim.quantizers if q.role == "param" and q.enabled and not q.spec.is_float]
-        settings = params.settings(min(bits, default=8))
+        widths = [q.bitwidth for q in sim.quantizers if q.role == "param" and q.enabled and not q.spec.is_float]
+        settings = params.settings(min(widths, default=8))
         feeds = _feeds(params, [i.name for i in sim.session.get_inputs()])
         with warnings.catch_warnings():  # float layer inputs are this API's documented behaviour, as in AIMET
             warnings.filterwarnings("ignore", message=".*activation quantizer.*uncalibrated", category=QuantsimWarning)

@@ -77,5 +77,6 @@ class AdaroundParameters:
         iterations = self.default_num_iterations
         if iterations is None:
             iterations = DEFAULT_ITERATIONS_BELOW_8_BITS if min_weight_bits < 8 else DEFAULT_ITERATIONS
-        return AdaroundSettings(num_iterations=iterations, reg_param=self.default_reg_param,
-                                beta_range=tuple(self.default_beta_range), warm_start=self.default_warm_start)
+        high, low = self.default_beta_range
+        return AdaroundSettings(num_iterations=iterations, reg_param=self.default_reg_param, beta_range=(high, low),
+                                warm_start=self.default_warm_start)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from types import FrameType
 
 __all__ = [
     "warn_at_caller",
@@ -101,7 +102,8 @@ def _is_library_frame(frame) -> bool:
 def warn_at_caller(message: str, category: type[Warning] = QuantsimWarning) -> None:
     """``warnings.warn`` attributed to the first frame outside quantsim's packages: the caller's line,
     however deep inside the library the warning arose."""
-    frame, level = sys._getframe(1), 2
+    frame: FrameType | None = sys._getframe(1)
+    level = 2
     while frame is not None and _is_library_frame(frame):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

@@ -269,7 +269,8 @@ def _tf_encodings(items, bits, symmetric, strict, unsigned_symmetric) -> list[En
     exactly that of its own search (`best_grids` ``starts``)."""
     strict = bool(strict and symmetric)
     n_steps = (1 << int(bits)) - 1 - (1 if strict else 0)
-    grids, groups = [], {}
+    grids: list[tuple[np.ndarray, np.ndarray, bool]] = []
+    groups: dict[tuple[bool, int], list] = {}
     for i, (counts, lo, w, omin, omax, _) in enumerate(items):
         nz = (omin != 0.0) | (omax != 0.0)
         mn = np.minimum(omin, 0.0)
@@ -284,8 +285,10 @@ def _tf_encodings(items, bits, symmetric, strict, unsigned_symmetric) -> list[En
     for (unsigned, _), members in groups.items():
         sizes = [m[2][0].shape[0] for m in members]
         starts = np.cumsum([0] + sizes[:-1])
-        rows = members[0][2] if len(members) == 1 else [np.concatenate(x) for x in zip(*(m[2] for m in members))]
-        delta, offset = best_grids(*rows, n_steps, symmetric, unsigned, starts=starts)
+        columns = list(members[0][2]) if len(members) == 1 else [np.concatenate(x) for x in zip(*(m[2] for m in members))]
+        counts_rows, lo_rows, w_rows, mn_rows, mx_rows = columns
+        delta, offset = best_grids(counts_rows, lo_rows, w_rows, mn_rows, mx_rows, n_steps, symmetric, unsigned,
+                                   starts=starts)
         for (i, nz, _), s, n in zip(members, starts, sizes):
             grids[i][0][nz] = delta[s : s + n] * offset[s : s + n]
             grids[i][1][nz] = delta[s : s + n] * (offset[s : s + n] + n_steps)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sized
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,7 +181,7 @@ def run_calibration(session: CalibrationSession, data, *, progress: bool = True)
             "compute_encodings expects an iterable of feed dicts or a callback(session[, args]); "
             f"got {type(data).__name__}"
         )
-    total = len(data) if hasattr(data, "__len__") else None
+    total = len(data) if isinstance(data, Sized) else None
     for feed in tqdm(data, total=total, desc="calibration", unit="batch", disable=None if progress else True,
                      leave=False):  # None: shown on a terminal only, never as fragments in CI logs
         session.run(None, feed)

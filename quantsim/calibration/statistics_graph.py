@@ -143,9 +143,9 @@ def _add_sample(b: _Builder, tensor: str, shape: tuple | None) -> tuple[str, lis
     """The tensor's histogram sample (module docstring): every ``step``-th row of ``Flatten(x, rank - 1)``,
     or ``Reshape(x, [-1])[::step]``; returns its name and declared shape."""
     rank = None if shape is None else len(shape)
-    last = shape[-1] if rank else None
+    last = shape[-1] if shape else None
     by_rows = rank is not None and rank >= 2 and not (isinstance(last, int) and last > HISTOGRAM_SAMPLE)
-    if by_rows:
+    if by_rows and rank is not None:
         view = b.node("Flatten", [tensor], b.fresh(f"{tensor}/calibration_rows"), axis=rank - 1)
     else:
         view = b.node("Reshape", [tensor, b.constant([-1])], b.fresh(f"{tensor}/calibration_flat"))

@@ -179,9 +179,8 @@ def encoding_from_range(
     strict = bool(strict and symmetric)
     n_steps = (1 << bits) - 1 - (1 if strict else 0)
     if np.ndim(min_val) == 0 and np.ndim(max_val) == 0:
-        scale, zero_point, qmin, qmax, signed = _scalar_grid(
-            float(min_val), float(max_val), n_steps, symmetric, unsigned_symmetric)
-        return Encoding(scale, zero_point, bits, signed, qmin, qmax, symmetric, axis, block_axis, block_size)
+        s, z, low, high, is_signed = _scalar_grid(float(min_val), float(max_val), n_steps, symmetric, unsigned_symmetric)
+        return Encoding(np.asarray(s), np.asarray(z), bits, is_signed, low, high, symmetric, axis, block_axis, block_size)
     mn = np.minimum(np.asarray(min_val, dtype=np.float64), 0.0)
     mx = np.maximum(np.asarray(max_val, dtype=np.float64), 0.0)
     if mn.shape != mx.shape:
@@ -234,10 +233,10 @@ def encoding_from_aimet(
     half = 1 << (bits - 1)
     if symmetric and np.all(off == -half):
         qmin, qmax = grid_bounds(bits, signed=True)
-        return Encoding(scale, 0, bits, True, qmin, qmax, True, axis, block_axis, block_size)
+        return Encoding(scale, np.zeros(scale.shape, np.int64), bits, True, qmin, qmax, True, axis, block_axis, block_size)
     if symmetric and bits > 1 and np.all(off == -(half - 1)):
         qmin, qmax = grid_bounds(bits, signed=True, strict=True)
-        return Encoding(scale, 0, bits, True, qmin, qmax, True, axis, block_axis, block_size)
+        return Encoding(scale, np.zeros(scale.shape, np.int64), bits, True, qmin, qmax, True, axis, block_axis, block_size)
     qmin, qmax = grid_bounds(bits, signed=False)
     if np.any(off > 0) or np.any(off < -qmax):
         raise InvalidArgumentError(f"offset outside [-{qmax}, 0] for a {bits}-bit grid")
@@ -250,11 +249,13 @@ def broadcast_param(enc: Encoding, values: np.ndarray, shape: tuple[int, ...]) -
     if values.ndim == 0:
         return values
     rank = len(shape)
+    assert enc.axis is not None  # per-channel or per-block: an array parameter has its axis
     axis = enc.axis % rank
     if enc.block_size is None:
         view = [1] * rank
         view[axis] = values.shape[0]
         return values.reshape(view)
+    assert enc.block_axis is not None
     block_axis = enc.block_axis % rank
     # (C, n_blocks) -> repeat each block along block_axis, broadcast over the remaining axes
     expanded = np.repeat(values, enc.block_size, axis=1)[:, : shape[block_axis]]
@@ -335,6 +336,7 @@ def reduce_min_max(
     if block_size is None:
         moved = (x if axis == 0 else np.moveaxis(x, axis, 0)).reshape(x.shape[axis], -1)
         return moved.min(axis=1).astype(np.float64), moved.max(axis=1).astype(np.float64)
+    assert block_axis is not None, "a block size needs a block axis"
     block_axis %= x.ndim
     length = x.shape[block_axis]
     if length % block_size:

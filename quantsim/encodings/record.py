@@ -47,6 +47,13 @@ class TensorEncoding:
         if self.shape is not None:
             object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
 
+    @property
+    def grid(self) -> Encoding:
+        """The encoding of an integer record (a float record has none: an error naming the tensor)."""
+        if self.encoding is None:
+            raise InvalidArgumentError(f"{self.name}: a float16 record has no integer grid")
+        return self.encoding
+
     @classmethod
     def from_encoding(
         cls, name: str, encoding: Encoding, kind: str | None = None, shape: tuple[int, ...] | None = None

@@ -88,7 +88,7 @@ def int32_bias_records(sim) -> list[TensorEncoding]:
             continue
         scale = bias_scale(q_in.encoding.scale, q_w.encoding.scale).astype(np.float64)  # what the QDQ model uses
         axis = 0 if scale.ndim else None
-        enc = Encoding(scale, 0, 32, True, qmin, qmax, True, axis)
+        enc = Encoding(scale, np.zeros(scale.shape, np.int64), 32, True, qmin, qmax, True, axis)
         records.append(TensorEncoding.from_encoding(node.input[slot], enc, "param", tuple(sim._index.shape[node.input[slot]])))
     return records
 
@@ -143,8 +143,10 @@ def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, 
     if record.is_float:
         return q.spec.with_(dtype=float16, granularity=PerTensor()), None
     enc = record.encoding
+    assert enc is not None  # an integer record always carries one (TensorEncoding checks it)
     where = f"{source}: tensor {record.name!r}"
     shape = q.shape
+    granularity: PerTensor | PerChannel | PerBlock
     if enc.scale.ndim == 0:
         granularity = PerTensor()
     else:

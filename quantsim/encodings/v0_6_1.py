@@ -42,7 +42,7 @@ SECTIONS = (("activation_encodings", "activation"), ("param_encodings", "param")
 def _write_entry(where: Where, record: TensorEncoding) -> list[dict[str, Any]]:
     if record.is_float:
         return [{"bitwidth": FLOAT16_BITS, "dtype": "float"}]
-    enc = record.encoding
+    enc = record.grid
     check_writable(where, enc)
     if granularity(where, enc) == "block":
         raise where.error("blockwise encodings cannot be written in format 0.6.1 (use 1.0.0 or 2.0.0)")

@@ -45,7 +45,7 @@ ENC_TYPES = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL", "block": "PER_BLO
 def _write_entry(where: Where, record: TensorEncoding) -> dict[str, Any]:
     if record.is_float:
         return {"name": record.name, "dtype": "FLOAT", "bw": FLOAT16_BITS, "enc_type": "PER_TENSOR"}
-    enc = record.encoding
+    enc = record.grid
     check_writable(where, enc)
     kind = granularity(where, enc)
     entry = {
@@ -58,7 +58,7 @@ def _write_entry(where: Where, record: TensorEncoding) -> dict[str, Any]:
         "offset": flat_offsets(enc),
     }
     if kind == "block":
-        entry["block_size"] = int(enc.block_size)
+        entry["block_size"] = int(enc.block_size or 0)  # set: the layout is "block"
     return entry
 
 

@@ -69,11 +69,11 @@ def _file_grid(enc: Encoding, kind: str | None, force: str) -> tuple[bool, np.nd
 
 def _blocked(where: Where, record: TensorEncoding, values: np.ndarray) -> tuple[np.ndarray, int]:
     """(C, n_blocks) values -> ONNX blocked layout (replicated along the other axes), and the block axis."""
-    enc, shape = record.encoding, record.shape
+    enc, shape = record.grid, record.shape
     if shape is None or len(shape) < 2:
         raise where.error("writing a blockwise encoding in 2.0.0 needs the tensor shape (rank >= 2)")
-    if enc.axis is None or enc.block_axis is None:
-        raise where.error("blockwise encoding has no channel axis / block axis bound")
+    if enc.axis is None or enc.block_axis is None or enc.block_size is None:
+        raise where.error("blockwise encoding has no channel axis / block axis / block size bound")
     rank = len(shape)
     axis, block_axis = enc.axis % rank, enc.block_axis % rank
     if axis == block_axis:
@@ -95,7 +95,7 @@ def _blocked(where: Where, record: TensorEncoding, values: np.ndarray) -> tuple[
 
 
 def _write_entry(where: Where, record: TensorEncoding, force: str) -> dict[str, Any]:
-    enc = record.encoding
+    enc = record.grid
     check_writable(where, enc)
     layout = granularity(where, enc)
     signed, zp = _file_grid(enc, record.kind, force)
@@ -109,7 +109,7 @@ def _write_entry(where: Where, record: TensorEncoding, force: str) -> dict[str, 
         scale, block_axis = _blocked(where, record, scale)
         zp, _ = _blocked(where, record, zp)
         entry["axis"] = block_axis
-        entry["block_size"] = int(enc.block_size)
+        entry["block_size"] = int(enc.block_size or 0)  # set: the layout is "block"
     entry["y_scale"] = scale.tolist()
     if np.any(zp != 0):
         entry["y_zero_point"] = zp.tolist()
@@ -180,6 +180,7 @@ def _read_entry(where: Where, raw: Any, kind: str | None) -> TensorEncoding:
         if scale.ndim == 0:
             axis = None
     else:
+        assert axis is not None  # checked above: block_size requires axis
         rank = scale.ndim
         if rank < 2:
             raise where.error("a blockwise 'y_scale' must be nested with the tensor's rank (>= 2)")

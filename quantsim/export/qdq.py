@@ -82,7 +82,9 @@ def quantize_biases(model: onnx.ModelProto) -> onnx.ModelProto:
                 continue
             output_axis = 0 if attrs.get("transB", 0) else 1
         else:
-            output_axis = facts_of(node.op_type).weight_output_axis
+            axis_of_output = facts_of(node.op_type).weight_output_axis
+            assert axis_of_output is not None  # Conv and ConvTranspose have one
+            output_axis = axis_of_output
             if node.op_type == "ConvTranspose" and attrs.get("group", 1) != 1 and w_scale.ndim:
                 continue
         if w_scale.ndim and w_axis % len(index.shape.get(node.input[1]) or (0, 0)) != output_axis:
@@ -93,7 +95,7 @@ def quantize_biases(model: onnx.ModelProto) -> onnx.ModelProto:
         scale_name = index.fresh_name(f"{bias_name}/int32_scale")
         model.graph.initializer.extend([numpy_helper.from_array(codes, codes_name),
                                         numpy_helper.from_array(scale, scale_name)])
-        dq_attrs = {"axis": 0} if scale.ndim else {}
+        dq_attrs: dict = {"axis": 0} if scale.ndim else {}
         replaced[bias_name] = helper.make_node(
             "DequantizeLinear", [codes_name, scale_name], [bias_name], name=index.fresh_name(f"{bias_name}/dequantize"),
             **dq_attrs,
@@ -141,7 +143,7 @@ def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-_WIDER = {TensorProto.INT8: TensorProto.INT16, TensorProto.UINT8: TensorProto.UINT16,
+_WIDER: dict[int, int] = {TensorProto.INT8: TensorProto.INT16, TensorProto.UINT8: TensorProto.UINT16,
           TensorProto.INT4: TensorProto.INT16, TensorProto.UINT4: TensorProto.UINT16}
 
 
@@ -227,7 +229,7 @@ def protect_float_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         before.setdefault(node.name, []).extend(chain)
         node.input[0] = base
     if before:
-        ordered = []
+        ordered: list[onnx.NodeProto] = []
         for node in model.graph.node:
             ordered.extend(before.get(node.name, ()))
             ordered.append(node)

@@ -23,14 +23,14 @@ from onnx import TensorProto, numpy_helper
 
 from quantsim.core.numerics import Encoding
 from quantsim.encodings import TensorEncoding
-from quantsim.errors import warn_at_caller
+from quantsim.errors import InvalidArgumentError, warn_at_caller
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.prepare.naming import name_nodes
 
 __all__ = ["strip_qdq", "sim_from_qdq"]
 
-_SIGNED = {TensorProto.INT4: (4, True), TensorProto.INT8: (8, True), TensorProto.INT16: (16, True),
+_SIGNED: dict[int, tuple[int, bool]] = {TensorProto.INT4: (4, True), TensorProto.INT8: (8, True), TensorProto.INT16: (16, True),
            TensorProto.UINT4: (4, False), TensorProto.UINT8: (8, False), TensorProto.UINT16: (16, False),
            TensorProto.INT32: (32, True)}
 
@@ -68,7 +68,10 @@ def _is_grid_clip(index: GraphIndex, node: onnx.NodeProto, bounds) -> bool:
 
 def _encoding(index, node, storage, clip_bounds=None, shape=None) -> Encoding:
     bits, signed = _SIGNED[storage]
-    scale = _constant(index, node.input[1]).astype(np.float64)
+    scale_values = _constant(index, node.input[1])
+    if scale_values is None:
+        raise InvalidArgumentError(f"node {node.name!r}: the scale {node.input[1]!r} is not a constant")
+    scale = scale_values.astype(np.float64)
     zp_values = _constant(index, node.input[2]) if len(node.input) > 2 else None
     zero_point = np.zeros(scale.shape, np.int64) if zp_values is None else zp_values.astype(np.int64)
     qmin, qmax = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
@@ -127,10 +130,11 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             source, target = node.input[0], dq.output[0]
             producer = index.producer_of(source)
             clip = None
-            if producer is not None and producer.op_type == "Clip" and index.single_consumer(source) is node:
-                bounds = [_constant(index, n) for n in producer.input[1:3]]
-                if all(b is not None and b.size == 1 for b in bounds) and _is_grid_clip(index, node, bounds):
-                    clip = (float(bounds[0]), float(bounds[1]))
+            reader = index.single_consumer(source)
+            if producer is not None and producer.op_type == "Clip" and reader is not None and reader is node:
+                bounds = [b for b in (_constant(index, n) for n in producer.input[1:3]) if b is not None and b.size == 1]
+                if len(bounds) == 2 and _is_grid_clip(index, node, bounds):
+                    clip = (float(bounds[0].reshape(())), float(bounds[1].reshape(())))
                     remove.add(producer.name)
                     source = producer.input[0]
             enc = _encoding(index, node, _storage(index, node), clip)
@@ -147,6 +151,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             _unmatched(node, strict)
         elif node.op_type == "Cast" and _is_fp16_pair(index, node):
             back = index.single_consumer(node.output[0])
+            assert back is not None  # _is_fp16_pair checked it
             source, target = node.input[0], back.output[0]
             name = _float_name(index, source, target)
             records.append(TensorEncoding.float16(name, "param" if index.is_constant(source) else "activation"))

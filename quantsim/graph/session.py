@@ -51,9 +51,10 @@ def make_session(
         # DQ(weight) -> MatMul may become MatMulNBits, which at its default accuracy level computes the
         # activation in 8 bits: wrong for 16-bit activations. Level 1 keeps float activations there.
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
-    values = [ort.OrtValue.ortvalue_from_numpy(array) for array in (external_initializers or {}).values()]
+    external = dict(external_initializers or {})
+    values = [ort.OrtValue.ortvalue_from_numpy(array) for array in external.values()]
     if values:
-        options.add_external_initializers(list(external_initializers), values)
+        options.add_external_initializers(list(external), values)
     source, keepalive = session_model_source(model)
     try:
         session = ort.InferenceSession(

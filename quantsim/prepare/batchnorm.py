@@ -214,7 +214,9 @@ def _rewrite(graph: onnx.GraphProto, index: GraphIndex, match: _Match) -> None:
     weight_tensor = index.initializers[layer.input[1]]
     weight = numpy_helper.to_array(weight_tensor)
     dtype = weight.dtype
-    scale, shift = _scale_shift(index, match, _output_channels(layer, weight.shape))
+    channels = _output_channels(layer, weight.shape)
+    assert channels is not None  # checked when the fold was matched
+    scale, shift = _scale_shift(index, match, channels)
     if np.any(scale != 1.0):
         folded = _scale_weight(layer, weight.astype(np.float64), scale)
         weight_tensor.CopyFrom(numpy_helper.from_array(folded.astype(dtype), weight_tensor.name))

@@ -229,11 +229,12 @@ def _read_manifest(path: Path) -> dict[str, str]:
     return expected
 
 
-def _discard(entry: Path, why: str) -> None:
+def _discard(entry: Path, why: str) -> onnx.ModelProto | None:
     """Warn about a corrupted entry and remove it; returns None (a cache miss)."""
     warn_at_caller(f"prepared-model cache entry {entry} is corrupted ({why}); discarding it and preparing again",
                   PrepareWarning)
     _remove(entry)
+    return None
 
 
 def _remove(entry: Path) -> int:

@@ -55,7 +55,7 @@ def required_opset(quantizers: list[QcQuantizeOp], weights: str) -> int:
     for q in quantizers:
         if not q.enabled or q.spec.is_float:
             continue
-        enc = q.encoding
+        enc = q.require_encoding()
         if q.role == "activation" and enc is not None and enc.is_per_tensor:
             container = activation_container(q.spec.dtype)
             needed = max(needed, container.min_opset(), 13 if _needs_clip(enc, container) else 10)
@@ -114,6 +114,7 @@ def _qdq_parameters(enc: Encoding, q: QcQuantizeOp, shape: tuple) -> tuple[np.nd
     attrs: dict = {}
     if enc.block_size is not None:
         rank = len(shape)
+        assert enc.axis is not None and enc.block_axis is not None
         axis, block_axis = enc.axis % rank, enc.block_axis % rank
         full = [1] * rank
         full[axis] = scale.shape[0]
@@ -165,7 +166,7 @@ def _grid_key(q: QcQuantizeOp) -> tuple | None:
     """What the sim's Q/DQ (or Cast pair) of activation quantizer ``q`` computes: equal keys, equal maps."""
     if q.spec.is_float:
         return ("float16",)
-    enc = q.encoding
+    enc = q.require_encoding()
     if not enc.is_per_tensor:
         return None
     storage = activation_container(q.spec.dtype).storage_type(enc.signed)
@@ -179,7 +180,7 @@ def _redundant_activation_quantizers(index: GraphIndex, planned: dict[str, tuple
     value-selecting ops whose data inputs all sit on one grid. Nodes out of topological order only make it
     miss some redundant quantizers.
     """
-    on_grid: dict[str, tuple] = {
+    on_grid: dict[str, tuple | None] = {
         name: planned[name] for name in index.graph_inputs
         if planned.get(name) is not None and name not in index.graph_outputs
     }
@@ -233,9 +234,9 @@ class _SimBuilder:
 
     def add_constant_quantizer(self, name: str, q: QcQuantizeOp) -> None:
         values = self.values(name)
-        enc = q.encoding
-        if q.spec.is_float or self.weights == "fake" or q.role != "param":
-            new = fp16_round_trip(values) if q.spec.is_float else fake_quantize(values, enc)
+        enc = None if q.spec.is_float else q.require_encoding()
+        if enc is None or self.weights == "fake" or q.role != "param":
+            new = fp16_round_trip(values) if enc is None else fake_quantize(values, enc)
             new = new.astype(values.dtype, copy=False)
             self.replaced[name] = self._placeholder(name, new) or numpy_helper.from_array(new, name)
             return
@@ -291,7 +292,7 @@ class _SimBuilder:
                 helper.make_node("Cast", [source], [mid], name=f"{base}/cast_fp16", to=TensorProto.FLOAT16),
                 helper.make_node("Cast", [mid], [target], name=f"{base}/cast_fp32", to=TensorProto.FLOAT),
             ]
-        enc = q.encoding
+        enc = q.require_encoding()
         container = activation_container(q.spec.dtype)
         storage = container.storage_type(enc.signed)
         scale_name, zp_name = self.index.fresh_name(f"{base}/scale"), self.index.fresh_name(f"{base}/zero_point")

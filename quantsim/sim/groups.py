@@ -68,11 +68,10 @@ def find_quantizer_groups(sim: QuantizationSimModel) -> list[QuantizerGroup]:
         find(q.name)
     for node in index.nodes:
         slots = facts_of(node.op_type).param_slots
-        params = [sim.qc_quantize_op_dict.get(node.input[s]) for s in slots if s < len(node.input) and node.input[s]]
-        params = [q for q in params if q is not None and q.enabled and q.role == "param"]
-        if not params:
+        found = [sim.qc_quantize_op_dict.get(node.input[s]) for s in slots if s < len(node.input) and node.input[s]]
+        members = [q for q in found if q is not None and q.enabled and q.role == "param"]
+        if not members:
             continue
-        members = list(params)
         for slot, tensor in enumerate(node.input):
             if tensor and slot not in slots and not index.is_constant(tensor):
                 reader = _reading_quantizer(sim, tensor)
@@ -84,8 +83,8 @@ def find_quantizer_groups(sim: QuantizationSimModel) -> list[QuantizerGroup]:
         nodes.setdefault(root, []).append(node.name)
     groups: dict[str, tuple[list[str], list[str]]] = {}
     for q in enabled:
-        params, acts = groups.setdefault(find(q.name), ([], []))
-        (params if q.role == "param" else acts).append(q.name)
+        param_names, activation_names = groups.setdefault(find(q.name), ([], []))
+        (param_names if q.role == "param" else activation_names).append(q.name)
     node_lists: dict[str, list[str]] = {}
     for root, names in nodes.items():
         node_lists.setdefault(find(root), []).extend(names)

@@ -213,7 +213,7 @@ def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:
     if node.op_type in NORM_OPS and not dtype.is_float and dtype.bits < 8:
         dtype = int8
     axis = channel_axis_of(node, slot, shape)
-    granularity = PerTensor()
+    granularity: PerTensor | PerChannel = PerTensor()
     if config.per_channel_for(node.op_type) and axis is not None and shape and len(shape) >= 1:
         granularity = PerChannel(axis)
     spec = QSpec(dtype, granularity, bool(flags.is_symmetric), config.strict_symmetric, config.unsigned_symmetric)

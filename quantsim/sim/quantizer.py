@@ -98,6 +98,18 @@ class QcQuantizeOp:
             raise InvalidStateError(f"quantizer {self.name!r} has no encoding to freeze; calibrate or load one first")
         self._frozen = True
 
+    def _shape(self) -> tuple:
+        """The tensor shape, which per-channel and per-block specs need (validated when they are set)."""
+        if self.shape is None:
+            raise InvalidStateError(f"quantizer {self.name!r} has no known tensor shape")
+        return self.shape
+
+    def require_encoding(self) -> Encoding:
+        """The encoding, which the caller needs: an error naming the quantizer when there is none."""
+        if self._encoding is None:
+            raise InvalidStateError(f"quantizer {self.name!r} has no encoding; calibrate or load one first")
+        return self._encoding
+
     def is_initialized(self) -> bool:
         return self._spec.is_float or self._encoding is not None
 
@@ -199,7 +211,7 @@ class QcQuantizeOp:
             lo, hi = fixed_range
             if lo is not None and hi is not None and lo > hi:
                 raise InvalidArgumentError(f"quantizer {self.name!r}: fixed range min {lo} > max {hi}")
-        self.fixed_range = None if fixed_range is None else tuple(fixed_range)
+        self.fixed_range = None if fixed_range is None else (fixed_range[0], fixed_range[1])
 
     @property
     def quant_scheme(self) -> QuantScheme | str:
@@ -264,9 +276,10 @@ class QcQuantizeOp:
         if len(encodings) == 1 and isinstance(granularity, PerTensor):
             scales, offsets = scales[0], offsets[0]
         block = granularity if isinstance(granularity, PerBlock) else None
+        rows = self._shape()[block.axis] if block is not None else 0
         enc = encoding_from_aimet(
-            scales if block is None else scales.reshape(self.shape[block.axis], -1),
-            offsets if block is None else offsets.reshape(self.shape[block.axis], -1),
+            scales if block is None else scales.reshape(rows, -1),
+            offsets if block is None else offsets.reshape(rows, -1),
             bits.pop(),
             symmetric=self._spec.symmetric,
             axis=axis,
@@ -304,9 +317,10 @@ class QcQuantizeOp:
         granularity = spec.granularity
         expected: tuple = ()
         if isinstance(granularity, PerChannel):
-            expected = (self.shape[granularity.axis],)
+            expected = (self._shape()[granularity.axis],)
         elif isinstance(granularity, PerBlock):
-            expected = (self.shape[granularity.axis], self.shape[granularity.block_axis] // granularity.block_size)
+            shape = self._shape()
+            expected = (shape[granularity.axis], shape[granularity.block_axis] // granularity.block_size)
         if enc.scale.shape != expected:
             raise InvalidArgumentError(
                 f"encoding for {self.name!r} has {enc.scale.size} scale(s) of shape {enc.scale.shape}; "

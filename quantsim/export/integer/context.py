@@ -53,7 +53,7 @@ class Grid:
 
     @property
     def encoding(self) -> Encoding:
-        return Encoding(np.float64(self.scale), self.zero_point, 8, False, 0, 255)
+        return Encoding(np.asarray(self.scale, np.float64), np.asarray(self.zero_point, np.int64), 8, False, 0, 255)
 
     def quantize(self, x) -> np.ndarray:
         """Codes (int64) of float values, as QuantizeLinear (ties to even, saturating)."""
@@ -223,8 +223,8 @@ class LoweringContext:
         if grid is None:
             raise Unsupported(self.why_not_8bit(tensor))
         if self.index.is_constant(tensor):
-            codes = grid.quantize(self.index.constant_value(tensor)).astype(np.uint8)
-            return self.set_int(tensor, self.add_initializer(codes, f"{tensor}/codes"), grid)
+            values = grid.quantize(self.index.constant_value(tensor)).astype(np.uint8)
+            return self.set_int(tensor, self.add_initializer(values, f"{tensor}/codes"), grid)
         source = self.floats.get(tensor)
         if source is None:
             raise Unsupported(f"{tensor!r} is not available")

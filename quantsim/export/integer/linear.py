@@ -41,7 +41,9 @@ _INT32_MAX = float(np.iinfo(np.int32).max)
 def _weight(ctx: LoweringContext, name: str, axis: int, extra_scale: float = 1.0) -> dict:
     """Weight codes, scales and zero points laid out for the kernels (channel axis ``axis``)."""
     enc = ctx.param_encoding(name)
-    if enc.axis is not None and enc.axis % len(ctx.index.shape[name]) != axis:
+    shape = ctx.index.shape[name]
+    assert shape is not None  # a constant always has its shape
+    if enc.axis is not None and enc.axis % len(shape) != axis:
         raise Unsupported(f"weight {name!r} is per-channel along axis {enc.axis}, the kernel needs axis {axis}")
     codes = quantize(ctx.index.constant_value(name), enc)
     dtype = np.int8 if enc.signed else np.uint8
