@@ -1,48 +1,95 @@
 """Integer reference executor: runs a "fully integer" ONNX model in numpy and proves what it computes.
 
-``run_integer_model(model, feeds)`` executes the graph node by node the way integer hardware does (Jacob et
-al. 2018; gemmlowp / TFLite; reference/onnxruntime_integer.md §5): int32 accumulation, requantization by a
+``run_integer_model(model, feeds)`` executes the graph the way integer hardware does (Jacob et al. 2018;
+gemmlowp / TFLite; reference/onnxruntime_integer.md §5): int32 accumulation, requantization by a
 per-channel fixed-point (mantissa, shift) computed once from the op's float scales (saturating rounding
 doubling high multiply + rounding right shift), clamping to the output grid; sigmoid and softmax's exp
 through lookup tables built once from the scales. Float appears only at the boundary (Q/DQ,
 DynamicQuantizeLinear, float-output QGemm, MatMulIntegerToFloat) and in float chains after ConvInteger /
-MatMulInteger (Cast -> Mul). Kernels and their numerics: `quantsim.export.reference.qlinear_linear`;
-data-movement kernels: `quantsim.export.reference.movement`.
+MatMulInteger (Cast -> Mul).
+
+The graph runs on ``onnx.reference.ReferenceEvaluator``: standard ops (data movement and selection on
+codes, Cast, Clip, Add/Mul/... with numpy semantics of the operand type) on onnx's own kernels, and only
+what onnx lacks or computes differently from integer deployment as custom ops (``new_ops``): the QLinear*,
+ConvInteger/MatMulInteger, QGemm and com.microsoft kernels of `quantsim.export.reference.qlinear_linear`
+and `quantsim.export.reference.qlinear_elementwise`, QuantizeLinear/DequantizeLinear (onnxruntime's NaN
+saturation and float32 arithmetic), integer Div (C truncation toward zero, where onnx's kernel returns
+floats) and com.microsoft NhwcMaxPool.
 
 onnxruntime's QLinearConv / QLinearMatMul / QGemm requantize with an fp32 multiplier, so ORT agreeing with
 the sim says nothing about a fixed-point deployment; this executor is one. `compare_with_onnxruntime`
 states per output the largest difference in output steps (LSB) and the fraction within one LSB.
 
-`SUPPORTED_OPS` lists the (domain, op) pairs: the QLinear* / integer ops of `reference_ops` plus data
-movement and integer ops on codes (MaxPool, NhwcMaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze,
-Slice, Resize nearest, Split, Pad, Concat, Gather(Elements), DepthToSpace, SpaceToDepth, ReduceMax/Min,
-Cast, Max, Min, Clip, Relu, Identity, Dropout, Expand, Tile, Shape, Size, Constant, and Add/Sub/Mul/Div
-with numpy semantics of the operand type: integer wrap-around, float32 for dequantized chains). Anything
-else raises NotImplementedError naming the node (or, with ``float_fallback=True``, float islands run
-through ``onnx.reference``). Initializers are read as given.
+`SUPPORTED_OPS` lists the (domain, op) pairs it runs: the custom kernels plus the standard data-movement
+and integer ops on codes (`STANDARD_OPS`). Anything else raises NotImplementedError naming the node (or,
+with ``float_fallback=True``, runs as a float island on onnx's kernels, which may not read codes).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 
 from quantsim.errors import InvalidArgumentError
-from quantsim.export.reference.movement import MOVEMENT_KERNELS, _max_pool, _split
+from quantsim.export.reference.movement import nearest_resize, pad
 from quantsim.export.reference.qlinear_linear import BOUNDARY_OPS, QUANT_KERNELS
 
-__all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxruntime", "SUPPORTED_OPS"]
+__all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxruntime", "SUPPORTED_OPS",
+           "STANDARD_OPS"]
 
+#: standard ops the executor runs on integer codes with onnx's own kernels
+STANDARD_OPS = frozenset(
+    """Reshape Flatten Transpose Squeeze Unsqueeze Slice Pad Resize MaxPool Gather GatherElements Clip Div
+    Constant Shape Concat Cast Identity Relu Max Min Expand Tile Add Sub Mul DepthToSpace SpaceToDepth
+    ReduceMax ReduceMin Size Dropout Split""".split()
+)
 
 #: (domain, op_type) pairs the executor runs
-SUPPORTED_OPS = frozenset(
-    set(QUANT_KERNELS) | {("", op) for op in MOVEMENT_KERNELS} | {("", "Split"), ("com.microsoft", "NhwcMaxPool")}
-)
+SUPPORTED_OPS = frozenset(set(QUANT_KERNELS) | {("", op) for op in STANDARD_OPS} | {("com.microsoft", "NhwcMaxPool")})
+
+
+def _integer_div(ins, attrs, opset):
+    a, b = ins
+    if np.issubdtype(np.asarray(a).dtype, np.integer):  # C integer division truncates toward zero
+        q = np.abs(a).astype(np.int64) // np.abs(b).astype(np.int64)
+        return [(np.sign(a).astype(np.int64) * np.sign(b) * q).astype(np.result_type(a, b))]
+    return [np.divide(a, b)]
+
+
+def _nhwc_max_pool(ins, attrs, opset):
+    """com.microsoft NhwcMaxPool: onnx's MaxPool on the NCHW view."""
+    node = helper.make_node("MaxPool", ["x"], ["y"], **{k: v for k, v in attrs.items() if v is not None})
+    x = np.moveaxis(ins[0], -1, 1)
+    (y,) = ReferenceEvaluator(node, opsets={"": 12}).run(None, {"x": x})
+    return [np.moveaxis(y, 1, -1)]
+
+
+def _kernel_class(domain: str, op_type: str, kernel, opset: int) -> type[OpRun]:
+    """An ``OpRun`` running ``kernel(inputs, attributes, opset)`` for ``domain::op_type``."""
+
+    def _run(self, *inputs, **attributes):
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attributes.items() if v is not None}
+        return tuple(np.asarray(v) for v in kernel(list(inputs), attrs, opset))
+
+    return type(op_type, (OpRun,), {"op_domain": domain, "_run": _run})
+
+
+def _custom_ops(opsets: dict[str, int]) -> list[type[OpRun]]:
+    kernels = dict(QUANT_KERNELS)
+    kernels[("", "Div")] = _integer_div
+    kernels[("com.microsoft", "NhwcMaxPool")] = _nhwc_max_pool
+    kernels[("", "Resize")] = nearest_resize  # onnx.reference lacks tf_half_pixel_for_nn (onnxruntime has it)
+    kernels[("", "Pad")] = pad  # onnx.reference refuses negative pads (crops), which onnxruntime applies
+    return [_kernel_class(domain, op, fn, opsets.get(domain, 1)) for (domain, op), fn in kernels.items()]
 
 
 # ------------------------------------------------------------------------------------------------ executor
 class IntegerReferenceExecutor:
-    """Numpy executor of an integer ONNX model; ``run(feeds)`` -> ``{output name: array}``.
+    """Executor of an integer ONNX model on onnx.reference; ``run(feeds)`` -> ``{output name: array}``.
 
     After a run, ``trace`` lists ``(node name, op type, kind)`` with kind ``"boundary"`` (float <-> int
     conversion), ``"integer"`` (integer outputs only) or ``"float"`` (a float op, e.g. a dequantized
@@ -54,76 +101,74 @@ class IntegerReferenceExecutor:
         self.float_fallback = float_fallback
         graph = model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-        self.initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.initializers = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
         self.input_names = [i.name for i in graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in graph.output]
         self.trace: list[tuple[str, str, str]] = []
-        # fail fast: an unsupported op is reported before any computation
-        self._kernels = [self._kernel(node) for node in graph.node]
+        for node in graph.node:  # fail fast: an unsupported op is reported before any computation
+            self._check(node)
+        self._new_ops = _custom_ops(self.opsets)
+        self._evaluator = ReferenceEvaluator(model, new_ops=self._new_ops)
+        self._node_evaluators: dict[int, ReferenceEvaluator] = {}
 
-    def _kernel(self, node: onnx.NodeProto):
+    def _check(self, node: onnx.NodeProto) -> None:
         domain = "" if node.domain == "ai.onnx" else node.domain
         if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}): subgraphs are not supported")
-        if domain == "" and node.op_type == "Split":
-            return lambda ins, attrs, opset: _split(ins, attrs, opset, len(node.output))
-        if domain == "com.microsoft" and node.op_type == "NhwcMaxPool":
-            return lambda ins, attrs, opset: _max_pool(ins, attrs, opset, channels_last=True)
         if domain == "" and node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
             raise NotImplementedError(f"node {node.name!r} (MaxPool): the Indices output is not supported")
-        fn = QUANT_KERNELS.get((domain, node.op_type)) or (MOVEMENT_KERNELS.get(node.op_type) if domain == "" else None)
-        if fn is None and self.float_fallback and domain == "":
-            return self._float_kernel(node)
-        if fn is None:
-            where = f"{domain}::" if domain else ""
-            raise NotImplementedError(
-                f"integer reference executor: unsupported op {where}{node.op_type} in node {node.name!r} "
-                f"(outputs {list(node.output)})"
-            )
-        return fn
+        if (domain, node.op_type) in SUPPORTED_OPS or (self.float_fallback and domain == ""):
+            return
+        where = f"{domain}::" if domain else ""
+        raise NotImplementedError(
+            f"integer reference executor: unsupported op {where}{node.op_type} in node {node.name!r} "
+            f"(outputs {list(node.output)})"
+        )
 
-    def _float_kernel(self, node: onnx.NodeProto):
-        """A float op outside the quantized region, run by ``onnx.reference`` (only with float_fallback)."""
-        from onnx.reference import ReferenceEvaluator
+    def _is_float_island(self, node: onnx.NodeProto) -> bool:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        return (domain, node.op_type) not in SUPPORTED_OPS
 
-        evaluator = ReferenceEvaluator(node, opsets={"": self.opsets.get("", 1)})
-
-        def run(ins, attrs, opset):
-            codes = [n for n, v in zip(node.input, ins) if v is not None and v.dtype.itemsize <= 2
-                     and np.issubdtype(v.dtype, np.integer)]
-            if codes:
-                raise NotImplementedError(f"node {node.name!r} ({node.op_type}): float fallback on codes {codes}")
-            return evaluator.run(None, {n: v for n, v in zip(node.input, ins) if n})
-
-        return run
-
-    def run_node(self, index: int, env: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run_node(self, index: int, env: dict[str, Any]) -> list[np.ndarray]:
         """Outputs of the graph's ``index``-th node, its inputs read from ``env``."""
         node = self.model.graph.node[index]
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        attrs = {}
-        for a in node.attribute:
-            v = helper.get_attribute_value(a)
-            attrs[a.name] = v.decode() if isinstance(v, bytes) else v
-        try:
-            ins = [env[n] if n else None for n in node.input]
-        except KeyError as err:
-            raise InvalidArgumentError(f"node {node.name!r} ({node.op_type}) reads {err} before it is produced") from None
-        return [np.asarray(v) for v in self._kernels[index](ins, attrs, self.opsets.get(domain, 1))]
+        missing = [n for n in node.input if n and n not in env]
+        if missing:
+            raise InvalidArgumentError(f"node {node.name!r} ({node.op_type}) reads {missing[0]!r} before it is produced")
+        if self._is_float_island(node):
+            self._check_float_inputs(node, env)
+        evaluator = self._node_evaluators.get(index)
+        if evaluator is None:
+            evaluator = ReferenceEvaluator(node, opsets=dict(self.opsets), new_ops=self._new_ops)
+            self._node_evaluators[index] = evaluator
+        outputs = evaluator.run(None, {n: env[n] for n in node.input if n})
+        return [np.asarray(v) for v in outputs]
+
+    @staticmethod
+    def _check_float_inputs(node: onnx.NodeProto, env: dict[str, Any]) -> None:
+        codes = [n for n in node.input if n and np.asarray(env[n]).dtype.itemsize <= 2
+                 and np.issubdtype(np.asarray(env[n]).dtype, np.integer)]
+        if codes:
+            raise NotImplementedError(f"node {node.name!r} ({node.op_type}): float fallback on codes {codes}")
 
     def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor value of the graph (initializers, feeds, node outputs)."""
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise InvalidArgumentError(f"missing feeds for graph inputs {missing}")
-        env = dict(self.initializers)
-        env.update({k: np.asarray(v) for k, v in feeds.items()})
-        self.trace = []
-        for index, node in enumerate(self.model.graph.node):
-            outs = self.run_node(index, env)
-            env.update((name, value) for name, value in zip(node.output, outs) if name)
-            self.trace.append((node.name, node.op_type, self._kind(node.op_type, outs)))
-        return env
+        inputs = {k: np.asarray(v) for k, v in feeds.items()}
+        islands = [n for n in self.model.graph.node if self._is_float_island(n)]
+        if islands:  # node by node, so that a float island reading codes is refused before it runs
+            env: dict[str, Any] = {**self.initializers, **inputs}
+            for index, node in enumerate(self.model.graph.node):
+                env.update((o, v) for o, v in zip(node.output, self.run_node(index, env)) if o)
+        else:
+            results = self._evaluator.run(None, inputs, intermediate=True)
+            assert isinstance(results, dict)  # intermediate=True: every named result
+            env = {**self.initializers, **inputs, **results}
+        self.trace = [(node.name, node.op_type, self._kind(node.op_type, [env[o] for o in node.output if o]))
+                      for node in self.model.graph.node]
+        return {k: np.asarray(v) for k, v in env.items()}
 
     @staticmethod
     def _kind(op_type: str, outs) -> str:

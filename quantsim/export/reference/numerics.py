@@ -1,7 +1,7 @@
 """Shared integer-arithmetic helpers of the reference kernels (`quantsim.export.reference.qlinear_linear`). PURE numpy.
 
 Quantization ranges, zero points and code checks, int32 wrap-around, fixed-point requantization
-(`_requant`, `_requant_fine`), the exact integer matmul (`int_matmul`) and the Conv/pool window geometry
+(`requantize_real`, `requantize_fine`), the exact integer matmul (`int_matmul`) and the Conv/pool window geometry
 (`pool_geometry`, `extract_windows`); the numerics are described in `quantsim.export.reference.qlinear_linear`.
 """
 from __future__ import annotations
@@ -12,7 +12,21 @@ from numpy.lib.stride_tricks import sliding_window_view
 from quantsim.core.fixed_point import quantize_multiplier, requantize
 from quantsim.errors import InvalidTypeError
 
-__all__ = ["qrange", "int_matmul", "pool_geometry", "extract_windows"]  # the _helpers serve the sibling kernel modules
+__all__ = [
+    "qrange",
+    "int_matmul",
+    "pool_geometry",
+    "extract_windows",
+    "along_axis",
+    "codes_of",
+    "float64_of",
+    "zero_point_of",
+    "wrap_int32",
+    "requantize_real",
+    "requantize_fine",
+    "grid_span",
+    "result_dtype",
+]
 
 _EXACT_F64 = 2.0**53
 
@@ -22,22 +36,22 @@ def qrange(dtype) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
-def _f64(t) -> np.ndarray:
+def float64_of(t) -> np.ndarray:
     return np.asarray(t, dtype=np.float64)
 
 
-def _zp(t) -> np.ndarray:
+def zero_point_of(t) -> np.ndarray:
     return np.zeros((), np.int32) if t is None else np.asarray(t).astype(np.int32)
 
 
-def _codes(q, name: str) -> np.ndarray:
+def codes_of(q, name: str) -> np.ndarray:
     q = np.asarray(q)
     if not np.issubdtype(q.dtype, np.integer):
         raise InvalidTypeError(f"{name}: quantized input must be an integer tensor, got {q.dtype}")
     return q.astype(np.int32)
 
 
-def _along(p, ndim: int, axis: int) -> np.ndarray:
+def along_axis(p, ndim: int, axis: int) -> np.ndarray:
     """A per-tensor (size 1) or 1-D per-axis parameter shaped to broadcast against rank ``ndim``."""
     p = np.asarray(p)
     if p.size == 1:
@@ -49,34 +63,34 @@ def _along(p, ndim: int, axis: int) -> np.ndarray:
     return p.reshape(shape)
 
 
-def _wrap32(acc) -> np.ndarray:
+def wrap_int32(acc) -> np.ndarray:
     """int64 -> int32 with two's complement wrap-around (int32 accumulator hardware)."""
     return np.asarray(acc, dtype=np.int64).astype(np.int32)
 
 
-def _requant(acc, real_multiplier, zero_point, out_dtype) -> np.ndarray:
+def requantize_real(acc, real_multiplier, zero_point, out_dtype) -> np.ndarray:
     mantissa, shift = quantize_multiplier(real_multiplier)
     lo, hi = qrange(out_dtype)
-    return requantize(acc, mantissa, shift, _zp(zero_point), lo, hi).astype(out_dtype)
+    return requantize(acc, mantissa, shift, zero_point_of(zero_point), lo, hi).astype(out_dtype)
 
 
-def _requant_fine(d, real_multiplier, zero_point, out_dtype, bound: int) -> np.ndarray:
-    """`_requant` of a small integer ``|d| <= bound`` pre-shifted left by ``L`` bits (TFLite's QLinearAdd
+def requantize_fine(d, real_multiplier, zero_point, out_dtype, bound: int) -> np.ndarray:
+    """`requantize_real` of a small integer ``|d| <= bound`` pre-shifted left by ``L`` bits (TFLite's QLinearAdd
     trick, ``L <= 20``, ``|d << L| < 2**30``) with the multiplier divided by ``2**L`` (exact): SRDHM then
     rounds ``2**-L`` finer, so the double rounding is off only within ``2**-(n+L+1)`` of a tie."""
-    real = _f64(real_multiplier)
+    real = float64_of(real_multiplier)
     positive = real[real > 0]
     headroom = 31 + (int(np.floor(np.log2(positive.min()))) if positive.size else 0)  # keep real/2^L >= 2^-31
     left = max(0, min(20, 30 - int(bound).bit_length(), headroom))
-    return _requant(np.asarray(d, np.int64) << left, real / 2.0**left, zero_point, out_dtype)
+    return requantize_real(np.asarray(d, np.int64) << left, real / 2.0**left, zero_point, out_dtype)
 
 
-def _span(dtype) -> int:
+def grid_span(dtype) -> int:
     lo, hi = qrange(dtype)
     return hi - lo
 
 
-def _out_dtype(zero_point, like) -> np.dtype:
+def result_dtype(zero_point, like) -> np.dtype:
     return np.asarray(zero_point).dtype if zero_point is not None else np.asarray(like).dtype
 
 

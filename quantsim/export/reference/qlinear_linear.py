@@ -15,7 +15,7 @@ Inside the quantized region tensor data only meets integer arithmetic:
   summed, scaled by ``2 max(s_a, s_b) / (2**20 s_y)``. SRDHM + rounding shift round twice; with a
   multiplier near 1 (concat, pools, leaky relu) that is off by one often (``-90 * 0.325 = -29.25 -> -30``),
   so operands with a known small range are pre-shifted left by up to 20 bits with the multiplier divided
-  by the same power of two (TFLite's Add trick, `_requant_fine`); wide accumulators (Conv/MatMul/Gemm) use
+  by the same power of two (TFLite's Add trick, `requantize_fine`); wide accumulators (Conv/MatMul/Gemm) use
   the plain TFLite pipeline.
 * **Non-linear ops**: QLinearSigmoid is a table over the 256 input codes built once from the scales (what
   integer hardware and onnxruntime do). QLinearSoftmax: table ``E[d] = round(2**b exp(-d s_x))`` over the
@@ -42,17 +42,17 @@ import math
 import numpy as np
 
 from quantsim.export.reference.numerics import (
-    _along,
-    _codes,
-    _f64,
-    _out_dtype,
-    _requant,
-    _wrap32,
-    _zp,
+    along_axis,
+    codes_of,
     extract_windows,
+    float64_of,
     int_matmul,
     pool_geometry,
     qrange,
+    requantize_real,
+    result_dtype,
+    wrap_int32,
+    zero_point_of,
 )
 from quantsim.export.reference.qlinear_elementwise import (
     qlinear_add,
@@ -84,7 +84,7 @@ def _conv_acc(xc, wc, attrs) -> np.ndarray:
     cols = win.transpose(perm).reshape(n, group, positions, cg * taps)
     wm = wc.reshape(group, m // group, cg * taps).transpose(0, 2, 1)
     acc = int_matmul(cols, wm)  # [n, group, positions, m/group]
-    return _wrap32(acc.transpose(0, 1, 3, 2).reshape(n, m, *out))
+    return wrap_int32(acc.transpose(0, 1, 3, 2).reshape(n, m, *out))
 
 
 # ------------------------------------------------------------------------------------------------ boundary
@@ -93,7 +93,7 @@ def _param_like(p, x, axis: int, block: int) -> np.ndarray:
     if block:
         axis %= x.ndim
         return np.take(np.repeat(p, block, axis=axis), np.arange(x.shape[axis]), axis=axis)
-    return _along(p, x.ndim, axis % x.ndim if x.ndim else 0)
+    return along_axis(p, x.ndim, axis % x.ndim if x.ndim else 0)
 
 
 def quantize_linear(ins, attrs, opset):
@@ -107,7 +107,7 @@ def quantize_linear(ins, attrs, opset):
     else:
         dtype = np.dtype(np.uint8)
     s = _param_like(scale, x, axis, block).astype(np.float32)
-    z = _param_like(_zp(zp), x, axis, block).astype(np.float32)
+    z = _param_like(zero_point_of(zp), x, axis, block).astype(np.float32)
     q = np.rint(np.asarray(x, np.float32) / s) + z
     lo, hi = qrange(dtype)
     return [np.clip(q, lo, hi).astype(dtype)]
@@ -117,7 +117,7 @@ def dequantize_linear(ins, attrs, opset):
     x, scale, zp = ins[0], ins[1], ins[2] if len(ins) > 2 else None
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
     scale = np.asarray(scale)
-    d = (np.asarray(x).astype(np.int64) - _param_like(_zp(zp), x, axis, block)).astype(np.float32)
+    d = (np.asarray(x).astype(np.int64) - _param_like(zero_point_of(zp), x, axis, block)).astype(np.float32)
     return [(d * _param_like(scale, x, axis, block).astype(np.float32)).astype(scale.dtype)]
 
 
@@ -135,30 +135,30 @@ def qlinear_conv(ins, attrs, opset):
     x, xs, xz, w, ws, wz, ys, yz = ins[:8]
     bias = ins[8] if len(ins) > 8 else None
     channels_last = int(attrs.get("channels_last", 0))
-    x = _codes(x, "QLinearConv")
+    x = codes_of(x, "QLinearConv")
     if channels_last:
         x = np.moveaxis(x, -1, 1)
-    w = _codes(w, "QLinearConv weight")
-    acc = _conv_acc(x - _zp(xz), w - _along(_zp(wz), w.ndim, 0), attrs)
+    w = codes_of(w, "QLinearConv weight")
+    acc = _conv_acc(x - zero_point_of(xz), w - along_axis(zero_point_of(wz), w.ndim, 0), attrs)
     if bias is not None:
-        acc = _wrap32(acc.astype(np.int64) + _along(np.asarray(bias, np.int64), acc.ndim, 1))
-    real = _along(_f64(xs) * _f64(ws) / _f64(ys), acc.ndim, 1)
-    y = _requant(acc, real, yz, _out_dtype(yz, ins[0]))
+        acc = wrap_int32(acc.astype(np.int64) + along_axis(np.asarray(bias, np.int64), acc.ndim, 1))
+    real = along_axis(float64_of(xs) * float64_of(ws) / float64_of(ys), acc.ndim, 1)
+    y = requantize_real(acc, real, yz, result_dtype(yz, ins[0]))
     return [np.moveaxis(y, 1, -1) if channels_last else y]
 
 
 def conv_integer(ins, attrs, opset):
-    x, w = _codes(ins[0], "ConvInteger"), _codes(ins[1], "ConvInteger weight")
+    x, w = codes_of(ins[0], "ConvInteger"), codes_of(ins[1], "ConvInteger weight")
     xz = ins[2] if len(ins) > 2 else None
     wz = ins[3] if len(ins) > 3 else None
-    return [_conv_acc(x - _zp(xz), w - _along(_zp(wz), w.ndim, 0), attrs)]
+    return [_conv_acc(x - zero_point_of(xz), w - along_axis(zero_point_of(wz), w.ndim, 0), attrs)]
 
 
 def _matmul_acc(a, az, b, bz, name):
-    a, b = _codes(a, name), _codes(b, name)
+    a, b = codes_of(a, name), codes_of(b, name)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    acc = _wrap32(int_matmul(a2 - _along(_zp(az), 2, 0), b2 - _along(_zp(bz), 2, 1)))
+    acc = wrap_int32(int_matmul(a2 - along_axis(zero_point_of(az), 2, 0), b2 - along_axis(zero_point_of(bz), 2, 1)))
     return acc, a.ndim == 1, b.ndim == 1
 
 
@@ -173,8 +173,8 @@ def _unpromote(y, a_vec, b_vec):
 def qlinear_matmul(ins, attrs, opset):
     a, as_, az, b, bs, bz, ys, yz = ins[:8]
     acc, a_vec, b_vec = _matmul_acc(a, az, b, bz, "QLinearMatMul")
-    real = _along(_f64(as_), 2, 0) * _along(_f64(bs), 2, 1) / _f64(ys)
-    return [_unpromote(_requant(acc, real, yz, _out_dtype(yz, a)), a_vec, b_vec)]
+    real = along_axis(float64_of(as_), 2, 0) * along_axis(float64_of(bs), 2, 1) / float64_of(ys)
+    return [_unpromote(requantize_real(acc, real, yz, result_dtype(yz, a)), a_vec, b_vec)]
 
 
 def matmul_integer(ins, attrs, opset):
@@ -189,7 +189,7 @@ def matmul_integer_to_float(ins, attrs, opset):
     a, b, as_, bs = ins[:4]
     az, bz, bias = (list(ins[4:]) + [None] * 3)[:3]
     acc, a_vec, b_vec = _matmul_acc(a, az, b, bz, "MatMulIntegerToFloat")
-    scale = _along(np.asarray(as_, np.float32), 2, 0) * _along(np.asarray(bs, np.float32), 2, 1)
+    scale = along_axis(np.asarray(as_, np.float32), 2, 0) * along_axis(np.asarray(bs, np.float32), 2, 1)
     y = acc.astype(np.float32) * scale
     if bias is not None:
         y = y + np.asarray(bias, np.float32)
@@ -200,18 +200,18 @@ def qgemm(ins, attrs, opset):
     a, as_, az, b, bs, bz = ins[:6]
     c, ys, yz = (list(ins[6:]) + [None] * 3)[:3]
     alpha = float(attrs.get("alpha", 1.0))
-    a, b = _codes(a, "QGemm"), _codes(b, "QGemm")
+    a, b = codes_of(a, "QGemm"), codes_of(b, "QGemm")
     a = a.T if int(attrs.get("transA", 0)) else a
     b = b.T if int(attrs.get("transB", 0)) else b
-    acc = int_matmul(a - _zp(az), b - _along(_zp(bz), 2, 1))
+    acc = int_matmul(a - zero_point_of(az), b - along_axis(zero_point_of(bz), 2, 1))
     if c is not None:
         acc = acc + np.asarray(c, np.int64)
-    acc = _wrap32(acc)
+    acc = wrap_int32(acc)
     if ys is None:  # float output: the boundary, computed as onnxruntime does (float32 alpha * s_a * s_b)
         scale = np.float32(alpha) * np.float32(as_) * np.asarray(bs, np.float32)
-        return [(acc.astype(np.float32) * _along(scale, 2, 1)).astype(np.float32)]
-    real = _along(alpha * _f64(as_) * _f64(bs) / _f64(ys), 2, 1)
-    return [_requant(acc, real, yz, _out_dtype(yz, ins[0]))]
+        return [(acc.astype(np.float32) * along_axis(scale, 2, 1)).astype(np.float32)]
+    real = along_axis(alpha * float64_of(as_) * float64_of(bs) / float64_of(ys), 2, 1)
+    return [requantize_real(acc, real, yz, result_dtype(yz, ins[0]))]
 
 
 
