@@ -2,8 +2,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# the oldest supported dependency versions (pyproject's floors), tested in a second environment
+FLOOR_VENV := .venv-floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+FLOOR_CONSTRAINTS := .ci/floor-constraints.txt
 
-.PHONY: test demo bench clean
+.PHONY: test lint test-floor demo bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -13,14 +18,31 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+test: lint $(STAMP)
 	$(PY) -m pytest
+	$(MAKE) test-floor
+
+lint: $(STAMP)
+	$(PY) -m ruff check quantsim adaround tests benchmarks examples
+	$(PY) -m mypy
+
+$(FLOOR_PY):
+	$(PYTHON) -m venv $(FLOOR_VENV)
+
+$(FLOOR_STAMP): $(FLOOR_PY) pyproject.toml $(FLOOR_CONSTRAINTS)
+	$(FLOOR_PY) -m pip install -q --upgrade pip
+	$(FLOOR_PY) -m pip install -q -c $(FLOOR_CONSTRAINTS) -e . pytest
+	touch $(FLOOR_STAMP)
+
+# the suite against the floor versions (examples and benchmarks helpers need only the main environment)
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_PY) -m pytest -p no:cacheprovider
 
 demo: $(STAMP)
 	$(PY) examples/demo_magika.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
@@ -32,4 +54,5 @@ bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.bench_core
 	$(PY) -m benchmarks.bench_integer
 	$(PY) -m benchmarks.bench_prepare
+	$(PY) -m benchmarks.bench_adaround
 	$(PY) -m benchmarks.suite.run
