@@ -8,7 +8,8 @@ symmetric about zero then makes the grid symmetric (AIMET's rule).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,43 +31,30 @@ def fixed_range_encoding(request: EncodingRequest, stats: TensorStats) -> Encodi
     return encoding_from_range(lo, hi, request.bits, **flags)
 
 
-def _by_scheme(items) -> dict[str, tuple[CalibrationScheme, list[int]]]:
+def _per_scheme(items: Sequence[tuple[CalibrationScheme, EncodingRequest, Any]], batched: Callable,
+                single: Callable) -> list[Encoding]:
+    """Each scheme's items through its batched form (``batched(scheme)``, when not None) or one by one."""
     groups: dict[str, tuple[CalibrationScheme, list[int]]] = {}
     for i, (scheme, _, _) in enumerate(items):
         groups.setdefault(scheme.name, (scheme, []))[1].append(i)
-    return groups
+    out: dict[int, Encoding] = {}
+    for scheme, members in groups.values():
+        pairs = [(items[i][1], items[i][2]) for i in members]
+        batch = batched(scheme)
+        results = batch(pairs) if batch is not None else [single(scheme)(request, x) for request, x in pairs]
+        out.update(zip(members, results))
+    return [out[i] for i in range(len(items))]
 
 
 def encodings_for_values(items: Sequence[tuple[CalibrationScheme, EncodingRequest, np.ndarray]]) -> list[Encoding]:
     """Encodings of constants (weights, biases, constant operands)."""
-    out: list[Encoding | None] = [None] * len(items)
-    for scheme, members in _by_scheme(items).values():
-        pairs = [(items[i][1], items[i][2]) for i in members]
-        if scheme.batch_from_values is not None:
-            results = scheme.batch_from_values(pairs)
-        else:
-            results = [scheme.from_values(request, values) for request, values in pairs]
-        for i, encoding in zip(members, results):
-            out[i] = encoding
-    return out  # type: ignore[return-value]
+    return _per_scheme(items, lambda s: s.batch_from_values, lambda s: s.from_values)
 
 
 def encodings_for_stats(items: Sequence[tuple[CalibrationScheme, EncodingRequest, TensorStats]]) -> list[Encoding]:
-    """Encodings of activations from their streamed statistics."""
-    out: list[Encoding | None] = [None] * len(items)
-    free = []
-    for i, (_, request, stats) in enumerate(items):
-        if request.fixed_range is not None:
-            out[i] = fixed_range_encoding(request, stats)
-        else:
-            free.append(items[i])
-    positions = [i for i, (_, request, _) in enumerate(items) if request.fixed_range is None]
-    for scheme, members in _by_scheme(free).values():
-        pairs = [(free[m][1], free[m][2]) for m in members]
-        if scheme.batch_from_stats is not None:
-            results = scheme.batch_from_stats(pairs)
-        else:
-            results = [scheme.from_stats(request, stats) for request, stats in pairs]
-        for m, encoding in zip(members, results):
-            out[positions[m]] = encoding
-    return out  # type: ignore[return-value]
+    """Encodings of activations from their streamed statistics (fixed ranges first, whatever the scheme)."""
+    out = {i: fixed_range_encoding(request, stats) for i, (_, request, stats) in enumerate(items)
+           if request.fixed_range is not None}
+    free = [i for i in range(len(items)) if i not in out]
+    out.update(zip(free, _per_scheme([items[i] for i in free], lambda s: s.batch_from_stats, lambda s: s.from_stats)))
+    return [out[i] for i in range(len(items))]
