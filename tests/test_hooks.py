@@ -207,3 +207,18 @@ def test_a_capturer_keeps_the_model_it_was_made_from():
     np.testing.assert_array_equal(before["c"], after["c"])
     (fresh,) = sim.capture(["c"], [feed], quantized=False)
     assert not np.array_equal(fresh["c"], before["c"])  # capture() follows the sim as it is now
+
+
+def test_capture_runs_only_what_the_captured_tensors_need():
+    """A tensor early in the graph is captured without running the rest (here a Reshape that would fail)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+         helper.make_node("Reshape", ["r", "bad_shape"], ["y"], name="reshape")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["A", "B"])],
+        [numpy_helper.from_array(np.array([3, 5], np.int64), "bad_shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sim = QuantizationSimModel(model, progress=False)
+    feed = {"x": np.arange(-4, 4, dtype=np.float32).reshape(2, 4)}
+    (values,) = sim.capture(["r"], [feed], quantized=False)
+    np.testing.assert_array_equal(values["r"], np.maximum(feed["x"], 0))

@@ -25,7 +25,8 @@ from onnx import helper
 
 from quantsim.calibration.run import check_feed
 from quantsim.errors import InvalidArgumentError
-from quantsim.graph.index import GraphIndex
+from quantsim.graph.index import GraphIndex, subgraph_references
+from quantsim.graph.large_models import copy_without_initializers
 from quantsim.graph.session import make_session
 
 if TYPE_CHECKING:
@@ -53,15 +54,27 @@ def _sim_names(float_index: GraphIndex, sim_model: onnx.ModelProto, tensors: lis
 
 
 def _with_outputs(model: onnx.ModelProto, outputs: list[str], index: GraphIndex) -> onnx.ModelProto:
-    existing = {o.name for o in model.graph.output}
-    extended = onnx.ModelProto()
-    extended.CopyFrom(model)
-    for name in outputs:
-        if name not in existing:
-            elem_type = index.elem_type.get(name, onnx.TensorProto.FLOAT)
-            extended.graph.output.append(helper.make_tensor_value_info(name, elem_type, None))
-            existing.add(name)
-    return extended
+    """``model`` computing only ``outputs``: the nodes they depend on, those tensors as graph outputs (a
+    capture early in the graph then costs a fraction of a pass, which per-layer algorithms repeat)."""
+    nodes = list(model.graph.node)
+    producer = {name: position for position, node in enumerate(nodes) for name in node.output if name}
+    needed: set[int] = set()  # positions of the nodes the outputs depend on
+    stack = list(outputs)
+    while stack:
+        position = producer.get(stack.pop())
+        if position is None or position in needed:
+            continue
+        needed.add(position)
+        stack.extend(n for n in nodes[position].input if n)
+        stack.extend(subgraph_references(nodes[position]))
+    pruned = copy_without_initializers(model)
+    del pruned.graph.node[:]
+    pruned.graph.node.extend(node for position, node in enumerate(nodes) if position in needed)
+    pruned.graph.initializer.extend(model.graph.initializer)
+    del pruned.graph.output[:]
+    pruned.graph.output.extend(
+        helper.make_tensor_value_info(name, index.elem_type.get(name, onnx.TensorProto.FLOAT), None) for name in outputs)
+    return pruned
 
 
 def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quantized: bool):
