@@ -2,8 +2,9 @@
 
     python -m benchmarks.bench_adaround [--models cls,rec] [--iterations 1000] [--quick]
 
-For each model: W8A8 and W4A8 with nearest rounding, W4A8 + AdaRound, W4A8 + Sequential MSE + AdaRound
-(weights per channel, activations min-max, the suite's calibration and held-out data and metric).
+For each model: W8A8 and W4A8 with nearest rounding, W4A8 + AdaRound, W4A8 + Sequential MSE (+ AdaRound),
+W8A8 + CLE (+ AdaRound) (weights per channel, activations min-max, the suite's calibration and held-out
+data and metric, plus the SQNR of the first output against FP32).
 Then seconds per 1,000 AdaRound iterations for typical layer shapes; when ``aimet_onnx`` is importable
 (it is not a dependency) the same layers go through its AdaRound for the ratio.
 """
@@ -28,25 +29,34 @@ def _outputs(session, feeds):
     return [session.run(None, f) for f in feeds]
 
 
-def _quality_rows(key: str, model_dirs, size, iterations: int) -> list[tuple[str, str, str, float]]:
+def _sqnr(reference, outputs) -> float:
+    ref = np.concatenate([r[0].reshape(-1) for r in reference]).astype(np.float64)
+    out = np.concatenate([o[0].reshape(-1) for o in outputs]).astype(np.float64)
+    return float(10 * np.log10(np.sum(ref ** 2) / max(np.sum((ref - out) ** 2), 1e-30)))
+
+
+def _quality_rows(key: str, model_dirs, size, iterations: int):
     import quantsim
-    from adaround import apply_adaround, apply_seq_mse
+    from adaround import apply_adaround, apply_seq_mse, equalize_model
 
     src, build = C.BUILDERS[key]
     case = build(model_dirs[src], size)
     reference = _outputs(ort.InferenceSession(str(case.model_path), providers=PROVIDERS), case.eval)
     rows = []
 
-    def sim_of(param_type):
-        sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type=param_type, progress=False)
+    def sim_of(param_type, model=None):
+        model = onnx.load(str(case.model_path)) if model is None else model
+        sim = quantsim.QuantizationSimModel(model, param_type=param_type, progress=False)
         sim.compute_encodings(case.calib)
         return sim
 
     def score(sim, label, seconds):
-        metrics = case.score(reference, _outputs(sim.session, case.eval))
-        rows.append((case.name, label, f"{metrics[case.primary]:.4f}", seconds))
-        print(f"[adaround] {case.name} {label}: {case.primary} {metrics[case.primary]:.4f} ({seconds:.1f} s)",
-              file=sys.stderr)
+        outputs = _outputs(sim.session, case.eval)
+        metrics = case.score(reference, outputs)
+        sqnr = _sqnr(reference, outputs)
+        rows.append((case.name, label, f"{metrics[case.primary]:.4f}", f"{sqnr:.1f}", seconds))
+        print(f"[adaround] {case.name} {label}: {case.primary} {metrics[case.primary]:.4f}, SQNR {sqnr:.1f} dB "
+              f"({seconds:.1f} s)", file=sys.stderr)
 
     for param_type in ("int8", "int4"):
         start = time.perf_counter()
@@ -61,6 +71,12 @@ def _quality_rows(key: str, model_dirs, size, iterations: int) -> list[tuple[str
     score(sim, "W4A8 + Seq MSE", time.perf_counter() - start)
     apply_adaround(sim, case.calib, num_iterations=iterations)
     score(sim, f"W4A8 + Seq MSE + AdaRound ({iterations} it)", time.perf_counter() - start)
+    start = time.perf_counter()
+    equalized = equalize_model(onnx.load(str(case.model_path)))
+    sim = sim_of("int8", equalized)
+    score(sim, "W8A8 + CLE", time.perf_counter() - start)
+    apply_adaround(sim, case.calib, num_iterations=iterations)
+    score(sim, f"W8A8 + CLE + AdaRound ({iterations} it)", time.perf_counter() - start)
     return rows, case
 
 
@@ -89,10 +105,11 @@ def _layer_model(op, x_shape, w_shape, attrs, activation):
     return model, feeds
 
 
-def speed_rows(iterations: int) -> list[tuple[str, float, str]]:
+def speed_rows(iterations: int, aimet_python: str | None = None) -> list[tuple[str, float, str]]:
     import quantsim
     from adaround import apply_adaround
 
+    aimet = _aimet_seconds(aimet_python, iterations) if aimet_python else {}
     rows = []
     for name, spec in LAYERS.items():
         model, feeds = _layer_model(*spec)
@@ -101,24 +118,25 @@ def speed_rows(iterations: int) -> list[tuple[str, float, str]]:
         start = time.perf_counter()
         (report,) = apply_adaround(sim, feeds, num_iterations=iterations)
         ours = (time.perf_counter() - start) * 1000 / iterations
-        aimet = _aimet_seconds(model, feeds, iterations)
-        rows.append((name, ours, "n/a (aimet-onnx not installed)" if aimet is None else f"{aimet:.2f} ({aimet / ours:.1f}x)"))
-        print(f"[adaround] {name}: {ours:.2f} s / 1000 it ({report.mode})", file=sys.stderr)
+        theirs = aimet.get(name)
+        cell = "n/a (aimet-onnx not run)" if theirs is None else f"{theirs:.2f} ({theirs / ours:.1f}x)"
+        rows.append((name, ours, cell))
+        print(f"[adaround] {name}: {ours:.2f} s / 1000 it ({report.mode}); aimet-onnx {cell}", file=sys.stderr)
     return rows
 
 
-def _aimet_seconds(model, feeds, iterations):
-    try:
-        from aimet_onnx import apply_adaround as aimet_apply_adaround
-        from aimet_onnx.adaround.adaround_weight import Adaround as AimetAdaround  # noqa: F401
-        from aimet_onnx.quantsim import QuantizationSimModel as AimetSim
-    except Exception:  # noqa: BLE001 - optional comparison
-        return None
-    sim = AimetSim(model, param_type="int4")
-    sim.compute_encodings(feeds)
-    start = time.perf_counter()
-    aimet_apply_adaround(sim, feeds, num_iterations=iterations)
-    return (time.perf_counter() - start) * 1000 / iterations
+def _aimet_seconds(python: str, iterations: int) -> dict[str, float]:
+    """aimet-onnx's seconds per 1,000 iterations per layer, from a Python that has it (a subprocess: its
+    torch and onnxruntime versions never meet this environment's)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([python, "-m", "benchmarks.aimet_adaround_timing", str(iterations)], cwd=root,
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        print(f"[adaround] aimet-onnx timing failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    return {name: float(value) for name, value in (line.split("\t") for line in done.stdout.splitlines() if "\t" in line)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,15 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=1000)
     ap.add_argument("--speed-iterations", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="the suite's small data split")
+    ap.add_argument("--aimet-python", default=None, help="a Python with aimet-onnx installed, for the speed ratio")
+    ap.add_argument("--speed-only", action="store_true")
     args = ap.parse_args(argv)
     size = C.QUICK if args.quick else C.FULL
     model_dirs = fetch_all()
-    lines = ["| model | variant | metric | value | seconds |", "|---|---|---|---|--:|"]
-    for key in args.models.split(","):
+    lines = ["| model | variant | metric | value | SQNR dB (1st output) | seconds |", "|---|---|---|--:|--:|--:|"]
+    for key in [] if args.speed_only else args.models.split(","):
         rows, case = _quality_rows(key, model_dirs, size, args.iterations)
-        lines += [f"| {m} | {v} | {case.primary} | {val} | {s:.1f} |" for m, v, val, s in rows]
+        lines += [f"| {m} | {v} | {case.primary} | {val} | {q} | {s:.1f} |" for m, v, val, q, s in rows]
     lines += ["", "| layer | quantsim s / 1000 it | aimet-onnx s / 1000 it (ratio) |", "|---|--:|--:|"]
-    lines += [f"| {n} | {s:.2f} | {a} |" for n, s, a in speed_rows(args.speed_iterations)]
+    lines += [f"| {n} | {s:.2f} | {a} |" for n, s, a in speed_rows(args.speed_iterations, args.aimet_python)]
     print("\n".join(lines))
     return 0
 
