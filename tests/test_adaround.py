@@ -178,3 +178,23 @@ def test_legacy_api_writes_parameter_encodings_for_a_new_sim(tmp_path):
     np.testing.assert_array_equal(fake_quantize(w1, sim.qc_quantize_op_dict["w1"].encoding), w1)
     with pytest.raises(quantsim.InvalidArgumentError, match="ignore_quant_ops_list"):
         Adaround.apply_adaround(_cnn(), params, tmp_path, "x", ignore_quant_ops_list=["nope"])
+
+
+def test_blockwise_int4_weights_are_rounded_on_their_blocks():
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((16, 6)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    feeds = [{"x": rng.standard_normal((32, 16)).astype(np.float32)} for _ in range(3)]
+    sim = QuantizationSimModel(model, param_type="int4", progress=False)
+    q = sim.qc_quantize_op_dict["w"]
+    q.set_qspec(quantsim.QSpec(quantsim.int4, quantsim.PerBlock(axis=1, block_axis=0, block_size=8), symmetric=True))
+    sim.compute_encodings(feeds)
+    (report,) = apply_adaround(sim, feeds, num_iterations=1500)
+    assert report.status == "rounded" and report.loss_after <= report.loss_before
+    assert q.encoding.block_size == 8 and q.encoding.scale.shape == (6, 2)
+    rounded = sim.get_weight("w")
+    np.testing.assert_array_equal(fake_quantize(rounded, q.encoding), rounded)
