@@ -222,3 +222,21 @@ def test_capture_runs_only_what_the_captured_tensors_need():
     feed = {"x": np.arange(-4, 4, dtype=np.float32).reshape(2, 4)}
     (values,) = sim.capture(["r"], [feed], quantized=False)
     np.testing.assert_array_equal(values["r"], np.maximum(feed["x"], 0))
+
+
+def test_capture_before_a_big_weight_leaves_the_weight_out():
+    """The sim hands big weights to onnxruntime as arrays; a capture that prunes their node must not."""
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((64, 3, 3, 3)).astype(np.float32)  # 6.9 KB: an in-memory placeholder
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64, 8, 8])],
+                              [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sim = QuantizationSimModel(model, progress=False)
+    feed = {"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)}
+    sim.compute_encodings([feed])
+    (values,) = sim.capture(["x"], [feed])
+    enc = sim.qc_quantize_op_dict["x"].encoding
+    codes = values["x"] / np.float32(enc.scale) + enc.zero_point
+    np.testing.assert_allclose(codes, np.rint(codes), atol=1e-3)

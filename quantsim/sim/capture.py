@@ -25,6 +25,7 @@ from onnx import helper
 
 from quantsim.calibration.run import check_feed
 from quantsim.errors import InvalidArgumentError
+from quantsim.graph.edit import referenced_names
 from quantsim.graph.index import GraphIndex, subgraph_references
 from quantsim.graph.large_models import copy_without_initializers
 from quantsim.graph.session import make_session
@@ -70,7 +71,8 @@ def _with_outputs(model: onnx.ModelProto, outputs: list[str], index: GraphIndex)
     pruned = copy_without_initializers(model)
     del pruned.graph.node[:]
     pruned.graph.node.extend(node for position, node in enumerate(nodes) if position in needed)
-    pruned.graph.initializer.extend(model.graph.initializer)
+    read = referenced_names(pruned.graph) | set(outputs) | {i.name for i in model.graph.input}
+    pruned.graph.initializer.extend(t for t in model.graph.initializer if t.name in read)
     del pruned.graph.output[:]
     pruned.graph.output.extend(
         helper.make_tensor_value_info(name, index.elem_type.get(name, onnx.TensorProto.FLOAT), None) for name in outputs)
@@ -95,8 +97,9 @@ def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quanti
     else:
         source, names = sim.model, {t: t for t in tensors}
     model = _with_outputs(source, sorted(set(names.values())), GraphIndex(source))
+    kept = {t.name for t in model.graph.initializer}
     session = make_session(model, sim.providers, session_options_kwargs=sim._session_options_kwargs,
-                           external_initializers=weights)
+                           external_initializers={k: v for k, v in weights.items() if k in kept})
     sim._capture_sessions = {k: v for k, v in sim._capture_sessions.items() if v[0] == sim._version}
     sim._capture_sessions[key] = (sim._version, session, names)
     return session, names
