@@ -17,14 +17,7 @@ from adaround.activations import Activation
 from adaround.layer_data import ColumnSample, SecondMoments
 from adaround.linear_form import LinearForm
 from adaround.params import AdaroundSettings
-from adaround.rounding import (
-    Adam,
-    beta_at,
-    init_alpha,
-    rectified_sigmoid,
-    rectified_sigmoid_grad,
-    regularizer_grad,
-)
+from adaround.rounding import GAMMA, ZETA, Adam, beta_at, init_alpha
 
 __all__ = ["WeightGrid", "RoundingResult", "optimize_rounding", "reconstruction_loss"]
 
@@ -88,6 +81,58 @@ def _sampled(form: LinearForm, ms: np.ndarray, cols: np.ndarray, target: np.ndar
     return float(np.sum(diff * diff)) / columns, form.to_weight(grad)
 
 
+class _SoftRounding:
+    """One layer's soft weight ``W(alpha)`` and the chain rule back to ``alpha``, on buffers reused every
+    iteration (the elementwise work dominated small layers' iterations when each step made temporaries).
+    Computes exactly `rectified_sigmoid`, `WeightGrid.weight`, `regularizer_grad` and
+    `rectified_sigmoid_grad` (tested against them)."""
+
+    def __init__(self, grid: WeightGrid, base: np.ndarray, zeta: float = ZETA, gamma: float = GAMMA):
+        shape = base.shape
+        self.scale = np.broadcast_to(grid.scale, shape).astype(np.float32)
+        self.low = np.broadcast_to(grid.qmin - grid.zero_point, shape).astype(np.float32)
+        self.high = np.broadcast_to(grid.qmax - grid.zero_point, shape).astype(np.float32)
+        self.base = base.astype(np.float32)
+        self.stretch, self.gamma = np.float32(zeta - gamma), np.float32(gamma)
+        self.sigmoid, self.h, self.dh = (np.empty(shape, np.float32) for _ in range(3))
+        self.code, self.weight, self.grad, self.work = (np.empty(shape, np.float32) for _ in range(4))
+        self.inside = np.empty(shape, bool)
+
+    def forward(self, alpha: np.ndarray) -> np.ndarray:
+        """The soft weight for ``alpha`` (a buffer, valid until the next call)."""
+        s, h = self.sigmoid, self.h
+        np.multiply(alpha, 0.5, out=s)
+        np.tanh(s, out=s)
+        s += 1
+        s *= 0.5
+        np.multiply(s, self.stretch, out=h)
+        h += self.gamma
+        np.subtract(1, s, out=self.dh)  # dh/dalpha = s (1 - s) (zeta - gamma) where the clip is inactive
+        self.dh *= s
+        self.dh *= self.stretch
+        self.dh *= (h > 0) & (h < 1)
+        np.clip(h, 0, 1, out=h)
+        np.add(self.base, h, out=self.code)
+        np.greater_equal(self.code, self.low, out=self.inside)
+        self.inside &= self.code <= self.high
+        np.clip(self.code, self.low, self.high, out=self.code)
+        return np.multiply(self.code, self.scale, out=self.weight)
+
+    def backward(self, grad_weight: np.ndarray, beta: float | None, reg_param: float) -> np.ndarray:
+        """``d (loss + reg_param * regularizer) / d alpha`` from ``d loss / d W`` (a buffer)."""
+        g = np.multiply(grad_weight, self.scale, out=self.grad)
+        g *= self.inside
+        if beta is not None and reg_param:
+            u = np.multiply(self.h, 2, out=self.work)
+            u -= 1
+            magnitude = np.power(np.abs(u), beta - 1)
+            np.copysign(magnitude, u, out=magnitude)
+            magnitude *= -2.0 * beta * reg_param
+            g += magnitude
+        g *= self.dh
+        return g
+
+
 def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, data: SecondMoments | ColumnSample,
                       bias: np.ndarray, activation: Activation | None, settings: AdaroundSettings,
                       rng: np.random.Generator, on_step: Callable[[int], None] | None = None) -> RoundingResult:
@@ -95,12 +140,12 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
     base, fraction = grid.floor_and_fraction(weight)
     alpha = init_alpha(fraction)
     adam = Adam(alpha, lr=settings.learning_rate)
+    soft = _SoftRounding(grid, base)
     float_matrix = form.to_matrix(weight)
     total = data.cols.shape[2] if isinstance(data, ColumnSample) else 0
     batch = min(settings.columns_per_iteration, total) if total else 0
     for iteration in range(settings.num_iterations):
-        h = rectified_sigmoid(alpha)
-        w_soft, dw_dh = grid.weight(base, h)
+        w_soft = soft.forward(alpha)
         if isinstance(data, ColumnSample):  # columns were shuffled once: consecutive windows are random samples
             start = min((iteration * batch) % total, total - batch)
             window = slice(start, start + batch)
@@ -108,11 +153,8 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
                                  activation)
         else:
             grad_w = form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))
-        grad_h = grad_w * dw_dh
         beta = beta_at(iteration, settings.num_iterations, settings.beta_range, settings.warm_start)
-        if beta is not None and settings.reg_param:
-            grad_h = grad_h + settings.reg_param * regularizer_grad(h, beta)
-        adam.step((grad_h * rectified_sigmoid_grad(alpha)).astype(np.float32))
+        adam.step(soft.backward(grad_w, beta, settings.reg_param))
         if on_step is not None:
             on_step(iteration)
     hard = grid.weight(base, (alpha >= 0).astype(np.float32))[0]

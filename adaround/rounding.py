@@ -84,12 +84,20 @@ class Adam:
         self.t = 0
 
     def step(self, grad: np.ndarray) -> None:
+        """One update, in place. ``lr m_hat / (sqrt(v_hat) + eps)`` is computed as the equal
+        ``lr_t m / (sqrt(v) + eps_t)`` with the bias corrections folded into two scalars."""
         b1, b2 = self.betas
         self.t += 1
         self.m *= b1
         self.m += (1 - b1) * grad
         self.v *= b2
-        self.v += (1 - b2) * grad * grad
-        m_hat = self.m / (1 - b1 ** self.t)
-        v_hat = self.v / (1 - b2 ** self.t)
-        self.param -= (self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(self.param.dtype)
+        buffer = np.multiply(grad, grad, out=getattr(self, "_buffer", None))
+        buffer *= 1 - b2
+        self.v += buffer
+        correction = math.sqrt(1 - b2 ** self.t)
+        np.sqrt(self.v, out=buffer)
+        buffer += self.eps * correction
+        np.divide(self.m, buffer, out=buffer)
+        buffer *= self.lr * correction / (1 - b1 ** self.t)
+        self.param -= buffer
+        self._buffer = buffer

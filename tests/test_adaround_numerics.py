@@ -142,3 +142,24 @@ def test_weight_grid_soft_and_hard_weights():
     codes = hard / scale
     np.testing.assert_array_equal(codes, np.rint(codes))
     assert math.isclose(float(slope[1, 0]), 0.25)
+
+
+@pytest.mark.parametrize("beta", [None, 3.0, 17.5])
+def test_fused_soft_rounding_equals_the_reference_chain(beta):
+    from adaround.layer_rounding import _SoftRounding
+
+    rng = np.random.default_rng(6)
+    scale = rng.uniform(0.01, 0.1, (4, 1)).astype(np.float32)
+    grid = WeightGrid(scale, np.zeros_like(scale), -8, 7)
+    weight = (rng.standard_normal((4, 9)) * 0.3).astype(np.float32)
+    base, fraction = grid.floor_and_fraction(weight)
+    alpha = init_alpha(fraction) + rng.normal(0, 2, weight.shape).astype(np.float32)  # some clipped h too
+    upstream = rng.standard_normal(weight.shape).astype(np.float32)
+    soft = _SoftRounding(grid, base)
+    fused_weight = soft.forward(alpha).copy()
+    fused_grad = soft.backward(upstream, beta, 0.01).copy()
+    h = rectified_sigmoid(alpha)
+    ref_weight, slope = grid.weight(base, h)
+    grad_h = upstream * slope + (0.01 * regularizer_grad(h, beta) if beta is not None else 0)
+    np.testing.assert_allclose(fused_weight, ref_weight, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(fused_grad, grad_h * rectified_sigmoid_grad(alpha), rtol=1e-5, atol=1e-6)
