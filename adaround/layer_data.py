@@ -7,8 +7,9 @@ Two forms (see `adaround.linear_form` for the column layout):
   ``S_qq = sum c_q c_q^T`` and ``S_qf = sum c_q c_f^T`` (``K x K`` per group, accumulated in float64) and
   ``W S_ff W^T``'s trace. Every iteration then sees all the data at ``O(M K^2)`` cost.
 * `ColumnSample` (an activation follows): a uniform random subset of the columns of the sim's layer input
-  and the float model's activation output, bounded by a memory budget; iterations draw mini-batches
-  from it.
+  and the float model's activation output, bounded by a memory budget, in data order; each iteration
+  reads a window of consecutive columns at a random offset (neighbouring positions of a few samples,
+  as AIMET's mini-batches of whole samples), a view that copies nothing.
 
 The layer input comes from the sim (earlier layers already rounded, activations quantized as
 configured); the target from the float model, through capturers made before any weight changed.
@@ -115,6 +116,4 @@ def column_sample(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray]
         kept_target.append(target)
     if not kept_cols:
         raise InvalidArgumentError("the calibration data is empty: no batch reached the layer")
-    cols, target = np.concatenate(kept_cols, axis=2), np.concatenate(kept_target, axis=1)
-    order = rng.permutation(cols.shape[2])  # shuffled once, so that any window of columns is a random sample
-    return ColumnSample(np.ascontiguousarray(cols[:, :, order]), np.ascontiguousarray(target[:, order]))
+    return ColumnSample(np.concatenate(kept_cols, axis=2), np.concatenate(kept_target, axis=1))

@@ -69,16 +69,19 @@ def reconstruction_loss(form: LinearForm, w_soft: np.ndarray, w_float: np.ndarra
 
 
 def _sampled(form: LinearForm, ms: np.ndarray, cols: np.ndarray, target: np.ndarray, bias: np.ndarray,
-             activation: Activation | None) -> tuple[float, np.ndarray]:
+             activation: Activation | None, with_loss: bool = True) -> tuple[float, np.ndarray]:
     g, m_g, _ = ms.shape
-    z = (np.matmul(ms, cols) + bias).reshape(g * m_g, -1)
+    z = np.matmul(ms, cols)
+    z += bias
+    z = z.reshape(g * m_g, -1)
     y = z if activation is None else activation.forward(z)
     diff = y - target
     columns = diff.shape[1]
-    upstream = (2.0 / columns) * diff
-    dz = upstream if activation is None else activation.backward(z, y, upstream)
-    grad = np.matmul(dz.reshape(g, m_g, -1).astype(np.float32), np.swapaxes(cols, 1, 2))
-    return float(np.sum(diff * diff)) / columns, form.to_weight(grad)
+    loss = float(np.vdot(diff, diff)) / columns if with_loss else float("nan")
+    diff *= 2.0 / columns
+    dz = diff if activation is None else activation.backward(z, y, diff)
+    grad = np.matmul(dz.reshape(g, m_g, -1).astype(np.float32, copy=False), np.swapaxes(cols, 1, 2))
+    return loss, form.to_weight(grad)
 
 
 class _SoftRounding:
@@ -146,11 +149,11 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
     batch = min(settings.columns_per_iteration, total) if total else 0
     for iteration in range(settings.num_iterations):
         w_soft = soft.forward(alpha)
-        if isinstance(data, ColumnSample):  # columns were shuffled once: consecutive windows are random samples
-            start = min((iteration * batch) % total, total - batch)
+        if isinstance(data, ColumnSample):  # a window of consecutive columns at a random offset: a view
+            start = int(rng.integers(0, total - batch + 1))
             window = slice(start, start + batch)
             _, grad_w = _sampled(form, form.to_matrix(w_soft), data.cols[:, :, window], data.target[:, window], bias,
-                                 activation)
+                                 activation, with_loss=False)
         else:
             grad_w = form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))
         beta = beta_at(iteration, settings.num_iterations, settings.beta_range, settings.warm_start)
