@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim, snapshot  # tests/tiny_cnn.py
 
 import quantsim
@@ -950,3 +950,29 @@ def test_config_encoding_constraints_fix_the_output_range(tmp_path):
     q.set_fixed_encoding_range((-2.0, 2.0))
     sim.compute_encodings([{"x": np.array([-0.1, 0.0, 0.2, 0.3], np.float32)}])
     assert q.encoding.symmetric and abs(float(q.encoding.max) - 2.0) < 1e-9  # scale max(2/127, 2/128)
+
+
+def test_fold_batchnorm_false_keeps_batchnorm_with_its_own_precision():
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), "g"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32) * 0.1, "m"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, 4).astype(np.float32), "v")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["y"], name="bn")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    folded = QuantizationSimModel(model, progress=False)
+    assert "BatchNormalization" not in [n.op_type for n in folded.model.graph.node]
+    kept = QuantizationSimModel(model, progress=False, fold_batchnorm=False)
+    assert [n.op_type for n in kept.model.graph.node] == ["Conv", "BatchNormalization"]
+    feeds = [{"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float32)} for _ in range(2)]
+    kept.qc_quantize_op_dict["y"].set_precision("float16")
+    kept.compute_encodings(feeds)
+    assert "g" in kept.param_names and kept.qc_quantize_op_dict["y"].encoding is None
+    fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+    out = kept.session.run(None, feeds[0])[0]
+    assert np.abs(out - fp32).max() < 0.1 * np.abs(fp32).max()

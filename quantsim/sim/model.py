@@ -60,7 +60,9 @@ class QuantizationSimModel:
     ``config_file`` (AIMET quantsim-config JSON path or alias; None = per-channel default), ``providers``
     (onnxruntime providers), ``path`` (working directory for artifacts). Additions: ``percentile``
     (for the percentile scheme), ``use_integer_kernels`` (run ``session`` with onnxruntime's Q/DQ
-    fusion into integer kernels instead of the exact float simulation) and ``progress`` (tqdm bars).
+    fusion into integer kernels instead of the exact float simulation), ``progress`` (tqdm bars) and
+    ``fold_batchnorm`` (False keeps BatchNormalization as its own op, with its own quantizers and precision,
+    as AIMET's mixed-precision recipe needs).
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
     """
 
@@ -80,6 +82,7 @@ class QuantizationSimModel:
         percentile: float = 100.0,
         use_integer_kernels: bool = False,
         progress: bool = True,
+        fold_batchnorm: bool = True,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -108,7 +111,7 @@ class QuantizationSimModel:
         self._session_options_kwargs = dict(session_options_kwargs or {})
         self.use_integer_kernels = bool(use_integer_kernels)
         self.progress = bool(progress)
-        self.model = prepare(proto)
+        self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
         self._build_quantizers(percentile)
 
     # construction ------------------------------------------------------------------------------
