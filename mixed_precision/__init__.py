@@ -1,0 +1,14 @@
+"""Mixed precision built on quantsim's public API: precision presets and per-layer overrides (by exact node
+name, regular expression, op type or default), as a Python API and as a JSON file."""
+from mixed_precision.overrides import OverrideConflictError, PrecisionOverrides, apply_precision_overrides, load_overrides
+from mixed_precision.presets import PRESETS, Precision, preset
+
+__all__ = [
+    "Precision",
+    "PRESETS",
+    "preset",
+    "PrecisionOverrides",
+    "OverrideConflictError",
+    "load_overrides",
+    "apply_precision_overrides",
+]

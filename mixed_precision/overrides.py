@@ -1,0 +1,135 @@
+"""Per-node precision overrides with a clear precedence: exact node name > regular expression (first match,
+in the order given) > op type > default.
+
+A node's precision sets its parameter quantizers to the preset's weight type and its output quantizers to
+the activation type (inputs belong to the nodes that produce them; model inputs take the precision of their
+first reader). Quantizers tied across nodes (a Concat's inputs, a Relu sharing its input's grid) must end up
+with one precision: two different precisions for one quantizer raise `OverrideConflictError` naming both
+nodes. Frozen quantizers keep their spec (reported). JSON form::
+
+    {"default": "W8A8", "op_type": {"Gemm": "W8A16"}, "regex": {"^encoder/.*attn": "W16A16"},
+     "node": {"conv1": "W4A8", "bn1": "FP16"}}
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mixed_precision.presets import Precision, preset
+from quantsim import ConfigError, QuantizationSimModel
+
+__all__ = ["PrecisionOverrides", "OverrideConflictError", "load_overrides", "apply_precision_overrides"]
+
+_KEYS = ("default", "op_type", "regex", "node")
+
+
+class OverrideConflictError(ConfigError):
+    """Two nodes ask one tied quantizer for different precisions."""
+
+
+@dataclass(frozen=True)
+class PrecisionOverrides:
+    """Resolved override rules (see the module docstring)."""
+
+    default: Precision | None = None
+    op_type: dict[str, Precision] = field(default_factory=dict)
+    regex: list[tuple[re.Pattern, Precision]] = field(default_factory=list)
+    node: dict[str, Precision] = field(default_factory=dict)
+
+    def precision_of(self, node_name: str, op_type: str) -> tuple[Precision | None, str]:
+        """``(precision, which rule)`` for one node."""
+        if node_name in self.node:
+            return self.node[node_name], f"node {node_name!r}"
+        for pattern, precision in self.regex:
+            if pattern.search(node_name):
+                return precision, f"regex {pattern.pattern!r}"
+        if op_type in self.op_type:
+            return self.op_type[op_type], f"op type {op_type}"
+        return self.default, "default"
+
+
+def load_overrides(source: str | os.PathLike | Mapping[str, Any]) -> PrecisionOverrides:
+    """Rules from a JSON file or an already-decoded mapping; errors name the file and key."""
+    label = "<dict>"
+    if not isinstance(source, Mapping):
+        label = str(source)
+        try:
+            source = json.loads(Path(source).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"{label}: cannot read precision overrides: {error}") from None
+    if not isinstance(source, Mapping):
+        raise ConfigError(f"{label}: precision overrides must be a JSON object")
+    unknown = sorted(set(source) - set(_KEYS))
+    if unknown:
+        raise ConfigError(f"{label}: unknown key(s) {unknown}; expected {list(_KEYS)}")
+
+    def table(key: str) -> dict[str, Precision]:
+        value = source.get(key, {})
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{label}: '{key}' must map names to presets")
+        try:
+            return {str(name): preset(p) for name, p in value.items()}
+        except ValueError as error:
+            raise ConfigError(f"{label}: '{key}': {error}") from None
+
+    try:
+        default = preset(source["default"]) if source.get("default") is not None else None
+        patterns = [(re.compile(p), precision) for p, precision in table("regex").items()]
+    except (ValueError, re.error) as error:
+        raise ConfigError(f"{label}: {error}") from None
+    return PrecisionOverrides(default, table("op_type"), patterns, table("node"))
+
+
+def apply_precision_overrides(sim: QuantizationSimModel, overrides: PrecisionOverrides | Mapping | str | os.PathLike,
+                              ) -> list[tuple[str, str, str]]:
+    """Set every node's quantizers by the rules; returns ``(node, preset, rule)`` for each node a rule
+    chose. Unknown node names or op types in the rules are an error (nothing is changed then)."""
+    rules = overrides if isinstance(overrides, PrecisionOverrides) else load_overrides(overrides)
+    graph_nodes = list(sim.model.graph.node)
+    names, op_types = {n.name for n in graph_nodes}, {n.op_type for n in graph_nodes}
+    missing = [n for n in rules.node if n not in names]
+    if missing:
+        raise ConfigError(f"precision overrides name node(s) {missing[:5]} not in the prepared model "
+                          f"(nodes: {sorted(names)[:8]}...)")
+    absent = [t for t in rules.op_type if t not in op_types]
+    if absent:
+        raise ConfigError(f"precision overrides name op type(s) {absent} the model does not have "
+                          f"(it has {sorted(op_types)})")
+    wanted: dict[int, tuple[Any, Any, str]] = {}  # id(quantizer) -> (quantizer, qtype, node)
+    chosen = []
+    graph_inputs = {i.name for i in sim.model.graph.input}
+    for node in graph_nodes:
+        precision, rule = rules.precision_of(node.name, node.op_type)
+        if precision is None:
+            continue
+        chosen.append((node.name, precision.name, rule))
+        for tensor in node.input:
+            q = sim.qc_quantize_op_dict.get(tensor)
+            if q is not None and q.role == "param":
+                _want(wanted, q, precision.param_type, node.name)
+            elif q is not None and tensor in graph_inputs:
+                _want(wanted, q, precision.activation_type, node.name, first_only=True)
+        for tensor in node.output:
+            q = sim.qc_quantize_op_dict.get(tensor)
+            if q is not None:
+                _want(wanted, q, precision.activation_type, node.name)
+    with sim.transaction():
+        for q, dtype, _ in wanted.values():
+            if not q.is_encoding_frozen() and q.precision() != dtype:
+                q.set_precision(dtype)
+    return chosen
+
+
+def _want(wanted: dict, q, dtype, node: str, first_only: bool = False) -> None:
+    previous = wanted.get(id(q))
+    if previous is None:
+        wanted[id(q)] = (q, dtype, node)
+    elif previous[1] != dtype and not first_only:
+        raise OverrideConflictError(
+            f"quantizer {q.name!r} is shared by nodes {previous[2]!r} and {node!r}, which ask for "
+            f"{previous[1]} and {dtype}: give both the same precision")
