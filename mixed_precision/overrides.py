@@ -3,9 +3,11 @@ in the order given) > op type > default.
 
 A node's precision sets its parameter quantizers to the preset's weight type and its output quantizers to
 the activation type (inputs belong to the nodes that produce them; model inputs take the precision of their
-first reader). Quantizers tied across nodes (a Concat's inputs, a Relu sharing its input's grid) must end up
-with one precision: two different precisions for one quantizer raise `OverrideConflictError` naming both
-nodes. Frozen quantizers keep their spec (reported). JSON form::
+first reader). A quantizer tied across nodes (a Concat's inputs and output, a Relu sharing its input's grid)
+takes the precision of the most specific rule among those nodes (a BatchNormalization set to FP16 by op
+type keeps FP16 although the Relu after it falls under the default); two rules of the same rank asking it
+for different precisions raise `OverrideConflictError` naming both nodes, and nothing changes. Frozen
+quantizers keep their spec. JSON form::
 
     {"default": "W8A8", "op_type": {"Gemm": "W8A16"}, "regex": {"^encoder/.*attn": "W16A16"},
      "node": {"conv1": "W4A8", "bn1": "FP16"}}
@@ -41,16 +43,16 @@ class PrecisionOverrides:
     regex: list[tuple[re.Pattern, Precision]] = field(default_factory=list)
     node: dict[str, Precision] = field(default_factory=dict)
 
-    def precision_of(self, node_name: str, op_type: str) -> tuple[Precision | None, str]:
-        """``(precision, which rule)`` for one node."""
+    def precision_of(self, node_name: str, op_type: str) -> tuple[Precision | None, str, int]:
+        """``(precision, which rule, its rank)`` for one node (node 3 > regex 2 > op type 1 > default 0)."""
         if node_name in self.node:
-            return self.node[node_name], f"node {node_name!r}"
+            return self.node[node_name], f"node {node_name!r}", 3
         for pattern, precision in self.regex:
             if pattern.search(node_name):
-                return precision, f"regex {pattern.pattern!r}"
+                return precision, f"regex {pattern.pattern!r}", 2
         if op_type in self.op_type:
-            return self.op_type[op_type], f"op type {op_type}"
-        return self.default, "default"
+            return self.op_type[op_type], f"op type {op_type}", 1
+        return self.default, "default", 0
 
 
 def load_overrides(source: str | os.PathLike | Mapping[str, Any]) -> PrecisionOverrides:
@@ -100,36 +102,37 @@ def apply_precision_overrides(sim: QuantizationSimModel, overrides: PrecisionOve
     if absent:
         raise ConfigError(f"precision overrides name op type(s) {absent} the model does not have "
                           f"(it has {sorted(op_types)})")
-    wanted: dict[int, tuple[Any, Any, str]] = {}  # id(quantizer) -> (quantizer, qtype, node)
+    wanted: dict[int, tuple[Any, Any, str, int]] = {}  # id(quantizer) -> (quantizer, qtype, node, rule rank)
     chosen = []
     graph_inputs = {i.name for i in sim.model.graph.input}
     for node in graph_nodes:
-        precision, rule = rules.precision_of(node.name, node.op_type)
+        precision, rule, rank = rules.precision_of(node.name, node.op_type)
         if precision is None:
             continue
         chosen.append((node.name, precision.name, rule))
         for tensor in node.input:
             q = sim.qc_quantize_op_dict.get(tensor)
             if q is not None and q.role == "param":
-                _want(wanted, q, precision.param_type, node.name)
-            elif q is not None and tensor in graph_inputs:
-                _want(wanted, q, precision.activation_type, node.name, first_only=True)
+                _want(wanted, q, precision.param_type, node.name, rank)
+            elif q is not None and tensor in graph_inputs and id(q) not in wanted:
+                _want(wanted, q, precision.activation_type, node.name, rank)  # a model input: its first reader
         for tensor in node.output:
             q = sim.qc_quantize_op_dict.get(tensor)
             if q is not None:
-                _want(wanted, q, precision.activation_type, node.name)
+                _want(wanted, q, precision.activation_type, node.name, rank)
     with sim.transaction():
-        for q, dtype, _ in wanted.values():
+        for q, dtype, _, _ in wanted.values():
             if not q.is_encoding_frozen() and q.precision() != dtype:
                 q.set_precision(dtype)
     return chosen
 
 
-def _want(wanted: dict, q, dtype, node: str, first_only: bool = False) -> None:
+def _want(wanted: dict, q, dtype, node: str, rank: int) -> None:
+    """Record that ``node``'s rule of ``rank`` asks ``q`` for ``dtype``; the higher rank wins a tie."""
     previous = wanted.get(id(q))
-    if previous is None:
-        wanted[id(q)] = (q, dtype, node)
-    elif previous[1] != dtype and not first_only:
+    if previous is None or rank > previous[3]:
+        wanted[id(q)] = (q, dtype, node, rank)
+    elif rank == previous[3] and previous[1] != dtype:
         raise OverrideConflictError(
-            f"quantizer {q.name!r} is shared by nodes {previous[2]!r} and {node!r}, which ask for "
-            f"{previous[1]} and {dtype}: give both the same precision")
+            f"quantizer {q.name!r} is shared by nodes {previous[2]!r} and {node!r}, whose rules of the same rank "
+            f"ask for {previous[1]} and {dtype}: give both the same precision")

@@ -63,8 +63,8 @@ def test_tied_quantizers_with_two_precisions_conflict_and_nothing_changes():
     assert sim.qc_quantize_op_dict["a"] is sim.qc_quantize_op_dict["b"]  # Concat ties its inputs
     before = {n: q.precision() for n, q in sim.qc_quantize_op_dict.items()}
     with pytest.raises(OverrideConflictError, match="'left' and 'right'"):
-        apply_precision_overrides(sim, {"default": "W8A8", "node": {"right": "W8A16"}})
+        apply_precision_overrides(sim, {"default": "W8A8", "node": {"left": "W8A8", "right": "W8A16"}})
     assert {n: q.precision() for n, q in sim.qc_quantize_op_dict.items()} == before
-    # the Concat's output shares the grid too: all three nodes take the same precision
-    apply_precision_overrides(sim, {"default": "W8A8", "op_type": {"Conv": "W8A16", "Concat": "W8A16"}})
-    assert sim.qc_quantize_op_dict["a"].bitwidth == 16
+    # one node rule outranks the default the other two nodes sharing the grid fall under
+    apply_precision_overrides(sim, {"default": "W8A8", "node": {"right": "W8A16"}})
+    assert sim.qc_quantize_op_dict["a"].bitwidth == 16 and sim.qc_quantize_op_dict["w1"].bitwidth == 8
