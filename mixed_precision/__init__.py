@@ -1,5 +1,6 @@
 """Mixed precision built on quantsim's public API: precision presets and per-layer overrides (by exact node
 name, regular expression, op type or default), as a Python API and as a JSON file."""
+from mixed_precision.analysis import GroupScore, TensorHealth, group_sensitivity, report_dict, tensor_health
 from mixed_precision.overrides import OverrideConflictError, PrecisionOverrides, apply_precision_overrides, load_overrides
 from mixed_precision.presets import PRESETS, Precision, preset
 
@@ -11,4 +12,9 @@ __all__ = [
     "OverrideConflictError",
     "load_overrides",
     "apply_precision_overrides",
+    "GroupScore",
+    "TensorHealth",
+    "group_sensitivity",
+    "tensor_health",
+    "report_dict",
 ]
