@@ -3,6 +3,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -27,6 +28,8 @@ def _model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+# reloading into a default sim reports every tensor the file sets differently (4-bit, FP16): expected here
+@pytest.mark.filterwarnings("ignore::quantsim.QuantsimWarning")
 def test_freeze_then_fp16_workflow(tmp_path):
     spec = importlib.util.spec_from_file_location("example_mixed_precision_workflow",
                                                   EXAMPLES / "mixed_precision_workflow.py")
