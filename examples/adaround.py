@@ -11,7 +11,6 @@ Runs in a few minutes on 2 cores.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: this file's name shadows `adaround`
 
-from examples_common import load_case, output_agreement  # noqa: E402
+from examples_common import load_case, output_agreement, parse_case_arguments  # noqa: E402
 
 from adaround import apply_adaround  # noqa: E402
 from quantsim import QuantizationSimModel  # noqa: E402
@@ -53,14 +52,7 @@ def run(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict],
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, help="ONNX model (default: PP-OCR mobile cls)")
-    ap.add_argument("--data", type=Path, help=".npz calibration data (needed with --model)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--iterations", type=int, default=2000)
-    ap.add_argument("--param-type", default="int4")
-    ap.add_argument("--out-dir", type=Path, default=None)
-    args = ap.parse_args(argv)
+    args = parse_case_arguments(__doc__, argv, iterations=2000, extra=[("--param-type", {"default": "int4"})])
     model, calibration, evaluation = load_case(args.model, args.data, args.batch_size)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="quantsim-adaround-"))
     run(model, calibration, evaluation, param_type=args.param_type, iterations=args.iterations, out_dir=out_dir)

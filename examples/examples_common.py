@@ -1,6 +1,7 @@
 """What the algorithm examples share: loading a model and data, and scoring against FP32."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -39,3 +40,17 @@ def load_case(model_path: Path | None, data: Path | None, batch_size: int):
 
     case = cases.cls_case(fetch_ppocr(), cases.QUICK)
     return onnx.load(str(case.model_path)), case.calib, case.eval
+
+
+def parse_case_arguments(doc: str, argv: list[str] | None, *, iterations: int, extra=()) -> argparse.Namespace:
+    """The examples' shared options: ``--model``/``--data``/``--batch-size`` (see `load_case`),
+    ``--iterations`` and ``--out-dir``; ``extra`` adds ``(flag, kwargs)`` options."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="ONNX model (default: PP-OCR mobile cls)")
+    ap.add_argument("--data", type=Path, help=".npz calibration data, one array per model input (with --model)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=iterations, help="AdaRound iterations per layer")
+    ap.add_argument("--out-dir", type=Path, default=None)
+    for flag, kwargs in extra:
+        ap.add_argument(flag, **kwargs)
+    return ap.parse_args(argv)

@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: examples/adaround.py shadows `adaround`
 
-from examples_common import load_case, output_agreement  # noqa: E402
+from examples_common import load_case, output_agreement, parse_case_arguments  # noqa: E402
 
 from adaround import apply_adaround  # noqa: E402
 from mixed_precision import apply_precision_overrides  # noqa: E402
@@ -71,13 +70,7 @@ def run(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict],
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path)
-    ap.add_argument("--data", type=Path)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--iterations", type=int, default=1000)
-    ap.add_argument("--out-dir", type=Path, default=None)
-    args = ap.parse_args(argv)
+    args = parse_case_arguments(__doc__, argv, iterations=1000)
     model, calibration, evaluation = load_case(args.model, args.data, args.batch_size)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="quantsim-mixed-"))
     run(model, calibration, evaluation, out_dir, iterations=args.iterations)

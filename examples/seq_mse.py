@@ -7,7 +7,6 @@ Same data options as ``examples/adaround.py``. Runs in a few minutes on 2 cores.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: examples/adaround.py shadows `adaround`
 
-from examples_common import load_case, output_agreement  # noqa: E402
+from examples_common import load_case, output_agreement, parse_case_arguments  # noqa: E402
 
 from adaround import apply_adaround, apply_seq_mse  # noqa: E402
 from quantsim import QuantizationSimModel  # noqa: E402
@@ -46,13 +45,7 @@ def run(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict],
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path)
-    ap.add_argument("--data", type=Path)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--iterations", type=int, default=1000)
-    ap.add_argument("--param-type", default="int4")
-    args = ap.parse_args(argv)
+    args = parse_case_arguments(__doc__, argv, iterations=1000, extra=[("--param-type", {"default": "int4"})])
     model, calibration, evaluation = load_case(args.model, args.data, args.batch_size)
     run(model, calibration, evaluation, param_type=args.param_type, iterations=args.iterations)
     return 0
