@@ -893,6 +893,7 @@ def test_export_model_serialisation_failure_keeps_both_old_files(tmp_path, monke
 
 
 def test_export_model_write_failure_keeps_old_model(tmp_path, monkeypatch):
+    import quantsim.graph.file_set as file_set
     import quantsim.graph.model_io as model_io
 
     sim = calibrated_sim()
@@ -902,7 +903,7 @@ def test_export_model_write_failure_keeps_old_model(tmp_path, monkeypatch):
     def failing_fsync(fd):
         raise OSError("I/O error (simulated)")
 
-    monkeypatch.setattr(model_io.os, "fsync", failing_fsync)
+    monkeypatch.setattr(file_set.os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="simulated"):
         model_io.save_model_atomic(sim.model, tmp_path / "model.onnx")
     monkeypatch.undo()

@@ -13,6 +13,7 @@ import builtins
 import enum
 from dataclasses import dataclass
 
+import numpy as np
 from onnx import TensorProto
 
 from quantsim.errors import InvalidArgumentError, InvalidTypeError
@@ -29,6 +30,7 @@ __all__ = [
     "QuantScheme",
     "MIN_INT_BITS",
     "MAX_INT_BITS",
+    "as_bitwidth",
 ]
 
 MIN_INT_BITS = 2
@@ -40,6 +42,16 @@ _NATIVE_CONTAINERS = {
     8: (TensorProto.INT8, TensorProto.UINT8, 10),
     16: (TensorProto.INT16, TensorProto.UINT16, 21),
 }
+
+
+def as_bitwidth(value: object, what: str = "bitwidth") -> builtins.int:
+    """``value`` as an integer bitwidth: ints and integral floats (``8.0``) pass; fractions (``4.5``),
+    booleans and non-numbers are an error naming ``what`` (never truncated to a smaller grid)."""
+    if isinstance(value, bool) or not isinstance(value, (builtins.int, builtins.float, np.integer, np.floating)):
+        raise InvalidTypeError(f"{what} must be an integer number of bits, got {value!r} ({type(value).__name__})")
+    if not np.isfinite(value) or builtins.int(value) != value:
+        raise InvalidArgumentError(f"{what} must be a whole number of bits, got {value!r}")
+    return builtins.int(value)
 
 
 class QuantizationDataType(enum.Enum):
@@ -81,7 +93,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
     @classmethod
     def int(cls, bits: int) -> qtype:
         """An integer grid of ``bits`` bits (2..16)."""
-        return cls("int", int(bits))
+        return cls("int", as_bitwidth(bits))
 
     @classmethod
     def float(cls, exponent_bits: builtins.int, mantissa_bits: builtins.int) -> qtype:
@@ -112,6 +124,7 @@ class qtype:  # noqa: N801 - the name users know from AIMET
         """Map AIMET's legacy ``(QuantizationDataType, bitwidth)`` pair to a qtype."""
         if isinstance(data_type, str):
             data_type = QuantizationDataType[data_type]
+        bits = as_bitwidth(bits)
         if data_type == QuantizationDataType.float:
             if bits == 16:
                 return float16

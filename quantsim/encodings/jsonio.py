@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from typing import Any
 
 from quantsim.errors import EncodingFormatError
+from quantsim.graph.file_set import FileSet
 
 __all__ = ["write_json_atomic", "load_json_file"]
 
@@ -14,37 +14,14 @@ __all__ = ["write_json_atomic", "load_json_file"]
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as JSON (``sort_keys=True, indent=4``, as AIMET does) without ever leaving a torn file.
 
-    The text is serialised first (a serialisation error touches nothing), written to a temporary file in
-    the target's directory, fsynced and moved over the target with `os.replace`. On any failure the
-    temporary file is removed and an existing target is left as it was.
+    The text is serialised first (a serialisation error touches nothing), written to a staging file in
+    the target's folder, fsynced and moved over the target (`quantsim.graph.file_set.FileSet`). On any
+    failure the staged file is removed and an existing target is left as it was.
     """
-    text = json.dumps(obj, sort_keys=True, indent=4)
-    path = os.fspath(path)
-    directory, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{base}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # make the rename durable; not possible everywhere (e.g. Windows), so best effort
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    directory, base = os.path.split(os.path.abspath(os.fspath(path)))
+    with FileSet(directory, base) as files:
+        files.add_json(base, obj)
+        files.commit()
 
 
 def _no_duplicate_keys(source: str):

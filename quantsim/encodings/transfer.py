@@ -22,10 +22,9 @@ from quantsim.encodings import (
     encodings_from_dict,
     encodings_to_dict,
     read_encodings_file,
-    write_json_atomic,
 )
 from quantsim.errors import EncodingMismatchError, InvalidArgumentError, InvalidStateError, warn_at_caller
-from quantsim.graph.model_io import commit_staged, discard_staged, stage_model
+from quantsim.graph.file_set import FileSet, check_file_name
 from quantsim.graph.op_facts import BIAS_SLOT
 from quantsim.sim.quantizer import QcQuantizeOp
 
@@ -110,17 +109,17 @@ REQUANT_KEY = "quantsim_requantization"
 
 
 def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, export_int32_bias, force,
-               requant: dict | None = None) -> None:
-    """``sim.export``: encodings file (and float model), both written atomically. ``requant`` (the
-    integer export's fixed-point table) goes into the file under `REQUANT_KEY`; AIMET's readers and
-    ours ignore unknown top-level keys."""
+               requant: dict | None = None, extra_models: dict | None = None) -> None:
+    """``sim.export``: encodings file, float model and ``extra_models`` (file suffix -> model, e.g. the QDQ
+    model), committed as one set. ``requant`` (the integer export's fixed-point table) goes into the file
+    under `REQUANT_KEY`; AIMET's readers and ours ignore unknown top-level keys."""
+    check_file_name(prefix)
     if not sim.quantizers or not any(q.enabled and q.is_initialized() for q in sim.quantizers):
         raise InvalidStateError("nothing to export: call compute_encodings (or load encodings) first")
     uncalibrated = [q.name for q in sim.quantizers if q.enabled and not q.is_initialized()]
     if uncalibrated:
         warn_at_caller(f"{len(uncalibrated)} enabled quantizer(s) have no encoding and are not exported, "
                       f"e.g. {uncalibrated[:3]}", RuntimeWarning)
-    path.mkdir(parents=True, exist_ok=True)
     records = sim_records(sim)
     if export_int32_bias if export_int32_bias is not None else version == "2.0.0":
         known = {r.name for r in records}
@@ -128,14 +127,14 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
     data = encodings_to_dict(records, version, quantizer_args=_quantizer_args(sim), force_activation_as=force)
     if requant is not None:
         data[REQUANT_KEY] = requant
-    # stage the model before writing anything, so a failure there leaves both old files in place
-    staged = stage_model(sim.model, path / f"{prefix}.onnx") if export_model else []
-    try:
-        write_json_atomic(path / f"{prefix}.encodings", data)
-    except BaseException:
-        discard_staged(staged)
-        raise
-    commit_staged(staged)
+    # every file is staged before any replaces an old one: a failure leaves the previous set intact
+    with FileSet(path, prefix) as files:
+        files.add_json(f"{prefix}.encodings", data)
+        if export_model:
+            files.add_model(sim.model, f"{prefix}.onnx")
+        for name, model in (extra_models or {}).items():
+            files.add_model(model, f"{prefix}{name}")
+        files.commit()
 
 
 def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, Encoding | None]:
@@ -222,6 +221,25 @@ def load_encodings_to_sim(sim, path_or_dict, strict: bool = True, *, allow_overw
                         disable_missing_quantizers=disable_missing_quantizers)
 
 
+_PROBLEMS_SHOWN = 10
+
+
+def _split_wide_records(sim, records: list[TensorEncoding]) -> tuple[list[TensorEncoding], list[TensorEncoding]]:
+    """``(simulated, wide)``: records of more than 16 bits are not simulated. A 32-bit entry for a bias
+    (a parameter, or a tensor the sim quantizes as one) is the int32 bias that exports derive: dropped
+    silently. Any other wide entry (e.g. ``bw: 32`` on an activation) is returned in ``wide``."""
+    simulated, wide = [], []
+    for record in records:
+        if record.bits <= 16:
+            simulated.append(record)
+            continue
+        q = sim.qc_quantize_op_dict.get(record.name)
+        is_param = record.kind == "param" or (q is not None and q.role == "param")
+        if not is_param:
+            wide.append(record)
+    return simulated, wide
+
+
 def _check_for_model(sim, records: list[TensorEncoding], source: str) -> list[str]:
     """Names of ``records`` that are not tensors of the sim's model; raises if that is all of them."""
     model_tensors = set(sim._index.elem_type) | set(sim._index.producer)
@@ -235,9 +253,11 @@ def _check_for_model(sim, records: list[TensorEncoding], source: str) -> list[st
 def load_records(sim, version: str, records: list[TensorEncoding], source: str, *, strict: bool,
                  allow_overwrite: bool, disable_missing_quantizers: bool) -> list[EncodingMismatch]:
     """`load_encodings_to_sim` on records already read (``version`` says which format they came from)."""
-    records = [r for r in records if r.bits <= 16]  # int32 bias entries: derived at export, not simulated
-    unknown = _check_for_model(sim, records, source)
-    mismatches, plan, problems = [], [], []
+    records, wide = _split_wide_records(sim, records)
+    unknown = set(_check_for_model(sim, records, source))
+    mismatches, plan = [], []
+    problems = [f"{r.name}: a {r.bits}-bit encoding, which the sim cannot simulate (not loaded)"
+                for r in wide]
     for record in records:
         q = sim.qc_quantize_op_dict.get(record.name)
         if q is None:
@@ -253,8 +273,10 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
     if strict and (problems or mismatches):
         details = problems + [str(m) for m in mismatches]
         raise EncodingMismatchError(f"{source} does not match the sim ({len(details)} issue(s)):\n  " + "\n  ".join(details))
-    for problem in problems:
-        warn_at_caller(f"{source}: skipped {problem}")
+    if problems:  # one summarising warning: a file for another model must not print thousands of lines
+        shown = "\n  ".join(problems[:_PROBLEMS_SHOWN])
+        more = f"\n  ... and {len(problems) - _PROBLEMS_SHOWN} more" if len(problems) > _PROBLEMS_SHOWN else ""
+        warn_at_caller(f"{source}: skipped {len(problems)} entr{'y' if len(problems) == 1 else 'ies'}:\n  {shown}{more}")
     for q, spec, enc in plan:
         q._spec = spec  # bypass set_qspec: it would drop the encoding we are about to set
         q.set_encoding(enc)

@@ -115,12 +115,24 @@ def numeric_array(where: Where, value: Any, field: str, *, ndim: int | None = No
     return np.array(value, dtype=np.float64).reshape(shape)
 
 
+_SMALLEST_SCALE = float(np.finfo(np.float32).tiny)  # normal float32: x / scale stays finite for |x| <= 1
+
+
 def positive_scales(where: Where, scales: np.ndarray, field: str = "scale") -> np.ndarray:
     """Scales must be finite and strictly positive."""
     bad = ~np.isfinite(scales) | ~(scales > 0)
     if np.any(bad):
         first = float(scales[bad].flat[0])
         raise where.error(f"'{field}' values must be finite and > 0, got {first!r}")
+    # the sim computes in float32: a scale, and the widest (16-bit) grid it spans, must be finite and
+    # non-zero there, and x / scale must not overflow for values of the grid's range
+    with np.errstate(over="ignore", under="ignore"):
+        as_float32 = scales.astype(np.float32)
+        unusable = ~(as_float32 >= _SMALLEST_SCALE) | ~np.isfinite(as_float32 * np.float32(1 << 16))
+    if np.any(unusable):
+        first = float(scales[unusable].flat[0])
+        raise where.error(f"'{field}' value {first!r} is outside what float32, which the sim computes in, can use "
+                          f"({_SMALLEST_SCALE:.3g} .. {float(np.finfo(np.float32).max) / (1 << 16):.3g})")
     return scales
 
 

@@ -12,8 +12,6 @@ neither copied into the model, nor serialised, nor parsed.
 """
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,9 +19,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from quantsim.graph.file_set import FileSet
 from quantsim.graph.large_models import is_large, save_model
 
-__all__ = ["stage_model", "commit_staged", "discard_staged", "save_model_atomic", "session_model_source",
+__all__ = ["save_model_atomic", "session_model_source",
            "in_memory_placeholder", "IN_MEMORY_LOCATION", "IN_MEMORY_MIN_BYTES", "IN_MEMORY_ELEM_TYPES"]
 
 IN_MEMORY_LOCATION = "quantsim-in-memory"  # external-data location of the placeholders (never a file)
@@ -46,38 +45,12 @@ def in_memory_placeholder(name: str, values: np.ndarray) -> TensorProto | None:
     return placeholder
 
 
-def stage_model(model: onnx.ModelProto, path: Path) -> list[tuple[Path, Path]]:
-    """Write ``model`` under temporary names beside ``path``; returns ``(temp, final)`` pairs."""
-    path = Path(path)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-    try:
-        written = save_model(model, staging / path.name)
-        for file in written:
-            with open(file, "rb") as stream:
-                os.fsync(stream.fileno())
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return [(file, path.parent / file.name) for file in written]
-
-
-def commit_staged(staged: list[tuple[Path, Path]]) -> None:
-    """Rename staged files into place (data file first, graph file last) and drop the staging folder."""
-    for temp, final in sorted(staged, key=lambda pair: pair[1].suffix == ".onnx"):
-        os.replace(temp, final)
-    if staged:
-        shutil.rmtree(staged[0][0].parent, ignore_errors=True)
-
-
-def discard_staged(staged: list[tuple[Path, Path]]) -> None:
-    """Remove staged files without committing them (a later step failed)."""
-    if staged:
-        shutil.rmtree(staged[0][0].parent, ignore_errors=True)
-
-
 def save_model_atomic(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` to ``path`` (plus ``<path>.data`` for large models) atomically."""
-    commit_staged(stage_model(model, Path(path)))
+    path = Path(path)
+    with FileSet(path.parent, path.name) as files:
+        files.add_model(model, path.name)
+        files.commit()
 
 
 def session_model_source(model: onnx.ModelProto) -> tuple[bytes | str, tempfile.TemporaryDirectory | None]:

@@ -9,7 +9,7 @@ arguments cannot be mixed with ``param_type``/``activation_type``.
 """
 from __future__ import annotations
 
-from quantsim.core.dtypes import QuantizationDataType, qtype
+from quantsim.core.dtypes import QuantizationDataType, as_bitwidth, qtype
 from quantsim.errors import InvalidStateError, InvalidTypeError, warn_at_caller
 
 __all__ = ["LEGACY_POSITIONAL_ORDER", "LEGACY_KEYWORDS", "map_legacy_arguments"]
@@ -63,6 +63,8 @@ def map_legacy_arguments(args: tuple, legacy: dict, current: dict) -> dict:
         if current.get("param_type_given") or current.get("activation_type_given"):
             raise InvalidStateError("the legacy bitwidth/data-type arguments cannot be combined with param_type/activation_type")
         data_type = dtype_args.get("default_data_type", QuantizationDataType.int)
-        current["param_type"] = qtype.from_legacy_repr(data_type, int(dtype_args.get("default_param_bw", 8)))
-        current["activation_type"] = qtype.from_legacy_repr(data_type, int(dtype_args.get("default_activation_bw", 8)))
+        current["param_type"] = qtype.from_legacy_repr(
+            data_type, as_bitwidth(dtype_args.get("default_param_bw", 8), "default_param_bw"))
+        current["activation_type"] = qtype.from_legacy_repr(
+            data_type, as_bitwidth(dtype_args.get("default_activation_bw", 8), "default_activation_bw"))
     return current

@@ -294,7 +294,20 @@ class QuantizationSimModel:
         from quantsim.export.qdq import to_qdq_model
 
         self._ensure_param_encodings()
+        self._check_activations_calibrated("to_onnx_qdq")
         return to_qdq_model(self, int32_bias=int32_bias)
+
+    def _check_activations_calibrated(self, what: str) -> None:
+        """An error when no enabled activation quantizer has an encoding (the export would hold no activation
+        Q/DQ at all); a warning naming them when only some lack one."""
+        missing = [q.name for q in self.quantizers if q.enabled and q.role == "activation" and not q.is_initialized()]
+        if not missing:
+            return
+        if all(not q.is_initialized() for q in self.quantizers if q.enabled and q.role == "activation"):
+            raise InvalidStateError(f"{what}: no activation quantizer has an encoding; call compute_encodings "
+                                    "(or load encodings) first")
+        warn_at_caller(f"{what}: {len(missing)} enabled activation quantizer(s) have no encoding and get no Q/DQ, "
+                       f"e.g. {missing[:3]}", RuntimeWarning)
 
     def export_integer(self, *, integer_io: bool = False, opset: int | None = None):
         """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
@@ -383,13 +396,13 @@ class QuantizationSimModel:
         ``requant_table=True`` the encodings file also carries the integer export's fixed-point
         requantization table (key ``quantsim_requantization``)."""
         from quantsim.encodings.transfer import export_sim
-        from quantsim.graph.model_io import save_model_atomic
+        from quantsim.graph.file_set import check_file_name
 
+        check_file_name(filename_prefix)
         requant = self.export_integer().requant_document() if requant_table else None
+        extra = {".qdq.onnx": self.to_onnx_qdq()} if qdq else None
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
-                   force_activation_as, requant)
-        if qdq:
-            save_model_atomic(self.to_onnx_qdq(), Path(path) / f"{filename_prefix}.qdq.onnx")
+                   force_activation_as, requant, extra)
 
     def set_and_freeze_param_encodings(self, encoding_path) -> None:
         """Load the parameter encodings of a file and freeze them (other quantizers are left alone)."""

@@ -15,7 +15,7 @@ from quantsim.calibration.schemes import CalibrationScheme, EncodingRequest, get
 from quantsim.core.dtypes import QuantizationDataType, QuantScheme, float16, qtype
 from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
-from quantsim.errors import InvalidArgumentError, InvalidStateError
+from quantsim.errors import InvalidArgumentError, InvalidStateError, warn_at_caller
 
 __all__ = ["QcQuantizeOp", "TfEncoding"]
 
@@ -114,8 +114,12 @@ class QcQuantizeOp:
         return self._spec.is_float or self._encoding is not None
 
     def set_qspec(self, spec: QSpec) -> None:
-        """Replace the spec; the encoding is dropped (recomputed at the next calibration). No-op if frozen."""
+        """Replace the spec; the encoding is dropped (recomputed at the next calibration). A frozen quantizer
+        keeps its spec and encoding: a change is ignored with a warning (AIMET ignores it silently)."""
         if self._frozen:
+            if spec != self._spec:
+                warn_at_caller(f"quantizer {self.name!r} is frozen: the change to {spec.describe()} is ignored "
+                               f"(it stays {self._spec.describe()})", RuntimeWarning)
             return
         self._validate_spec(spec)
         if spec != self._spec:
@@ -208,6 +212,13 @@ class QcQuantizeOp:
         """Calibrate with this ``(min, max)`` instead of the observed one (None keeps that side observed);
         ``None`` clears it. AIMET's config ``encoding_constraints`` set the same thing."""
         if fixed_range is not None:
+            if not isinstance(fixed_range, (tuple, list)) or len(fixed_range) != 2:
+                raise InvalidArgumentError(f"quantizer {self.name!r}: fixed range must be (min, max), got {fixed_range!r}")
+            for side, value in zip(("min", "max"), fixed_range):
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.number))
+                                          or not np.isfinite(value)):
+                    raise InvalidArgumentError(f"quantizer {self.name!r}: fixed range {side} must be a finite "
+                                               f"number or None, got {value!r}")
             lo, hi = fixed_range
             if lo is not None and hi is not None and lo > hi:
                 raise InvalidArgumentError(f"quantizer {self.name!r}: fixed range min {lo} > max {hi}")

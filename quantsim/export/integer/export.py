@@ -43,7 +43,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from quantsim.encodings import write_json_atomic
 from quantsim.errors import IntegerExportError, InvalidArgumentError
 from quantsim.export.integer import elementwise as lowering_elementwise
 from quantsim.export.integer import linear as lowering_linear
@@ -51,8 +50,8 @@ from quantsim.export.integer import lut as lowering_lut
 from quantsim.export.integer import movement as lowering_movement
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
+from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.model_io import save_model_atomic
 from quantsim.sim.build import IR_FOR_OPSET
 
 __all__ = ["export_integer", "IntegerExport", "ReportEntry", "LOWERINGS", "IntegerExportError", "REQUANT_FORMAT"]
@@ -100,14 +99,15 @@ class IntegerExport:
                 "io": self.io, "report": [list(r) for r in self.report], "requant": self.requant}
 
     def save(self, path_prefix) -> tuple[Path, Path]:
-        """Write ``<prefix>.onnx`` (external data past 2 GiB) and ``<prefix>.requant.json``, each atomically."""
+        """Write ``<prefix>.onnx`` (external data past 2 GiB) and ``<prefix>.requant.json`` as one set: both
+        are staged before either replaces an old file (`quantsim.graph.file_set`)."""
         prefix = Path(path_prefix)
-        prefix.parent.mkdir(parents=True, exist_ok=True)
-        model_path = prefix.with_name(prefix.name + ".onnx")
-        table_path = prefix.with_name(prefix.name + ".requant.json")
-        save_model_atomic(self.model, model_path)
-        write_json_atomic(table_path, self.requant_document())
-        return model_path, table_path
+        model_name, table_name = prefix.name + ".onnx", prefix.name + ".requant.json"
+        with FileSet(prefix.parent, prefix.name) as files:
+            files.add_model(self.model, model_name)
+            files.add_json(table_name, self.requant_document())
+            files.commit()
+        return prefix.parent / model_name, prefix.parent / table_name
 
 
 def _check_sim(sim) -> None:
