@@ -153,7 +153,7 @@ def test_large_model_is_stored_with_external_data(tmp_path, monkeypatch):
     first = prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert first.graph.initializer[0].HasField("raw_data")  # storing did not take the weights away
     entry = entry_dir(tmp_path)
-    assert sorted(p.name for p in entry.iterdir()) == ["SHA256SUMS", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in entry.iterdir()) == ["KEY", "SHA256SUMS", "model.onnx", "model.onnx.data"]
     assert (entry / "model.onnx.data").stat().st_size > (entry / "model.onnx").stat().st_size
     second = prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert CALLS == ["run"]
@@ -197,3 +197,53 @@ def test_two_processes_preparing_the_same_model_both_succeed(tmp_path):
     assert not [p for p in cache_root(tmp_path / "c").iterdir() if p.name.startswith(".")]
     expected = prepare(model_with_bn(size=8), cache=False)
     assert outputs[0] == expected.SerializeToString(deterministic=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# entries bound to their key; incomplete entries rebuilt (issue 14)
+# --------------------------------------------------------------------------------------------------
+def _two_entries(cache):
+    """Prepare two different models into ``cache``; returns (model_b, key_a, key_b)."""
+    model_a, model_b = model_with_bn(seed=0), model_with_bn(seed=1)
+    prepare(model_a, cache_dir=cache)
+    (key_a,) = [e.key for e in cache_info(cache)]
+    prepare(model_b, cache_dir=cache)
+    (key_b,) = [e.key for e in cache_info(cache) if e.key != key_a]
+    return model_b, key_a, key_b
+
+
+def test_an_entry_copied_under_another_key_is_refused_and_the_right_model_runs(tmp_path):
+    import shutil
+
+    cache = tmp_path / "c"
+    model_b, key_a, key_b = _two_entries(cache)
+    reference = prepare(model_b, cache=False)
+    root = cache_root(cache)
+    shutil.rmtree(root / key_b)
+    shutil.copytree(root / key_a, root / key_b)  # model, KEY and manifest: a consistent entry of model a
+    with pytest.warns(PrepareWarning, match="belongs to another key"):
+        again = prepare(model_b, cache_dir=cache)
+    assert [t.raw_data for t in again.graph.initializer] == [t.raw_data for t in reference.graph.initializer]
+    assert load_cached(key_b, cache) is not None  # rewritten with the right model
+
+
+@pytest.mark.parametrize("damage", ["manifest deleted", "folder replaced by a file"])
+def test_an_incomplete_entry_is_rebuilt_once_not_missed_forever(tmp_path, damage):
+    import shutil
+    import warnings
+
+    cache = tmp_path / "c"
+    prepare(model_with_bn(), cache_dir=cache)
+    entry = entry_dir(tmp_path)
+    if damage == "manifest deleted":
+        (entry / "SHA256SUMS").unlink()
+    else:
+        shutil.rmtree(entry)
+        entry.write_text("not a folder")
+    with pytest.warns(PrepareWarning, match="corrupted"):
+        prepare(model_with_bn(), cache_dir=cache)
+    assert entry.is_dir() and (entry / "SHA256SUMS").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare(model_with_bn(), cache_dir=cache)  # a clean hit now
+    assert not [p for p in cache_root(cache).iterdir() if p.name.startswith(".")]

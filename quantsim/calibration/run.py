@@ -11,7 +11,9 @@ statistics outputs after the whole forward pass, which keeps every observed acti
 end (on PP-OCR's recogniser, 8 GB instead of 0.4 GB, and runs dominated by page faults).
 
 Feeds with NaN/Inf in a float input are skipped with a warning (documented policy); a tensor whose
-batch statistics are non-finite ignores that batch. A calibration that ends with no usable batch raises.
+batch statistics are non-finite, or that holds a NaN computed inside the model (its in-graph NaN probe,
+see `statistics_graph`), ignores that batch, with one warning naming the tensors. A calibration that
+ends with no usable batch raises.
 """
 from __future__ import annotations
 
@@ -131,10 +133,14 @@ class CalibrationSession:
         return [values[n] for n in names]
 
     def _record(self, values: dict[str, np.ndarray]) -> None:
-        samples = self._outputs.samples
+        samples, probes = self._outputs.samples, self._outputs.nan_probes
         for tensor, (lo_name, hi_name) in self._outputs.minmax.items():
             hi = float(values[hi_name])
             lo = 0.0 if lo_name is None else float(values[lo_name])
+            probe = probes.get(tensor)
+            if probe is not None and math.isnan(float(values[probe])):  # its min/max cannot be trusted
+                self._nonfinite_tensors.add(tensor)
+                continue
             if lo > hi:  # an empty tensor in this batch: nothing to learn from it
                 continue
             if not (math.isfinite(lo) and math.isfinite(hi)):  # documented policy: ignore this batch for it
@@ -158,8 +164,11 @@ class CalibrationSession:
     def finish(self) -> dict[str, TensorStats]:
         if self._nonfinite_tensors:
             names = sorted(self._nonfinite_tensors)
+            unusable = sorted(t for t in names if self._groups[t] not in self.stats)
             warn_at_caller(
-                f"non-finite values in {len(names)} tensor(s) (e.g. {names[:3]}); those batches were ignored for them",
+                f"non-finite values (NaN or Inf) in {len(names)} tensor(s) (e.g. {names[:3]}); those batches were "
+                "ignored for them"
+                + (f"; no batch was usable for {unusable[:3]}, which keep no encoding" if unusable else ""),
                 RuntimeWarning
             )
         if self.batches_used == 0:

@@ -26,9 +26,12 @@ How a tensor is reduced (chosen by measurement on onnxruntime's CPU provider):
   encodings use: TF-enhanced and percentile both include zero).
 
 Non-finite values: an infinite value yields an infinite statistic, which the caller treats as an unusable
-batch for that tensor. onnxruntime's reductions usually pass over a NaN, but not always (one that comes
-first in a reduction wins), so a NaN either leaves the statistic alone or makes the batch unusable for
-that tensor, never a wrong finite range.
+batch for that tensor. onnxruntime's ReduceMin/ReduceMax do not handle NaN consistently: a NaN that comes
+first in a row wins, one later in the row is passed over, so a row holding a NaN can report a finite value
+that is not its minimum (a wrong range, not an error). Every observed tensor therefore also gets a NaN
+probe: its sum (``GlobalAveragePool`` first on the NCHWc path), which is NaN exactly when the tensor holds a
+NaN (or both infinities), because addition propagates NaN whatever the order. A batch whose probe is NaN
+is unusable for that tensor (the caller warns and names it), never a wrong finite range.
 """
 from __future__ import annotations
 
@@ -61,13 +64,14 @@ class StatisticsOutputs:
 
     model_outputs: list[str]
     minmax: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # tensor -> (min or None, max)
+    nan_probes: dict[str, str] = field(default_factory=dict)  # tensor -> its sum (NaN iff it holds a NaN)
     samples: dict[str, str] = field(default_factory=dict)  # tensor -> strided-sample output
 
     @property
     def statistics(self) -> list[str]:
         """Every added output, in a fixed order."""
         names = [n for lo, hi in self.minmax.values() for n in (lo, hi) if n]
-        return names + list(self.samples.values())
+        return names + list(self.nan_probes.values()) + list(self.samples.values())
 
 
 class _Builder:
@@ -131,6 +135,29 @@ def _add_extreme(b: _Builder, tensor: str, op: str, rank: int | None, producer: 
     return b.reduce(op, rows, out)
 
 
+def _add_nan_probe(b: _Builder, tensor: str, rank: int | None, producer: str | None) -> str:
+    """The sum of ``tensor`` (module docstring: NaN exactly when it holds a NaN), in two stages like the
+    extremes; 4-D NCHWc outputs are averaged per channel first (no layout conversion)."""
+    out = b.fresh(f"{tensor}/calibration_nan_probe")
+    if rank == 4 and producer in NCHWC_PRODUCERS:
+        pooled = b.node("GlobalAveragePool", [tensor], b.fresh(f"{tensor}/calibration_channel_mean"))
+        return b.reduce("ReduceSum", pooled, out)
+    axes = _leading_reduction_axes(rank)
+    if axes is None:
+        return _reduce_sum(b, tensor, out)
+    rows = _reduce_sum(b, tensor, b.fresh(f"{tensor}/calibration_row_sum"), axes)
+    return _reduce_sum(b, rows, out)
+
+
+def _reduce_sum(b: _Builder, x: str, output: str, axes: list[int] | None = None) -> str:
+    """ReduceSum, whose ``axes`` moved to an input at opset 13 (the other reductions at 18)."""
+    if axes is None:
+        return b.node("ReduceSum", [x], output, keepdims=0)
+    if b.opset >= 13:
+        return b.node("ReduceSum", [x, b.constant(axes)], output, keepdims=0)
+    return b.node("ReduceSum", [x], output, keepdims=0, axes=axes)
+
+
 def _stride(b: _Builder, tensor: str, shape_of: str) -> str:
     """``[max(1, size // HISTOGRAM_SAMPLE)]`` (1-D, as Slice wants it) from ``Shape(shape_of)``."""
     dims = b.node("Shape", [shape_of], b.fresh(f"{tensor}/calibration_shape"))
@@ -184,6 +211,7 @@ def add_statistics_outputs(
         if tensor not in nonnegative:
             lo = _add_extreme(b, tensor, "ReduceMin", rank, made_by)
         outputs.minmax[tensor] = (lo, hi)
+        outputs.nan_probes[tensor] = _add_nan_probe(b, tensor, rank, made_by)
     sample_shapes = []
     for tensor in sampled:
         outputs.samples[tensor], sample_shape = _add_sample(b, tensor, shapes.get(tensor))
@@ -192,6 +220,8 @@ def add_statistics_outputs(
         for name in (lo, hi):
             if name:
                 b.output(name, shape=[])
+    for name in outputs.nan_probes.values():
+        b.output(name, shape=[])
     for name, sample_shape in zip(outputs.samples.values(), sample_shapes):
         b.output(name, shape=sample_shape)
     return model, outputs

@@ -11,14 +11,17 @@ Location: ``cache_dir`` argument, else ``$QUANTSIM_CACHE_DIR``, else ``$XDG_CACH
 ``~/.cache/quantsim``); entries live in its ``prepared/`` subfolder.
 
 Entry: a folder ``prepared/<key>/`` holding ``model.onnx`` (plus ``model.onnx.data``, ONNX external data,
-for models over 2 GiB) and ``SHA256SUMS`` (``sha256sum`` format) with the digest of every file.
+for models over 2 GiB), ``KEY`` (the entry's own key: an entry copied or renamed under another key, which
+would run another model, is refused) and ``SHA256SUMS`` (``sha256sum`` format) with the digest of every
+file. The key is itself a digest over the input model, so ``KEY`` binds the entry to that model too.
 Writing: the files go to a temporary folder ``prepared/.tmp-*`` beside the entry, are fsynced, and the
 folder is renamed into place in one atomic step (``os.replace``); when another process published the
 same key first, its entry is kept and ours dropped, so concurrent preparations both succeed. Removal
 renames to ``.trash-*`` first, so a reader sees a whole entry or none.
-Reading: every file is checked against ``SHA256SUMS``; a corrupted or truncated entry is discarded with
-a ``PrepareWarning`` and the caller prepares again. Failing to write the cache (read-only disk, quota)
-only warns: the prepared model is still returned.
+Reading: every file is checked against ``SHA256SUMS`` and ``KEY`` against the key asked for; a corrupted,
+truncated, foreign or incomplete entry (no ``SHA256SUMS``, or a file where the folder should be) is
+discarded with a ``PrepareWarning`` and the caller prepares again and rewrites it. Failing to write the
+cache (read-only disk, quota) only warns: the prepared model is still returned.
 """
 from __future__ import annotations
 
@@ -44,8 +47,8 @@ __all__ = ["ENV_VAR", "CacheEntry", "cache_root", "cache_key", "pass_identity", 
            "clear_cache", "cache_info", "cache_size"]
 
 ENV_VAR = "QUANTSIM_CACHE_DIR"
-_FORMAT = b"quantsim-prepared-cache-v1"
-_MODEL, _MANIFEST = "model.onnx", "SHA256SUMS"
+_FORMAT = b"quantsim-prepared-cache-v2"
+_MODEL, _MANIFEST, _KEY_FILE = "model.onnx", "SHA256SUMS", "KEY"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _STALE_SECONDS = 3600
 _CHUNK = 1 << 20
@@ -95,16 +98,25 @@ def pass_identity(run_pass) -> str | None:
 
 
 def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.ModelProto | None:
-    """The cached model for ``key``, or None (missing, or corrupted: then discarded with a warning)."""
+    """The cached model for ``key``, or None (missing; or corrupted, foreign or incomplete: then discarded
+    with a warning)."""
     entry = cache_root(cache_dir) / key
+    if not entry.exists():
+        return None
+    if not entry.is_dir():
+        return _discard(entry, "not a folder")
     try:
         expected = _read_manifest(entry / _MANIFEST)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    except FileNotFoundError:
+        # entries are published whole by one rename, so a folder without a manifest is never one being written
+        return _discard(entry, f"no {_MANIFEST}") if entry.exists() else None
     except (OSError, ValueError) as exc:
         return _discard(entry, f"unreadable {_MANIFEST}: {exc}")
     try:
-        if list(expected) == [_MODEL]:  # small: read once, check, parse the same bytes
+        owner = (entry / _KEY_FILE).read_bytes()
+        if hashlib.sha256(owner).hexdigest() != expected[_KEY_FILE] or owner.decode().strip() != key:
+            return _discard(entry, f"it belongs to another key ({owner[:16].decode(errors='replace')}...)")
+        if set(expected) == {_MODEL, _KEY_FILE}:  # small: read once, check, parse the same bytes
             data = (entry / _MODEL).read_bytes()
             if hashlib.sha256(data).hexdigest() != expected[_MODEL]:
                 return _discard(entry, f"{_MODEL} does not match its sha256")
@@ -128,6 +140,8 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
         try:
             files = save_model(model, staging / _MODEL)
+            (staging / _KEY_FILE).write_text(key + "\n")
+            files.append(staging / _KEY_FILE)
             lines = [f"{_file_digest(path, sync=True)}  {path.name}\n" for path in files]
             (staging / _MANIFEST).write_text("".join(lines))
             _file_digest(staging / _MANIFEST, sync=True)
@@ -135,7 +149,12 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             try:
                 os.replace(staging, entry)
             except OSError:
-                if not (entry / _MANIFEST).exists():
+                if (entry / _MANIFEST).exists():  # another process published the same key first
+                    pass
+                elif entry.exists() or entry.is_symlink():  # a leftover that is no entry: replace it
+                    _remove(entry)
+                    os.replace(staging, entry)
+                else:
                     raise
             _sync_folder(root)
         finally:
@@ -224,8 +243,9 @@ def _read_manifest(path: Path) -> dict[str, str]:
         if not _KEY.fullmatch(digest) or not name or "/" in name or "\\" in name or name.startswith("."):
             raise InvalidArgumentError(f"bad line {line!r}")
         expected[name] = digest
-    if _MODEL not in expected:
-        raise InvalidArgumentError(f"{_MODEL} is not listed")
+    missing = [name for name in (_MODEL, _KEY_FILE) if name not in expected]
+    if missing:
+        raise InvalidArgumentError(f"{', '.join(missing)} not listed")
     return expected
 
 
@@ -244,7 +264,10 @@ def _remove(entry: Path) -> int:
         os.replace(entry, trash)
     except OSError:
         return 0
-    shutil.rmtree(trash, ignore_errors=True)
+    if trash.is_dir() and not trash.is_symlink():
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        trash.unlink(missing_ok=True)
     return 1
 
 

@@ -19,6 +19,8 @@ specified at this level" and fall through to the next level.
 """
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 import math
 import os
@@ -28,7 +30,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import onnx
+
 from quantsim.errors import ConfigError
+from quantsim.graph.op_facts import OP_FACTS
 
 __all__ = [
     "QuantFlags",
@@ -283,8 +288,19 @@ class _Parser:
             ops = self.array(obj["op_list"], list_path)
             if len(ops) < 2:
                 raise self.fail(list_path, f"a supergroup needs at least 2 op types, got {len(ops)}")
-            groups.append(tuple(self.string(op, f"{list_path}[{j}]") for j, op in enumerate(ops)))
+            groups.append(tuple(self.op_type(op, f"{list_path}[{j}]") for j, op in enumerate(ops)))
         return tuple(groups)
+
+    def op_type(self, value: Any, path: str) -> str:
+        """An ONNX op type (any domain onnx defines, or one the op-facts table knows): a typo such as
+        ``"Convv"`` would otherwise match no node and change nothing."""
+        name = self.string(value, path)
+        known = known_op_types()
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise self.fail(path, f"unknown op type {name!r} (not an ONNX op type){hint}")
+        return name
 
     def pass_list(self, value: Any, path: str = "supergroup_pass_list") -> tuple[str, ...]:
         names = tuple(self.string(v, f"{path}[{i}]") for i, v in enumerate(self.array(value, path)))
@@ -299,7 +315,7 @@ class _Parser:
         top = self.obj(value, "", required + ("supergroup_pass_list",), required=required)
         if not isinstance(top["op_type"], Mapping):
             raise self.fail("op_type", f"expected an object, got {type(top['op_type']).__name__}")
-        op_types = {self.string(k, f"op_type.{k}"): self.op_rule(v, f"op_type.{k}")
+        op_types = {self.op_type(k, f"op_type.{k}"): self.op_rule(v, f"op_type.{k}")
                     for k, v in top["op_type"].items()}
         model_input = self.obj(top["model_input"], "model_input", ("is_input_quantized",))
         model_output = self.obj(top["model_output"], "model_output", ("is_output_quantized",))
@@ -314,6 +330,14 @@ class _Parser:
                                                       True)),
             source=self.source,
         )
+
+
+@functools.lru_cache(maxsize=1)
+def known_op_types() -> frozenset[str]:
+    """Op types a config may name: every schema onnx defines (all domains and versions) plus the op-facts
+    table's (e.g. onnxruntime's com.microsoft ops)."""
+    names = {schema.name for schema in onnx.defs.get_all_schemas_with_history()}
+    return frozenset(names | set(OP_FACTS))
 
 
 # ----------------------------------------------------------------------------------------------- loading
