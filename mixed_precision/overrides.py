@@ -62,6 +62,8 @@ def load_overrides(source: str | os.PathLike | Mapping[str, Any]) -> PrecisionOv
         label = str(source)
         try:
             source = json.loads(Path(source).read_text(encoding="utf-8"))
+        except RecursionError:
+            raise ConfigError(f"{label}: JSON nested too deeply to be precision overrides") from None
         except (OSError, ValueError) as error:
             raise ConfigError(f"{label}: cannot read precision overrides: {error}") from None
     if not isinstance(source, Mapping):

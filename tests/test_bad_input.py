@@ -88,8 +88,66 @@ def test_model_failing_onnx_checker():
         new_sim(model)
     message = str(info.value)
     assert "broken_graph" in message
-    assert "checker" in message
-    assert "undefined_tensor" in message or "relu" in message
+    # the checker's "not topologically sorted" gives way to preparation's own diagnosis
+    assert 'node "relu" (Relu) reads "undefined_tensor"' in message and "dangling input" in message
+
+
+def test_a_cycle_is_named_node_by_node():
+    model = make_model(name="cyclic")
+    model.graph.node[0].input[0] = "f"  # conv reads flatten's output: conv -> relu -> gap -> flatten -> conv
+    with pytest.raises(ValueError, match="graph 'cyclic': the graph has a cycle through nodes \"conv\" \\(Conv\\) -> .*flatten"):
+        new_sim(model)
+
+
+def test_a_graph_output_without_type_is_named():
+    model = make_model()
+    del model.graph.output[:]
+    model.graph.output.add(name="y")
+    with pytest.raises(ValueError, match="graph input/output 'y' has no type"):
+        new_sim(model)
+
+
+def test_a_declared_output_rank_that_differs_from_the_real_one_warns_and_calibrates():
+    model = make_model()
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 1  # declared [N, 5, 1], computes [N, 5]
+    with pytest.warns(UserWarning, match="output 'y' is declared with rank 3 but computes rank 2"):
+        sim = new_sim(model)
+    sim.compute_encodings(batches())
+    assert sim.qc_quantize_op_dict["y"].encoding is not None
+
+
+def test_a_wrong_channel_count_names_the_batch_and_axis():
+    sim = new_sim()
+    bad = {"x": np.zeros((2, 2, 8, 8), np.float32)}
+    with pytest.raises(ValueError, match=r"calibration batch 1: input 'x' has shape \(2, 2, 8, 8\).*axis 1: 2 instead of 3"):
+        sim.compute_encodings([batch(0), bad])
+
+
+def test_an_opset_whose_quantize_kernels_onnxruntime_lacks_is_refused_up_front():
+    from quantsim.prepare.opset import runtime_limits
+
+    model = make_model()
+    model.opset_import[0].version = runtime_limits()[0] + 1
+    model.ir_version = 10
+    with pytest.raises(ValueError, match=f"opset {runtime_limits()[0] + 1}.*supports at most opset"):
+        new_sim(model)
+
+
+@pytest.mark.parametrize("kind", ["encodings", "config", "overrides"])
+def test_deeply_nested_json_is_a_format_error(tmp_path, kind):
+    from quantsim import QuantsimError
+
+    path = tmp_path / f"deep.{kind}.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(QuantsimError, match="nested too deeply"):
+        if kind == "encodings":
+            load_encodings_to_sim(calibrated_sim(), str(path))
+        elif kind == "config":
+            new_sim(config_file=str(path))
+        else:
+            from mixed_precision import load_overrides
+
+            load_overrides(path)
 
 
 def test_model_failing_onnx_checker_from_file(tmp_path):

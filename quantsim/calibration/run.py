@@ -81,6 +81,15 @@ def check_feed(feed: Mapping, inputs: list, where: str) -> dict[str, np.ndarray]
                 f"{where}: input {name!r} has rank {array.ndim} (shape {array.shape}), the model expects rank "
                 f"{rank} {tuple(expected[name].shape)}"
             )
+        if rank is not None:
+            wrong = [(axis, want_dim, got) for axis, (want_dim, got) in enumerate(zip(expected[name].shape, array.shape))
+                     if isinstance(want_dim, int) and want_dim >= 0 and want_dim != got]
+            if wrong:
+                axis, want_dim, got = wrong[0]
+                raise InvalidArgumentError(
+                    f"{where}: input {name!r} has shape {array.shape}; the model expects {tuple(expected[name].shape)} "
+                    f"(axis {axis}: {got} instead of {want_dim})"
+                )
         checked[name] = array
     return checked
 
@@ -127,7 +136,12 @@ class CalibrationSession:
                 RuntimeWarning
             )
             return self._session.run(list(names), feed, run_options)
-        values = dict(zip(self._fetch, self._session.run(self._fetch, feed, run_options)))
+        try:
+            results = self._session.run(self._fetch, feed, run_options)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own (unexported) error types
+            raise CalibrationError(f"calibration batch {self.batches_used + self.batches_skipped}: onnxruntime failed "
+                                   f"to run the model on it: {exc}") from exc
+        values = dict(zip(self._fetch, results))
         self._record(values)
         self.batches_used += 1
         return [values[n] for n in names]

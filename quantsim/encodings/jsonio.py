@@ -54,3 +54,5 @@ def load_json_file(path: str | os.PathLike) -> Any:
         raise EncodingFormatError(
             source, None, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise EncodingFormatError(source, None, "JSON nested too deeply to be an encodings file") from None

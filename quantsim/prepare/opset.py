@@ -84,9 +84,15 @@ def _highest(accepts, low: int, high: int) -> int:
 def _loads(opset: int, ir_version: int) -> bool:
     import onnxruntime
 
+    # the ops the sim itself adds (QuantizeLinear/DequantizeLinear at the model's opset), not just one op:
+    # onnxruntime may load an opset whose Q/DQ kernels it does not implement yet
     value = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [value],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    nodes = [helper.make_node("Identity", ["x"], ["i"]), helper.make_node("QuantizeLinear", ["i", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    constants = [helper.make_tensor("s", onnx.TensorProto.FLOAT, [], [0.1]),
+                 helper.make_tensor("z", onnx.TensorProto.UINT8, [], [128])]
+    graph = helper.make_graph(nodes, "probe", [value], [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+                              constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
     try:
         onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -31,12 +31,14 @@ __all__ = ["infer_shapes"]
 def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     """Infer value types and shapes in place of the model's own (rules in the module docstring)."""
     before = _typing(model.graph)
+    declared = {o.name: onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in model.graph.output}
     try:
         if is_large(model):
             _infer_by_file(model)
         else:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(_undeclared(model), strict_mode=False, data_prop=True)
             _copy_types(inferred.graph, model.graph)
+        _reconcile_outputs(model.graph, declared)
     except Exception as exc:  # noqa: BLE001 - inference is best effort by contract
         warn_at_caller(f"shape inference failed, continuing without inferred shapes: {exc}", PrepareWarning)
         return model, False
@@ -47,10 +49,36 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
 def _infer_by_file(model: onnx.ModelProto) -> None:
     with tempfile.TemporaryDirectory(prefix="quantsim-shapes-") as folder:
         source, target = Path(folder, "model.onnx"), Path(folder, "inferred.onnx")
-        source.write_bytes(skeleton(model).SerializeToString())
+        source.write_bytes(_undeclared(skeleton(model)).SerializeToString())
         onnx.shape_inference.infer_shapes_path(str(source), str(target), strict_mode=False, data_prop=True)
         inferred = onnx.load(str(target), load_external_data=False)
     _copy_types(inferred.graph, model.graph)
+
+
+def _undeclared(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose shapes are computed from the inputs, not taken on trust: intermediate ``value_info``
+    dropped and the graph outputs' shapes cleared (their element types kept). A wrong declared rank
+    would otherwise reach the statistics graph (reductions over axes the tensor lacks) and fail there."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.value_info[:]
+    for output in copy.graph.output:
+        if output.type.HasField("tensor_type"):
+            output.type.tensor_type.ClearField("shape")
+    return copy
+
+
+def _reconcile_outputs(graph: onnx.GraphProto, declared: dict[str, onnx.ValueInfoProto]) -> None:
+    """Keep a declared output shape where inference computed none; warn where the two ranks differ."""
+    for output in graph.output:
+        mine, theirs = output.type.tensor_type, declared[output.name].type.tensor_type
+        if not theirs.HasField("shape"):
+            continue
+        if not mine.HasField("shape"):
+            mine.shape.CopyFrom(theirs.shape)
+        elif len(mine.shape.dim) != len(theirs.shape.dim):
+            warn_at_caller(f"graph output {output.name!r} is declared with rank {len(theirs.shape.dim)} but computes "
+                           f"rank {len(mine.shape.dim)}; using the computed shape", PrepareWarning)
 
 
 def _copy_types(source: onnx.GraphProto, target: onnx.GraphProto) -> None:

@@ -367,6 +367,8 @@ def _read_json(path: Path, source: str) -> Any:
         raise ConfigError(f"{source}: duplicate key {exc.args[0]!r} in {path}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{source}: not valid JSON ({path}): {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: JSON nested too deeply to be a quantsim config ({path})") from None
 
 
 def load_config(config_file: str | os.PathLike | Mapping | None = None) -> QuantsimConfig:

@@ -21,7 +21,7 @@ from quantsim.calibration.schemes import CalibrationScheme, get_scheme
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.core.numerics import Encoding
-from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, warn_at_caller
+from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.loading import load_model
 from quantsim.graph.session import make_session
@@ -111,7 +111,10 @@ class QuantizationSimModel:
         self._session_options_kwargs = dict(session_options_kwargs or {})
         self.use_integer_kernels = bool(use_integer_kernels)
         self.progress = bool(progress)
-        self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
+        try:
+            self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
+        except PrepareError as error:  # name the model too: a script may build several sims
+            raise PrepareError(f"{self._label}: {error}") from error
         self._build_quantizers(percentile)
 
     # construction ------------------------------------------------------------------------------
