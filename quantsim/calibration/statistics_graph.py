@@ -189,12 +189,14 @@ def add_statistics_outputs(
     *,
     nonnegative: frozenset[str] = frozenset(),
     shapes: Mapping[str, tuple | None] | None = None,
+    elem_types: Mapping[str, int] | None = None,
 ) -> tuple[onnx.ModelProto, StatisticsOutputs]:
     """Extend ``model`` (modified in place) with statistics outputs; returns it and the output map.
 
     ``minmax_tensors`` get min/max outputs (no minimum for ``nonnegative`` ones); ``sampled_tensors`` get
     them too, plus a histogram sample. ``shapes`` (tensor -> dims as int, name or None, where the rank is
-    known) picks the reductions and the sampling.
+    known) picks the reductions and the sampling. ``elem_types`` (tensor -> ONNX element type; float32
+    where absent) types the outputs: a float16 or float64 tensor's statistics keep its type.
     """
     b = _Builder(model)
     outputs = StatisticsOutputs([o.name for o in model.graph.output])
@@ -216,12 +218,11 @@ def add_statistics_outputs(
     for tensor in sampled:
         outputs.samples[tensor], sample_shape = _add_sample(b, tensor, shapes.get(tensor))
         sample_shapes.append(sample_shape)
-    for lo, hi in outputs.minmax.values():
-        for name in (lo, hi):
+    types = elem_types or {}
+    for tensor, (lo, hi) in outputs.minmax.items():
+        for name in (lo, hi, outputs.nan_probes[tensor]):
             if name:
-                b.output(name, shape=[])
-    for name in outputs.nan_probes.values():
-        b.output(name, shape=[])
-    for name, sample_shape in zip(outputs.samples.values(), sample_shapes):
-        b.output(name, shape=sample_shape)
+                b.output(name, types.get(tensor, TensorProto.FLOAT), shape=[])
+    for (tensor, name), sample_shape in zip(outputs.samples.items(), sample_shapes):
+        b.output(name, types.get(tensor, TensorProto.FLOAT), shape=sample_shape)
     return model, outputs

@@ -124,7 +124,7 @@ def find_mask_tensors(index: GraphIndex) -> frozenset[str]:
         if not index.is_float(name) or not any(u.node.op_type in _MASK_ARITHMETIC for u in index.uses(name)):
             continue
         values = index.constant_value(name)
-        if values.size and np.any(np.abs(values[np.isfinite(values)]) >= MASK_FILL_MAGNITUDE):
+        if values.size and np.any(np.abs(values[np.isfinite(values)].astype(np.float64)) >= MASK_FILL_MAGNITUDE):
             seeds.append(name)
     marked: set[str] = set()
     frontier = [o for s in seeds for use in index.uses(s)

@@ -6,6 +6,9 @@
   which makes the n-bit grid exact: ``clip(x, s(qmin - z), s(qmax - z))`` then quantize equals quantize
   then clamp to ``[qmin, qmax]``.
 * float16: ``Cast(float16) -> Cast(float)``.
+* tensors of a float16 or float64 model: the same pairs between ``Cast(float)`` and a ``Cast`` back to the
+  tensor's type (the encodings are float32 grids, and QuantizeLinear takes no float64), so the model
+  keeps its own types everywhere else; a float16 precision on a float16 tensor is a no-op.
 * parameters and other constants: ``weights="fake"`` bakes the fake-quantized float values into the
   initializer (the fastest exact sim: no runtime weight QDQ); ``weights="qdq"`` stores the integer codes
   as an initializer of the storage type followed by ``DequantizeLinear`` (the standard QDQ form).
@@ -249,11 +252,15 @@ class _SimBuilder:
             _integer_tensor(f"{codes_name}/zero_point", zero_point, storage),
         ]
         self.replaced[name] = None
+        elem_type = helper.np_dtype_to_tensor_dtype(values.dtype)
+        dq_out = name if elem_type == TensorProto.FLOAT else self.index.fresh_name(f"{name}/dequantized")
         dq = helper.make_node(
-            "DequantizeLinear", [codes_name, f"{codes_name}/scale", f"{codes_name}/zero_point"], [name],
+            "DequantizeLinear", [codes_name, f"{codes_name}/scale", f"{codes_name}/zero_point"], [dq_out],
             name=f"{name}/dequantize", **attrs,
         )
         self.front.append(dq)
+        if dq_out != name:  # a float16/float64 model: back to the weight's own type
+            self.front.append(helper.make_node("Cast", [dq_out], [name], name=f"{name}/cast", to=elem_type))
 
     def _placeholder(self, name: str, values: np.ndarray) -> TensorProto | None:
         """With ``external``: the stand-in for ``values`` (recorded there), if they may leave the model.
@@ -285,6 +292,20 @@ class _SimBuilder:
         self.after.setdefault(producer.name, []).extend(self._fake_quant_nodes(source, name, q))
 
     def _fake_quant_nodes(self, source: str, target: str, q: QcQuantizeOp) -> list[onnx.NodeProto]:
+        """The quantizer's nodes from ``source`` to ``target``; around them, for a tensor that is not float32,
+        a Cast to float32 and one back to its type (module docstring)."""
+        elem_type = self.index.elem_type.get(target if target in self.index.elem_type else source, TensorProto.FLOAT)
+        if elem_type == TensorProto.FLOAT:
+            return self._float32_quantizer_nodes(source, target, q)
+        if q.spec.is_float and elem_type == TensorProto.FLOAT16:
+            return [helper.make_node("Identity", [source], [target], name=f"{target}/fp16")]
+        as_float = self.index.fresh_name(f"{target}/as_float")
+        quantized = self.index.fresh_name(f"{target}/quantized_float")
+        return [helper.make_node("Cast", [source], [as_float], name=f"{target}/cast_in", to=TensorProto.FLOAT),
+                *self._float32_quantizer_nodes(as_float, quantized, q),
+                helper.make_node("Cast", [quantized], [target], name=f"{target}/cast_out", to=elem_type)]
+
+    def _float32_quantizer_nodes(self, source: str, target: str, q: QcQuantizeOp) -> list[onnx.NodeProto]:
         base = target
         if q.spec.is_float:
             mid = self.index.fresh_name(f"{base}/fp16")

@@ -241,6 +241,7 @@ class QuantizationSimModel:
             model, outputs = add_statistics_outputs(
                 model, list(groups), list(groups) if histogram else [], nonnegative=find_nonnegative_tensors(self._index),
                 shapes={t: shapes[t] for t in groups if shapes.get(t) is not None},
+                elem_types={t: self._index.elem_type[t] for t in groups if t in self._index.elem_type},
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
             session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights)

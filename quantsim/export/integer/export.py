@@ -111,6 +111,13 @@ class IntegerExport:
 
 
 def _check_sim(sim) -> None:
+    wide = sorted({TensorProto.DataType.Name(t.data_type) for t in sim.model.graph.initializer
+                   if t.data_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)}
+                  | {TensorProto.DataType.Name(i.type.tensor_type.elem_type) for i in sim.model.graph.input
+                     if i.type.tensor_type.elem_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)})
+    if wide:
+        raise IntegerExportError(f"export_integer lowers float32 models; this one computes in {', '.join(wide)}. "
+                                 "Its QDQ export (sim.to_onnx_qdq / export(..., qdq=True)) runs on onnxruntime")
     ensure = getattr(sim, "_ensure_param_encodings", None)
     if ensure is not None:
         ensure()
