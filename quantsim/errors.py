@@ -25,6 +25,7 @@ __all__ = [
     "EncodingMismatchError",
     "IntegerExportError",
     "CalibrationError",
+    "SessionError",
 ]
 
 
@@ -88,6 +89,10 @@ class IntegerExportError(QuantsimError, ValueError):
 
 class CalibrationError(QuantsimError, ValueError):
     """Calibration could not produce encodings (e.g. no usable batch); the message says which input."""
+
+
+class SessionError(QuantsimError, RuntimeError):
+    """onnxruntime refused a model the sim built (e.g. the float model itself does not load there)."""
 
 
 #: packages whose frames a warning skips, so it points at the user's own line

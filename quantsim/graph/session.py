@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantsim.errors import InvalidStateError
+from quantsim.errors import InvalidStateError, SessionError
 from quantsim.graph.model_io import session_model_source
 
 __all__ = ["make_session", "DEFAULT_PROVIDERS"]
@@ -66,8 +66,13 @@ def make_session(
         return session
     except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
         if not fuse_qdq:
-            raise
+            raise SessionError(f"onnxruntime cannot load the model {model.graph.name or '<unnamed>'!r} "
+                               f"({_one_line(str(error))}); check that the float model runs in onnxruntime") from error
         raise InvalidStateError(
             "onnxruntime could not build integer kernels for this sim (its Q/DQ fusion supports 8-bit "
             f"activations with int8/uint8 weights): {error}. Use the exact sim session instead."
         ) from error
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
