@@ -140,3 +140,34 @@ def test_value_selecting_ops(op, attrs, selects):
 def test_maxpool_indices_output_does_not_select():
     node = helper.make_node("MaxPool", ["a"], ["b", "i"], kernel_shape=[2, 2])
     assert _selects_values(node, 0) and not _selects_values(node, 1)
+
+
+def test_sim_and_calibration_sessions_share_one_copy_of_big_weights():
+    from tiny_cnn import batches, make_model
+
+    from quantsim import QuantizationSimModel
+
+    sim = QuantizationSimModel(make_model(channels=16), progress=False)
+    sim.compute_encodings(batches())
+    first = {name: id(entry[1]) for name, entry in sim._constant_memo.items()}
+    assert "W" in first  # the 16x3x3x3 weight is big enough to stay out of the model
+    sim.session.run(None, batches(1)[0])
+    assert {name: id(entry[1]) for name, entry in sim._constant_memo.items()} == first
+    sim.replace_weight("W", sim.get_weight("W") * 2)
+    assert "W" not in sim._constant_memo or id(sim._constant_memo["W"][1]) != first["W"]
+
+
+def test_big_models_release_their_calibration_session(monkeypatch):
+    import numpy as np
+    from tiny_cnn import batches, make_model
+
+    import quantsim.sim.model as sim_model
+    from quantsim import QuantizationSimModel
+
+    monkeypatch.setattr(sim_model, "RELEASE_CALIBRATION_SESSION_BYTES", 0)
+    sim = QuantizationSimModel(make_model(channels=16), progress=False)
+    sim.compute_encodings(batches())
+    assert sim._calibration_cache is None
+    before = sim.session.run(None, batches(1)[0])[0]
+    sim.compute_encodings(batches())  # rebuilt on demand, same result
+    assert np.array_equal(sim.session.run(None, batches(1)[0])[0], before)

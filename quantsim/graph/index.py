@@ -6,6 +6,7 @@ outer-scope references count as consumers of the outer tensor so nothing they re
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -15,6 +16,8 @@ from functools import cached_property
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
+
+from quantsim.graph.large_models import payload_bytes
 
 __all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "subgraph_references", "node_attributes"]
 
@@ -65,6 +68,7 @@ class GraphIndex:
             t.name: t for t in (graph.initializer if initializers is None else initializers)
         }
         self._constant_cache: dict[str, np.ndarray] | None = None
+        self._initializer_bytes: int | None = None
         self.graph_inputs: list[str] = [i.name for i in graph.input if i.name not in self.initializers]
         self.graph_outputs: list[str] = [o.name for o in graph.output]
         self.producer: dict[str, tuple[onnx.NodeProto, int]] = {}
@@ -105,6 +109,12 @@ class GraphIndex:
         return shapes
 
     # queries -----------------------------------------------------------------------------------
+    def initializer_bytes(self) -> int:
+        """Total payload bytes of the initializers, from their shapes and types (nothing converted)."""
+        if self._initializer_bytes is None:
+            self._initializer_bytes = payload_bytes(self.initializers.values())
+        return self._initializer_bytes
+
     def is_float(self, name: str) -> bool:
         return self.elem_type.get(name) in FLOAT_TYPES
 
@@ -118,8 +128,7 @@ class GraphIndex:
             return numpy_helper.to_array(self.initializers[name])
         value = cache.get(name)
         if value is None:
-            value = numpy_helper.to_array(self.initializers[name]).view()
-            value.flags.writeable = False
+            value = _read_only_array(self.initializers[name])
             cache[name] = value
         return value
 
@@ -164,3 +173,21 @@ class GraphIndex:
             counter += 1
         self._names.add(candidate)
         return candidate
+
+
+def _read_only_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """A read-only array of ``tensor``: a view of its raw bytes where they are in native order (one copy
+    fewer than `numpy_helper.to_array`, which matters for gigabytes of weights), else a converted copy."""
+    if tensor.HasField("raw_data") and tensor.data_location != onnx.TensorProto.EXTERNAL and sys.byteorder == "little":
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        except Exception:  # noqa: BLE001 - types numpy has no native form for (e.g. float8): the slow path
+            dtype = None
+        if dtype is not None and dtype.kind in "fiu":
+            raw = tensor.raw_data
+            count = int(np.prod(tensor.dims, dtype=np.int64))
+            if len(raw) == count * dtype.itemsize:  # packed sub-byte types (int4) take the slow path
+                return np.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.dims))
+    value = numpy_helper.to_array(tensor).view()
+    value.flags.writeable = False
+    return value

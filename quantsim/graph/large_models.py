@@ -20,6 +20,7 @@ __all__ = [
     "LARGE_MODEL_BYTES",
     "is_large",
     "estimated_bytes",
+    "payload_bytes",
     "skeleton",
     "copy_without_initializers",
     "is_external_candidate",
@@ -42,6 +43,11 @@ def estimated_bytes(model: onnx.ModelProto) -> int:
     for part in (graph.node, graph.input, graph.output, graph.value_info, graph.sparse_initializer, model.functions):
         total += sum(item.ByteSize() for item in part)
     return total
+
+
+def payload_bytes(tensors) -> int:
+    """Total payload bytes of ``tensors`` (initializers), from their shapes and types."""
+    return sum(_payload_bytes(t) for t in tensors)
 
 
 def _payload_bytes(tensor: onnx.TensorProto) -> int:

@@ -1,7 +1,7 @@
 """Persistent on-disk cache of prepared models.
 
-Key: sha256 over a format tag, the input model (``SerializeToString(deterministic=True)``; for a large
-model its ``skeleton`` and then each big weight's bytes), each pass's identity (module, qualified name, and a digest of the
+Key: sha256 over a format tag, the input model (its ``skeleton``, serialised deterministically, then each
+big weight's bytes), each pass's identity (module, qualified name, and a digest of the
 module's source file), a digest of the sources of this package and ``quantsim/graph.py`` (so editing a
 pass or a helper it uses invalidates the entries), the options, and the versions of
 onnx, onnxruntime and quantsim. A pass without a stable identity (a lambda, a closure) makes the call
@@ -41,7 +41,7 @@ from typing import NamedTuple
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
-from quantsim.graph.large_models import is_external_candidate, is_large, save_model, skeleton
+from quantsim.graph.large_models import is_external_candidate, save_model, skeleton
 
 __all__ = ["ENV_VAR", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached", "store_cached",
            "clear_cache", "cache_info", "cache_size"]
@@ -198,10 +198,8 @@ def cache_size(cache_dir: str | os.PathLike | None = None) -> int:
 
 # helpers ---------------------------------------------------------------------------------------
 def _feed_model(digest, model: onnx.ModelProto) -> None:
-    """Hash a model; a large one as its skeleton followed by each big initializer's bytes."""
-    if not is_large(model):
-        digest.update(model.SerializeToString(deterministic=True))
-        return
+    """Hash a model as its skeleton followed by each big initializer's bytes (never serialising the weights:
+    that cost more than the hashing)."""
     digest.update(skeleton(model).SerializeToString(deterministic=True))
     for tensor in model.graph.initializer:
         if is_external_candidate(tensor):

@@ -165,6 +165,15 @@ def _selects_values(node: onnx.NodeProto, output: int) -> bool:
     return True
 
 
+def _constant_key(q: QcQuantizeOp) -> tuple:
+    """Everything a constant's fake-quantized values depend on besides the float values themselves."""
+    enc = q.encoding
+    if enc is None:
+        return (q.spec,)
+    return (q.spec, enc.scale.tobytes(), enc.zero_point.tobytes(), enc.qmin, enc.qmax, enc.axis, enc.block_axis,
+            enc.block_size)
+
+
 def _grid_key(q: QcQuantizeOp) -> tuple | None:
     """What the sim's Q/DQ (or Cast pair) of activation quantizer ``q`` computes: equal keys, equal maps."""
     if q.spec.is_float:
@@ -219,7 +228,8 @@ class _SimBuilder:
     """
 
     def __init__(self, model: onnx.ModelProto, initializers, weights: str,
-                 values: Callable[[str], np.ndarray] | None, external: dict[str, np.ndarray] | None):
+                 values: Callable[[str], np.ndarray] | None, external: dict[str, np.ndarray] | None,
+                 memo: dict[str, tuple] | None = None):
         self.model = model
         self.graph = model.graph
         self.source_initializers = list(initializers)
@@ -228,6 +238,7 @@ class _SimBuilder:
         self.initializers = self.index.initializers
         self.values = values or (lambda name: numpy_helper.to_array(self.initializers[name]))
         self.external = external
+        self.memo = memo  # constant name -> (what its values depend on, the values): shared between builds
         self.declared_inputs = {i.name for i in model.graph.input}
         self.replaced: dict[str, TensorProto | None] = {}  # initializer name -> new tensor (None: removed)
         self.new_initializers: list[TensorProto] = []
@@ -239,8 +250,8 @@ class _SimBuilder:
         values = self.values(name)
         enc = None if q.spec.is_float else q.require_encoding()
         if enc is None or self.weights == "fake" or q.role != "param":
-            new = fp16_round_trip(values) if enc is None else fake_quantize(values, enc)
-            new = new.astype(values.dtype, copy=False)
+            new = self._remembered(name, _constant_key(q), lambda: (
+                fp16_round_trip(values) if enc is None else fake_quantize(values, enc)).astype(values.dtype, copy=False))
             self.replaced[name] = self._placeholder(name, new) or numpy_helper.from_array(new, name)
             return
         storage = q.spec.dtype.storage_type(enc.signed)
@@ -262,6 +273,18 @@ class _SimBuilder:
         if dq_out != name:  # a float16/float64 model: back to the weight's own type
             self.front.append(helper.make_node("Cast", [dq_out], [name], name=f"{name}/cast", to=elem_type))
 
+    def _remembered(self, name: str, key: tuple, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """``compute()``, or the array an earlier build made for ``name`` under the same ``key`` (with
+        ``memo``): the sim and calibration sessions then hold one copy of big weights between them."""
+        if self.memo is None:
+            return compute()
+        known = self.memo.get(name)
+        if known is not None and known[0] == key:
+            return known[1]
+        value = compute()
+        self.memo[name] = (key, value)
+        return value
+
     def _placeholder(self, name: str, values: np.ndarray) -> TensorProto | None:
         """With ``external``: the stand-in for ``values`` (recorded there), if they may leave the model.
         An initializer that is also a graph input (it can be fed) stays."""
@@ -276,7 +299,8 @@ class _SimBuilder:
         """An initializer no quantizer changes: itself, or with ``external`` a placeholder for a big float one."""
         if self.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES or not is_external_candidate(tensor):
             return tensor
-        return self._placeholder(tensor.name, self.values(tensor.name)) or tensor
+        return self._placeholder(tensor.name, self._remembered(tensor.name, ("float",),
+                                                               lambda: self.values(tensor.name))) or tensor
 
     def add_activation_quantizer(self, name: str, q: QcQuantizeOp) -> None:
         if name in self.index.graph_inputs:
@@ -369,6 +393,7 @@ def build_sim_model(
     skip_redundant: bool | None = None,
     source: GraphIndex | None = None,
     external: dict[str, np.ndarray] | None = None,
+    memo: dict[str, tuple] | None = None,
 ) -> onnx.ModelProto:
     """A new model: ``model`` (left unchanged) with every enabled, initialised quantizer applied (see module
     docstring).
@@ -382,7 +407,8 @@ def build_sim_model(
     `GraphIndex.cached_constants` block). With ``external`` (a dict), big float initializers, quantized or
     not, stay out of the model: it holds a `model_io.in_memory_placeholder` for each and ``external`` maps
     the name to the values. Such a model is complete only with them: `session.make_session` takes them as
-    ``external_initializers``, which spares copying, serialising and parsing the weights.
+    ``external_initializers``, which spares copying, serialising and parsing the weights. ``memo`` (a dict
+    the caller keeps, cleared whenever a weight's values change) lets builds share those arrays.
     """
     if weights not in ("fake", "qdq"):
         raise InvalidArgumentError(f"weights must be 'fake' or 'qdq', got {weights!r}")
@@ -392,7 +418,7 @@ def build_sim_model(
     source_model = _with_opset(model, max(required_opset(active, weights), min_opset))
     values = source.constant_value if source is not None and source_model is model is source.model else None
     builder = _SimBuilder(copy_without_initializers(source_model), source_model.graph.initializer, weights, values,
-                          external)
+                          external, memo if external is not None else None)
     placed: list[tuple[str, QcQuantizeOp]] = []
     planned: dict[str, tuple | None] = {}
     for q in active:

@@ -44,6 +44,12 @@ __all__ = ["QuantizationSimModel"]
 _NOT_SPECIFIED = object()  # compute_encodings: no forward_pass_callback_args given (None is a valid value)
 
 
+RELEASE_CALIBRATION_SESSION_BYTES = 256 << 20
+"""Models with at least this many bytes of initializers drop their calibration session after each
+`compute_encodings`: onnxruntime keeps its own prepacked copy of the weights per session, and a second
+session alive next to ``sim.session`` would double it. Smaller models keep it for the next calibration."""
+
+
 def _constant_state(q: QcQuantizeOp) -> tuple:
     """What the calibration graph bakes in for a weight/constant quantizer (its cache key)."""
     enc = q.encoding
@@ -120,13 +126,15 @@ class QuantizationSimModel:
     # construction ------------------------------------------------------------------------------
     def _build_quantizers(self, percentile: float) -> None:
         self._index = GraphIndex(self.model)
-        placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type)
+        with self._index.cached_constants():  # each weight read once (finite checks, shapes)
+            placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type)
         self.left_in_float = placement.left_in_float
         self._version = 0
         self._session = None
         self._session_version = -1
         self._fused: tuple | None = None
         self._calibration_cache: tuple | None = None
+        self._constant_memo: dict[str, tuple] = {}  # shared fake-quantized weights (build_sim_model memo)
         self._capture_sessions: dict[tuple, tuple] = {}
         self._open_states: list[SimState] = []
         self.qc_quantize_op_dict: dict[str, QcQuantizeOp] = {}
@@ -227,6 +235,8 @@ class QuantizationSimModel:
         for q in observed:
             if q.name in new:
                 q.set_encoding(new[q.name])
+        if self._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES:
+            self._calibration_cache = None  # a big model: its prepacked weights would double sim.session's
 
     def _calibration_session(self, observed: list[QcQuantizeOp]) -> CalibrationSession:
         histogram = any(q.calibration_scheme.needs_histogram for q in observed)
@@ -236,7 +246,7 @@ class QuantizationSimModel:
         if self._calibration_cache is None or self._calibration_cache[0] != key:
             weights: dict[str, np.ndarray] = {}
             model = build_sim_model(self.model, [q for q in constants if q.enabled], source=self._index,
-                                    external=weights)
+                                    external=weights, memo=self._constant_memo)
             shapes = self._index.shape
             model, outputs = add_statistics_outputs(
                 model, list(groups), list(groups) if histogram else [], nonnegative=find_nonnegative_tensors(self._index),
@@ -273,7 +283,8 @@ class QuantizationSimModel:
                 if self.use_integer_kernels:
                     model = self.to_onnx_qdq()
                 else:
-                    model = build_sim_model(self.model, self._quantizers, source=self._index, external=weights)
+                    model = build_sim_model(self.model, self._quantizers, source=self._index, external=weights,
+                                            memo=self._constant_memo)
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,
                                          external_initializers=weights)
@@ -350,6 +361,7 @@ class QuantizationSimModel:
 
     def _write_weight(self, name: str, values: np.ndarray) -> None:
         write_weight(self, name, values)
+        self._constant_memo.clear()
         self._calibration_cache = None  # its key holds quantizer state, not weight values
         self._invalidate()
 

@@ -1,0 +1,151 @@
+"""Large models: time and peak memory of the sim against plain onnxruntime, side by side.
+
+Builds generated MLPs (MatMul + Add + Relu layers of ``width x width``, weights in ONNX external data) of
+about the requested sizes, then runs each step in its own process so that peak RSS (``ru_maxrss``) is the
+step's own:
+
+* ``fp32``: an onnxruntime session of the float model and the calibration batches through it;
+* ``sim``: ``QuantizationSimModel(path)`` (preparation cache cold, then warm), ``compute_encodings`` over
+  the same batches, one ``sim.session`` run, and optionally ``sim.export`` (encodings + QDQ model).
+
+Prints times and the peak-RSS ratio sim / fp32 per model::
+
+    python -m benchmarks.bench_large [--sizes 0.1 0.8] [--batches 16] [--export]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+WIDTH = 4096
+ROWS = 64
+
+
+def build(path: Path, gigabytes: float, width: int = WIDTH) -> int:
+    """Write an MLP of about ``gigabytes`` of float32 weights to ``path`` (external data); returns layers."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    layers = max(1, round(gigabytes * 1e9 / (width * width * 4)))
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    x = "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width), dtype=np.float32) / math.sqrt(width)).astype(np.float32)
+        b = (0.01 * rng.standard_normal(width)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"matmul{i}"),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
+                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["N", width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=path.name + ".data", size_threshold=1024)
+    return layers
+
+
+def _batches(count: int, width: int) -> list[dict]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.standard_normal((ROWS, width), dtype=np.float32)} for _ in range(count)]
+
+
+def _peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kilobytes on Linux
+
+
+def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
+    """One measured step, run in a fresh process (see module docstring)."""
+    data = _batches(batches, width)
+    result: dict = {"step": step}
+    if step == "fp32":
+        import onnxruntime as ort
+
+        start = time.perf_counter()
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        result["create_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        for feed in data:
+            session.run(None, feed)
+        result["run_s"] = time.perf_counter() - start
+    else:
+        from quantsim import QuantizationSimModel
+
+        start = time.perf_counter()
+        sim = QuantizationSimModel(path, progress=False)
+        result["create_s"] = time.perf_counter() - start
+        result["after_create_gb"] = _peak_gb()
+        start = time.perf_counter()
+        sim.compute_encodings(data)
+        result["calibrate_s"] = time.perf_counter() - start
+        result["after_calibrate_gb"] = _peak_gb()
+        start = time.perf_counter()
+        for feed in data:
+            sim.session.run(None, feed)
+        result["run_s"] = time.perf_counter() - start
+        if step == "sim_export":
+            start = time.perf_counter()
+            sim.export(out_dir, "mlp", qdq=True)
+            result["export_s"] = time.perf_counter() - start
+    result["peak_gb"] = _peak_gb()
+    return result
+
+
+def _run_child(step: str, path: Path, batches: int, width: int, cache: str, out_dir: str) -> dict:
+    env = dict(os.environ, QUANTSIM_CACHE_DIR=cache)
+    command = [sys.executable, "-m", "benchmarks.bench_large", "--child", step, str(path), str(batches), str(width),
+               out_dir]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"step": step, "error": (done.stderr.strip().splitlines() or ["killed"])[-1],
+                "returncode": done.returncode}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[0.1, 0.8], help="model sizes in GB")
+    parser.add_argument("--batches", type=int, default=16)
+    parser.add_argument("--width", type=int, default=WIDTH)
+    parser.add_argument("--export", action="store_true", help="also export encodings + QDQ model")
+    args = parser.parse_args()
+    print(f"{'model':>10} {'layers':>6} | {'fp32 create':>11} {'fp32 run':>8} {'fp32 peak':>9} | "
+          f"{'sim cold':>8} {'sim warm':>8} {'calib':>6} {'run':>6} {'peak':>7} | {'peak ratio':>10} "
+          f"{'warm/fp32':>9} {'calib/fp32':>10}")
+    for size in args.sizes:
+        with tempfile.TemporaryDirectory(prefix="quantsim-large-") as folder:
+            path = Path(folder) / "mlp.onnx"
+            layers = build(path, size, args.width)
+            cache, out_dir = str(Path(folder) / "cache"), str(Path(folder) / "export")
+            fp32 = _run_child("fp32", path, args.batches, args.width, cache, out_dir)
+            cold = _run_child("sim", path, args.batches, args.width, cache, out_dir)
+            warm = _run_child("sim_export" if args.export else "sim", path, args.batches, args.width, cache, out_dir)
+            if "error" in cold or "error" in warm:
+                print(f"{size:>8.1f}GB {layers:>6} | sim failed: {cold.get('error') or warm.get('error')}")
+                continue
+            ratio = warm["peak_gb"] / fp32["peak_gb"]
+            print(f"{size:>8.1f}GB {layers:>6} | {fp32['create_s']:>10.2f}s {fp32['run_s']:>7.2f}s "
+                  f"{fp32['peak_gb']:>8.2f}G | {cold['create_s']:>7.2f}s {warm['create_s']:>7.2f}s "
+                  f"{warm['calibrate_s']:>5.2f}s {warm['run_s']:>5.2f}s {warm['peak_gb']:>6.2f}G | {ratio:>10.2f} "
+                  f"{warm['create_s'] / fp32['create_s']:>9.2f} {warm['calibrate_s'] / fp32['run_s']:>10.2f}"
+                  + (f"  export {warm['export_s']:.1f}s" if "export_s" in warm else ""))
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        step, path, batches, width, out_dir = sys.argv[2:7]
+        print(json.dumps(child(step, path, int(batches), int(width), out_dir)))
+    else:
+        main()
