@@ -267,3 +267,24 @@ def test_public_errors_share_one_root():
     for cls in (ConfigError, EncodingFormatError, EncodingMismatchError, InvalidArgumentError, InvalidStateError):
         assert issubclass(cls, QuantsimError)
     assert batch  # the shared helpers import cleanly
+
+
+# ------------------------------------------------------------------------------------------ streamed model writes
+@pytest.mark.parametrize("builder", ["conv_relu", "conv_bn_relu", "residual", "concat", "gemm", "matmul", "layernorm",
+                                     "softmax", "resize", "mixed"])
+def test_a_streamed_model_file_parses_to_the_same_model(tmp_path, builder):
+    import hashlib
+
+    import models  # tests/models.py
+
+    from quantsim.graph.large_models import save_model
+
+    model, _ = getattr(models, builder)()
+    model.graph.doc_string = "kept"
+    model.metadata_props.add(key="k", value="v")
+    digests: dict[str, str] = {}
+    (path,) = save_model(model, tmp_path / "m.onnx", digests)
+    data = path.read_bytes()
+    assert digests["m.onnx"] == hashlib.sha256(data).hexdigest()
+    back = onnx.ModelProto.FromString(data)
+    assert back.SerializeToString(deterministic=True) == model.SerializeToString(deterministic=True)

@@ -8,6 +8,7 @@ call time, so tests can lower it to exercise the large-model paths on small mode
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -117,18 +118,80 @@ def _copy_field(target, field, value) -> None:
         setattr(target, field.name, value)
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> list[Path]:
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[str, str] | None = None) -> list[Path]:
     """Write ``model`` to ``path`` and return the files written.
 
     A large model's big initializers go to ``<path>.data`` beside it as ONNX external data (see
     ``skeleton``). Unlike ``onnx.save(save_as_external_data=True)`` the in-memory model keeps its weights.
+    With ``digests`` (a dict), each file's sha256 (hex) is recorded under its name as it is written, so a
+    caller that needs them never reads the files back.
     """
     path = Path(path)
     if not is_large(model):
-        path.write_bytes(model.SerializeToString(deterministic=True))
+        with open(path, "wb") as raw_file:
+            file = _HashingWriter(raw_file)
+            _write_streamed(model, file)
+        if digests is not None:
+            digests[path.name] = file.digest.hexdigest()
         return [path]
     data_path = path.with_name(path.name + ".data")
-    with open(data_path, "wb") as data_file:
+    with open(data_path, "wb") as raw_file:
+        data_file = _HashingWriter(raw_file)
         graph_only = skeleton(model, data_file)
-    path.write_bytes(graph_only.SerializeToString(deterministic=True))
+    graph = graph_only.SerializeToString(deterministic=True)
+    if digests is not None:
+        digests[data_path.name] = data_file.digest.hexdigest()
+        digests[path.name] = hashlib.sha256(graph).hexdigest()
+    path.write_bytes(graph)
     return [path, data_path]
+
+
+_GRAPH_FIELD, _INITIALIZER_FIELD = 7, 5  # ModelProto.graph, GraphProto.initializer
+_LENGTH_DELIMITED = 2
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field_header(number: int, length: int) -> bytes:
+    return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(length)
+
+
+def _write_streamed(model: onnx.ModelProto, file) -> None:
+    """Serialise ``model`` to ``file`` one initializer at a time (never the whole model in memory).
+
+    Protobuf readers accept fields in any order and merge repeated ones, so the model is written as
+    everything but its graph, then the graph field: everything but the initializers, then each
+    initializer as its own ``GraphProto.initializer`` entry. The bytes parse to the same model.
+    """
+    shell = copy_without_initializers(model)
+    graph_rest = shell.graph.SerializeToString(deterministic=True)
+    shell.ClearField("graph")
+    sizes = [tensor.ByteSize() for tensor in model.graph.initializer]
+    graph_length = len(graph_rest) + sum(len(_field_header(_INITIALIZER_FIELD, size)) + size for size in sizes)
+    file.write(shell.SerializeToString(deterministic=True))
+    file.write(_field_header(_GRAPH_FIELD, graph_length))
+    file.write(graph_rest)
+    for tensor, size in zip(model.graph.initializer, sizes):
+        file.write(_field_header(_INITIALIZER_FIELD, size))
+        file.write(tensor.SerializeToString(deterministic=True))
+
+
+class _HashingWriter:
+    """A binary file wrapper that hashes what is written (``name``, ``tell`` and ``write`` as ``skeleton`` uses)."""
+
+    def __init__(self, file):
+        self.file, self.name, self.digest = file, file.name, hashlib.sha256()
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.file.write(data)

@@ -139,10 +139,14 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
         try:
-            files = save_model(model, staging / _MODEL)
+            digests: dict[str, str] = {}
+            files = save_model(model, staging / _MODEL, digests)  # hashed as written, never read back
             (staging / _KEY_FILE).write_text(key + "\n")
+            digests[_KEY_FILE] = hashlib.sha256((key + "\n").encode()).hexdigest()
             files.append(staging / _KEY_FILE)
-            lines = [f"{_file_digest(path, sync=True)}  {path.name}\n" for path in files]
+            for path in files:
+                _fsync_file(path)
+            lines = [f"{digests[path.name]}  {path.name}\n" for path in files]
             (staging / _MANIFEST).write_text("".join(lines))
             _file_digest(staging / _MANIFEST, sync=True)
             _sync_folder(staging)
@@ -232,6 +236,11 @@ def _file_digest(path: Path, sync: bool = False) -> str:
         if sync:
             os.fsync(handle.fileno())
     return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 def _read_manifest(path: Path) -> dict[str, str]:
