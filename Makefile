@@ -31,7 +31,7 @@ $(FLOOR_PY):
 
 $(FLOOR_STAMP): $(FLOOR_PY) pyproject.toml $(FLOOR_CONSTRAINTS)
 	$(FLOOR_PY) -m pip install -q --upgrade pip
-	$(FLOOR_PY) -m pip install -q -c $(FLOOR_CONSTRAINTS) -e . pytest hypothesis
+	$(FLOOR_PY) -m pip install -q -c $(FLOOR_CONSTRAINTS) -e . pytest hypothesis jsonschema
 	touch $(FLOOR_STAMP)
 
 # the suite against the floor versions (examples and benchmarks helpers need only the main environment)
