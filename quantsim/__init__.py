@@ -48,6 +48,7 @@ from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
 from quantsim.sim.layers import FollowingActivation, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
+from quantsim.sim.precision_setters import set_blockwise_quantization_for_weights, set_param_type
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
 from quantsim.sim.state import SimState
 
@@ -55,6 +56,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "QuantizationSimModel",
+    "set_param_type",
+    "set_blockwise_quantization_for_weights",
     "QuantScheme",
     "QuantizationDataType",
     "qtype",

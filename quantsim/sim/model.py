@@ -166,6 +166,13 @@ class QuantizationSimModel:
         """Every distinct quantizer object (tied tensors share one)."""
         return list(self._quantizers)
 
+    def set_tensor_precision(self, names, precision, *, strict: bool = True) -> list[QcQuantizeOp]:
+        """AIMET's ``sim.set_tensor_precision``: set the precision of the quantizer deciding each tensor
+        (its own, or the closest upstream through grid-preserving ops); see `quantsim.sim.precision_setters`."""
+        from quantsim.sim.precision_setters import set_tensor_precision
+
+        return set_tensor_precision(self, names, precision, strict=strict)
+
     def get_all_quantizers(self) -> tuple[list[QcQuantizeOp], list[QcQuantizeOp]]:
         """``(param quantizers, activation quantizers)``, like AIMET."""
         return ([q for q in self._quantizers if q.role == "param"],

@@ -1,0 +1,145 @@
+"""AIMET's precision setters: ``sim.set_tensor_precision``, ``set_param_type`` and
+``set_blockwise_quantization_for_weights`` (aimet_onnx.quantsim), over the sim's quantizer objects.
+
+* `set_tensor_precision`: the quantizer that decides a tensor's values is the tensor's own, or, where the
+  tensor has none (the output of a Reshape, a MaxPool, a Relu sharing its input's grid ...), the closest
+  enabled one found by walking up through grid-preserving ops (`quantsim.graph.op_facts`), as AIMET does.
+* `set_param_type`: the parameter quantizers (biases excepted) of the chosen nodes.
+* `set_blockwise_quantization_for_weights`: the weight quantizers of the chosen op types become symmetric
+  blockwise grids: one scale per output channel and block of ``block_size`` input channels.
+
+Every setter validates all its targets before changing any (a refused name or shape changes nothing), and
+returns the quantizers it changed. Frozen quantizers keep their spec (with the quantizer's own warning).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from quantsim.core.dtypes import qtype
+from quantsim.core.spec import PerBlock
+from quantsim.errors import InvalidArgumentError, warn_at_caller
+from quantsim.graph.op_facts import WEIGHTED_OPS, facts_of
+
+if TYPE_CHECKING:
+    from quantsim.sim.model import QuantizationSimModel
+    from quantsim.sim.quantizer import QcQuantizeOp
+
+__all__ = ["set_tensor_precision", "set_param_type", "set_blockwise_quantization_for_weights"]
+
+
+def _closest_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp | None:
+    """``tensor``'s enabled quantizer, or the closest one upstream through grid-preserving ops."""
+    index, seen = sim._index, set()
+    while tensor not in seen:
+        seen.add(tensor)
+        q = sim.qc_quantize_op_dict.get(tensor)
+        if q is not None and q.enabled:
+            return q
+        producer = index.producer.get(tensor)
+        if producer is None or not facts_of(producer[0].op_type).grid_preserving or not producer[0].input:
+            return None
+        tensor = producer[0].input[0]
+    return None
+
+
+def set_tensor_precision(sim: QuantizationSimModel, names: str | Iterable[str], precision: qtype | str, *,
+                         strict: bool = True) -> list[QcQuantizeOp]:
+    """Set the precision (e.g. ``"float16"``, ``int16``) of the quantizer deciding each tensor in ``names``.
+
+    A name with no such quantizer is an error naming it with ``strict=True``, else skipped with a warning.
+    """
+    dtype = qtype.as_qtype(precision)
+    names = [names] if isinstance(names, str) else list(names)
+    chosen: dict[int, QcQuantizeOp] = {}
+    missing = []
+    for name in names:
+        if name not in sim._index.elem_type and name not in sim._index.producer:
+            raise InvalidArgumentError(f"set_tensor_precision: {name!r} is not a tensor of {sim._label}")
+        q = _closest_quantizer(sim, name)
+        if q is None:
+            missing.append(name)
+        else:
+            chosen[id(q)] = q
+    if missing:
+        message = f"set_tensor_precision: no enabled quantizer decides {missing[:5]} (float values, or disabled)"
+        if strict:
+            raise InvalidArgumentError(message + "; pass strict=False to skip them")
+        warn_at_caller(message + "; skipped")
+    with sim.transaction():
+        for q in chosen.values():
+            q.set_precision(dtype)
+    return list(chosen.values())
+
+
+def _nodes(sim: QuantizationSimModel, op_types: Iterable[str] | None, nodes_to_include: Iterable[str] | None,
+           nodes_to_exclude: Iterable[str] | None, where: str) -> list:
+    graph_nodes = {node.name: node for node in sim.model.graph.node}
+    exclude = set(nodes_to_exclude or ())
+    unknown = sorted((set(nodes_to_include or ()) | exclude) - set(graph_nodes))
+    if unknown:
+        raise InvalidArgumentError(f"{where}: unknown node name(s) {unknown[:5]} in {sim._label}")
+    if nodes_to_include is not None:
+        picked = [graph_nodes[name] for name in nodes_to_include]
+    else:
+        wanted = set([op_types] if isinstance(op_types, str) else (op_types or ()))
+        picked = [node for node in graph_nodes.values() if node.op_type in wanted]
+    return [node for node in picked if node.name not in exclude]
+
+
+def set_param_type(sim: QuantizationSimModel, param_type: qtype | str, *, op_types: Iterable[str] | None = None,
+                   nodes_to_include: Iterable[str] | None = None, nodes_to_exclude: Iterable[str] | None = None,
+                   strict: bool = True) -> list[QcQuantizeOp]:
+    """Set the parameter quantizers (biases excepted) of the nodes given by ``op_types`` or
+    ``nodes_to_include`` (minus ``nodes_to_exclude``) to ``param_type``. With ``strict``, a chosen node
+    without such a quantizer is an error."""
+    if (op_types is None) == (nodes_to_include is None):
+        raise InvalidArgumentError("set_param_type: give exactly one of op_types and nodes_to_include")
+    dtype = qtype.as_qtype(param_type)
+    chosen: dict[int, QcQuantizeOp] = {}
+    for node in _nodes(sim, op_types, nodes_to_include, nodes_to_exclude, "set_param_type"):
+        found = [q for name in node.input if (q := sim.qc_quantize_op_dict.get(name)) is not None
+                 and q.role == "param" and q.param_type != "bias"]
+        if not found and strict:
+            raise InvalidArgumentError(f"set_param_type: node {node.name!r} ({node.op_type}) has no parameter "
+                                       "quantizer; pass strict=False to skip it")
+        chosen.update((id(q), q) for q in found)
+    with sim.transaction():
+        for q in chosen.values():
+            q.set_precision(dtype)
+    return list(chosen.values())
+
+
+def set_blockwise_quantization_for_weights(sim: QuantizationSimModel, op_types: str | Iterable[str], bitwidth: int,
+                                           symmetric: bool, block_size: int, strict: bool = False,
+                                           nodes_to_exclude: Iterable[str] | None = None) -> list[QcQuantizeOp]:
+    """Blockwise ``bitwidth``-bit weights for Conv/ConvTranspose/Gemm/MatMul nodes of ``op_types``: one
+    scale per output channel and block of ``block_size`` input channels. A weight whose input-channel count
+    ``block_size`` does not divide is an error with ``strict``, else left as it is with a warning."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise InvalidArgumentError(f"block_size must be a positive integer, got {block_size!r}")
+    dtype = qtype.int(bitwidth)
+    plans, skipped = [], []
+    for node in _nodes(sim, op_types, None, nodes_to_exclude, "set_blockwise_quantization_for_weights"):
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
+            continue
+        q = sim.qc_quantize_op_dict.get(node.input[1])
+        if q is None or q.role != "param" or q.channel_axis is None or not q.shape:
+            continue
+        rank = len(q.shape)
+        axis = q.channel_axis % rank
+        block_axis = (1 - axis) if rank == 2 else (1 if axis == 0 else 0)
+        if q.shape[block_axis] % block_size:
+            skipped.append(f"{node.name!r} (weight {q.name!r}: {q.shape[block_axis]} input channels)")
+            continue
+        plans.append((q, q.spec.with_(dtype=dtype, symmetric=bool(symmetric), granularity=PerBlock(axis, block_axis,
+                                                                                                    block_size))))
+    if skipped:
+        message = f"block size {block_size} does not divide the input channels of {', '.join(skipped[:5])}"
+        if strict:
+            raise InvalidArgumentError(f"set_blockwise_quantization_for_weights: {message}")
+        warn_at_caller(f"set_blockwise_quantization_for_weights: {message}; left as they were")
+    with sim.transaction():
+        for q, spec in plans:
+            q.set_qspec(spec)
+    return [q for q, _ in plans]
