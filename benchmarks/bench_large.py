@@ -62,6 +62,15 @@ def _batches(count: int, width: int) -> list[dict]:
 
 
 def _peak_gb() -> float:
+    """This process's peak RSS. ``VmHWM`` from /proc (Linux): ``ru_maxrss`` would carry the parent's peak
+    over a fork (the parent builds gigabytes of weights), which hid the children's own peaks."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1e6  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kilobytes on Linux
 
 
