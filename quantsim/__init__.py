@@ -40,6 +40,7 @@ from quantsim.errors import (
     PrepareWarning,
     QuantsimError,
     QuantsimWarning,
+    UnknownQuantizerError,
 )
 from quantsim.prepare import prepare
 from quantsim.sim.capture import Capturer, TensorCache
@@ -99,5 +100,6 @@ __all__ = [
     "InvalidTypeError",
     "InvalidStateError",
     "CalibrationError",
+    "UnknownQuantizerError",
     "__version__",
 ]

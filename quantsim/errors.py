@@ -25,6 +25,7 @@ __all__ = [
     "EncodingMismatchError",
     "IntegerExportError",
     "CalibrationError",
+    "UnknownQuantizerError",
 ]
 
 
@@ -84,6 +85,14 @@ class EncodingMismatchError(QuantsimError, ValueError):
 
 class IntegerExportError(QuantsimError, ValueError):
     """The model cannot be exported as an integer model as asked; the message names the node."""
+
+
+class UnknownQuantizerError(QuantsimError, KeyError):
+    """No quantizer has this tensor name; the message lists the closest names (a ``KeyError``, so AIMET-style
+    ``except KeyError`` still catches it)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; this message is a sentence
+        return str(self.args[0]) if self.args else ""
 
 
 class CalibrationError(QuantsimError, ValueError):
