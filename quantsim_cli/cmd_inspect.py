@@ -26,31 +26,61 @@ _QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 _EXPORT_SUFFIXES = (".encodings", ".onnx", ".json")
 
 
-def _origin(tensor: str, role: str, original: set[str], producers: dict, consumers: dict) -> str:
-    if role == "param":
-        node = consumers.get(tensor)
-        where = f"{'weight' if tensor not in original else 'constant'} of {node.name} ({node.op_type})" if node else "constant"
-    else:
-        node = producers.get(tensor)
-        where = f"output of {node.name} ({node.op_type})" if node else "model input"
-    return ("original, " if tensor in original else "made by preparation, ") + where
+_WEIGHTED = {"Conv": {1: "weight", 2: "bias"}, "ConvTranspose": {1: "weight", 2: "bias"}, "Gemm": {1: "weight", 2: "bias"},
+             "MatMul": {1: "weight"}}
+
+
+class _Origins:
+    """Where each prepared tensor came from: the original model's producers and the nodes preparation folded."""
+
+    def __init__(self, original: onnx.ModelProto, prepared: onnx.ModelProto):
+        self.names = {i.name for i in original.graph.input} | {i.name for i in original.graph.initializer}
+        self.names |= {t for n in original.graph.node for t in (*n.input, *n.output)}
+        self.was_made_by = {t: n for n in original.graph.node for t in n.output}
+        self.made_by = {t: n for n in prepared.graph.node for t in n.output}
+        self.read_by: dict[str, onnx.NodeProto] = {}
+        for node in prepared.graph.node:
+            for tensor in node.input:
+                self.read_by.setdefault(tensor, node)
+        kept = {n.name for n in prepared.graph.node}
+        self.original_nodes = {n.name: n for n in original.graph.node}
+        self.removed = [n for n in original.graph.node if n.name not in kept]
+
+    def _folded_into(self, node: onnx.NodeProto) -> str:
+        before = self.original_nodes.get(node.name)
+        outputs = set(before.output) if before is not None else set()
+        folded = [n for n in self.removed if outputs & set(n.input)]
+        return f" ({', '.join(f'{n.name} ({n.op_type})' for n in folded)} folded in)" if folded else ""
+
+    def describe(self, tensor: str, role: str) -> str:
+        """``original, weight of conv (Conv)``, ``made by preparation, bias of conv (Conv) (bn folded in)``, ..."""
+        known = tensor in self.names
+        if role == "param":
+            node = self.read_by.get(tensor)
+            if node is None:
+                return ("original" if known else "made by preparation") + ", constant"
+            slot = _WEIGHTED.get(node.op_type, {}).get(list(node.input).index(tensor), "constant input")
+            where = f"{slot} of {node.name} ({node.op_type})"
+            return f"{'original' if known else 'made by preparation'}, {where}{self._folded_into(node)}"
+        now, before = self.made_by.get(tensor), self.was_made_by.get(tensor)
+        if now is None:
+            return "original, model input" if known else "model input"
+        if not known:
+            return f"made by preparation, output of {now.name} ({now.op_type})"
+        if before is not None and before.name != now.name:
+            return f"original, was the output of {before.name} ({before.op_type}), now of {now.name} ({now.op_type})"
+        return f"original, output of {now.name} ({now.op_type})"
 
 
 def quantizer_rows(sim: Any, original: onnx.ModelProto) -> list[dict[str, str]]:
     """One row per quantized tensor of ``sim``: tensor, role, spec, enabled, tied quantizer, origin."""
-    names = {i.name for i in original.graph.input} | {i.name for i in original.graph.initializer}
-    names |= {t for n in original.graph.node for t in (*n.input, *n.output)}
-    producers = {t: n for n in sim.model.graph.node for t in n.output}
-    consumers: dict[str, onnx.NodeProto] = {}
-    for node in sim.model.graph.node:
-        for tensor in node.input:
-            consumers.setdefault(tensor, node)
+    origins = _Origins(original, sim.model)
     rows = []
     for q in sim.quantizers:
         for tensor in q.tensors:
             rows.append({"tensor": tensor, "role": q.role, "spec": q.spec.describe(),
                          "enabled": "yes" if q.enabled else "no", "tied_to": "" if tensor == q.name else q.name,
-                         "origin": _origin(tensor, q.role, names, producers, consumers)})
+                         "origin": origins.describe(tensor, q.role)})
     return rows
 
 
@@ -71,7 +101,7 @@ def _inspect_model(args: argparse.Namespace, path: Path) -> int:
     print(f"{path}: {len(sim.quantizers)} quantizers ({enabled} enabled) for {len(rows)} tensors; "
           f"param {args.param_type}, activation {args.activation_type}")
     print(text_table(("tensor", "role", "spec", "enabled", "tied to", "origin"),
-                     [tuple(r.values()) for r in rows], width=70))
+                     [tuple(r.values()) for r in rows], width=200))
     if floats:
         print("left in float:")
         for row in floats:

@@ -173,7 +173,7 @@ def test_inspect_a_model(files, capsys):
     code, stdout, err = _run(capsys, "inspect", files["model"], "--json")
     assert code == 0, err
     rows = {row["tensor"]: row for row in json.loads(stdout)["quantizers"]}
-    assert rows["W"]["role"] == "param" and rows["W"]["origin"] == "original, constant of conv (Conv)"
+    assert rows["W"]["role"] == "param" and rows["W"]["origin"] == "original, weight of conv (Conv)"
     assert rows["r"]["origin"] == "original, output of relu (Relu)" and rows["c"]["enabled"] == "no"
     code, stdout, _ = _run(capsys, "inspect", files["model"], "--param-type", "int4", "--per-tensor")
     assert code == 0 and "int4 sym per-tensor" in stdout and "10 quantizers" in stdout
@@ -282,3 +282,29 @@ def test_fixed_batch_models_and_batch_size_checks(files, capsys, tmp_path):
                              "--max-batches", 5, "--analysis-batches", 1)
     assert code == 0, err
     assert "5 calibration batch(es)" in stdout  # 12 rows in batches of the model's 2, at most 5
+
+
+def test_inspect_names_what_preparation_folded(tmp_path, capsys):
+    from models import conv_bn_relu
+
+    path = tmp_path / "bn.onnx"
+    onnx.save(conv_bn_relu()[0], str(path))
+    code, stdout, err = _run(capsys, "inspect", path, "--json")
+    assert code == 0, err
+    origin = {row["tensor"]: row["origin"] for row in json.loads(stdout)["quantizers"]}
+    assert origin["conv.w"] == "original, weight of conv (Conv) (bn (BatchNormalization) folded in)"
+    assert origin["bn.out"] == "original, was the output of bn (BatchNormalization), now of conv (Conv)"
+    assert [t for t, o in origin.items() if o.startswith("made by preparation, bias of conv")]
+
+
+def test_warnings_are_one_line_and_quiet_hides_them(files, capsys, tmp_path):
+    data = tmp_path / "nan"
+    data.mkdir()
+    np.save(data / "a.npy", batch(0)["x"])
+    np.save(data / "b.npy", np.full((2, 3, 8, 8), np.nan, np.float32))
+    code, _, err = _run(capsys, "quantize", files["model"], "--data", data, "--out", tmp_path / "o", "--analysis-batches", 1)
+    assert code == 0
+    warnings = [line for line in err.splitlines() if line.startswith("quantsim: warning: RuntimeWarning: ")]
+    assert warnings and "NaN" in warnings[0] and all(line.startswith("quantsim: ") for line in err.splitlines())
+    code, stdout, err = _run(capsys, "-q", "quantize", files["model"], "--data", data, "--out", tmp_path / "o")
+    assert code == 0 and stdout == "" and err == ""
