@@ -5,8 +5,9 @@ Three forms:
 * a folder of ``.npy`` / ``.npz`` files, read one at a time in name order: a ``.npy`` holds the one input of a
   single-input model, a ``.npz`` one array per input name; each file is a batch (or one sample, when its
   arrays have one axis less than the model input);
-* one ``.npz`` file with one array per model input, all with the same number of rows, split into batches
-  (``--batch-size``, default 16);
+* one ``.npz`` file with one array per model input, all with the same number of rows (or one ``.npy`` for a
+  single-input model), split into batches (``--batch-size``, default 16; with a folder, ``--batch-size``
+  regroups the files' rows);
 * ``module:function`` (or ``path/to/file.py:function``): the function is called with no arguments once per
   pass over the data and returns an iterable of ``{input name: array}`` dicts.
 
@@ -169,12 +170,15 @@ def rebatch(feeds: Iterable[dict[str, np.ndarray]], size: int, keep_partial: boo
     for feed in feeds:
         pending.append(feed)
         count += _rows(feed)
-        while count >= size:
-            merged = {k: np.concatenate([f[k] for f in pending]) for k in pending[0]}
-            yield {k: v[:size] for k, v in merged.items()}
-            rest = {k: v[size:] for k, v in merged.items()}
-            count -= size
-            pending = [rest] if count else []
+        if count < size:
+            continue
+        merged = pending[0] if len(pending) == 1 else {k: np.concatenate([f[k] for f in pending]) for k in pending[0]}
+        start = 0
+        while count - start >= size:
+            yield {k: v[start:start + size] for k, v in merged.items()}
+            start += size
+        count -= start
+        pending = [{k: v[start:] for k, v in merged.items()}] if count else []
     if pending and keep_partial:
         yield {k: np.concatenate([f[k] for f in pending]) for k in pending[0]}
     elif pending:
@@ -233,6 +237,8 @@ def _folder(path: Path, inputs: list[InputSpec]) -> tuple[str, Callable]:
 
 def _split(path: Path, arrays: dict[str, np.ndarray], inputs: list[InputSpec], size: int) -> tuple[str, Callable]:
     arrays = check_feed(arrays, inputs, str(path), any_rows=True)
+    if any(a.ndim == 0 for a in arrays.values()):
+        raise InvalidArgumentError(f"{path}: the arrays need a batch axis to be split into batches")
     rows = _rows(arrays)
     keep_partial = _fixed_batch(inputs) is None
 

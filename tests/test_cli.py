@@ -308,3 +308,26 @@ def test_warnings_are_one_line_and_quiet_hides_them(files, capsys, tmp_path):
     assert warnings and "NaN" in warnings[0] and all(line.startswith("quantsim: ") for line in err.splitlines())
     code, stdout, err = _run(capsys, "-q", "quantize", files["model"], "--data", data, "--out", tmp_path / "o")
     assert code == 0 and stdout == "" and err == ""
+
+
+def test_data_forms_and_regrouping(files, tmp_path):
+    from quantsim_cli.data import model_inputs, open_data, rebatch
+
+    feeds = [{"x": np.arange(n) + 100 * i} for i, n in enumerate([3, 1, 10, 3])]
+    assert [len(b["x"]) for b in rebatch(feeds, 4)] == [4, 4, 4, 4, 1]
+    assert [b["x"].tolist() for b in rebatch(feeds, 4, keep_partial=False)][-1] == [208, 209, 300, 301]
+
+    inputs = model_inputs(files["model"])
+    samples = tmp_path / "samples"  # one sample per file, no batch axis; np.savez's positional name arr_0
+    samples.mkdir()
+    for i in range(5):
+        np.savez(samples / f"s{i}.npz", batch(i, n=1)["x"][0].astype(np.float64))
+    batches = list(open_data(str(samples), inputs, batch_size=2))
+    assert [b["x"].shape for b in batches] == [(2, 3, 8, 8), (2, 3, 8, 8), (1, 3, 8, 8)]
+    assert all(b["x"].dtype == np.float32 for b in batches)
+    single = open_data(str(files["calib"] / "batch0.npy"), inputs, batch_size=1)
+    assert len(list(single)) == 2 and len(list(single)) == 2  # re-iterable
+    two = tmp_path / "two"
+    two.mkdir()
+    np.savez(two / "b0.npz", a=np.zeros((3, 4), np.float32), b=np.ones((3, 4), np.float32))
+    assert list(open_data(str(two), model_inputs(files["two"]), max_batches=1))[0]["b"].shape == (3, 4)
