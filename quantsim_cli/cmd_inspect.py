@@ -180,4 +180,6 @@ def run_inspect(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"{target}: no such file or folder")
     if target.suffix == ".onnx":
         return _inspect_model(args, target)
+    if not target.name.endswith(_EXPORT_SUFFIXES):
+        raise InvalidArgumentError(f"{target}: expected an ONNX model, an export folder or an .encodings / .json file")
     return _inspect_export(args, [target])

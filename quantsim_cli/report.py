@@ -81,9 +81,11 @@ def _disabled_reason(sim: Any, q: Any) -> str:
     readers = [n for n in graph.node if tensor in n.input]
     writer = next((n for n in graph.node if tensor in n.output), None)
     if q.role == "param":
-        if any(len(n.input) > 2 and n.input[2] == tensor and n.op_type in ("Conv", "ConvTranspose", "Gemm")
-               for n in readers):
+        biased = [n for n in readers if len(n.input) > 2 and n.input[2] == tensor]
+        if any(n.op_type in ("Conv", "ConvTranspose", "Gemm") for n in biased):
             return "bias: the config does not simulate biases (the integer export makes them int32)"
+        if biased:
+            return f"bias of {biased[0].op_type}: the config does not simulate biases"
         return "parameter: the config's params rules leave it unquantized"
     if len(readers) == 1 and readers[0].op_type in _ACTIVATIONS:
         return f"quantized after the {readers[0].op_type} that follows it (supergroup)"

@@ -240,6 +240,7 @@ def _bad_cases(f: dict[str, Path]) -> list[tuple[list, int, str]]:
         (["inspect", r / "nowhere"], 1, "nowhere: no such file or folder"),
         (["inspect", r / "empty"], 1, "no .encodings, .onnx or .json files"),
         (["inspect", r / "broken.json"], 1, "broken.json: not a readable JSON file"),
+        (["inspect", r / "complex.npy"], 1, "complex.npy: expected an ONNX model, an export folder or an .encodings"),
         # the command line itself: exit 2, argparse names the option
         ([*q, calib, "--param-type", "int3"], 2, "argument --param-type: invalid choice: 'int3'"),
         ([*q, calib, "--activation-type", "fp8"], 2, "argument --activation-type: invalid choice"),
