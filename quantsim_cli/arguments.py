@@ -81,9 +81,10 @@ def _add_data(parser: argparse.ArgumentParser, required: bool = True) -> None:
     group = parser.add_argument_group("data")
     group.add_argument("--data", required=required, metavar="PATH",
                        help="a folder of .npy/.npz files (one batch each), one .npz with one array per model input "
-                            "(split into batches), or module:function returning an iterable of feed dicts")
+                            "(or one .npy; split into batches), or module:function returning an iterable of feed dicts")
     group.add_argument("--batch-size", type=positive_int, metavar="N",
-                       help="rows per batch (default: each file as it is; 16 for a single .npz)")
+                       help="rows per batch (default: each file of a folder as it is, 16 for a single .npz/.npy; "
+                            "the model's batch size when it is fixed)")
     group.add_argument("--max-batches", type=positive_int, metavar="N", help="use at most N batches")
 
 
