@@ -23,7 +23,7 @@ test: lint $(STAMP)
 	$(MAKE) test-floor
 
 lint: $(STAMP)
-	$(PY) -m ruff check quantsim adaround mixed_precision tests benchmarks examples
+	$(PY) -m ruff check quantsim adaround mixed_precision quantsim_cli tests benchmarks examples
 	$(PY) -m mypy
 
 $(FLOOR_PY):

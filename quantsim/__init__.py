@@ -41,6 +41,7 @@ from quantsim.errors import (
     QuantsimError,
     QuantsimWarning,
     SessionError,
+    UnknownQuantizerError,
 )
 from quantsim.prepare import prepare
 from quantsim.sim.capture import Capturer, TensorCache
@@ -104,5 +105,6 @@ __all__ = [
     "InvalidStateError",
     "CalibrationError",
     "SessionError",
+    "UnknownQuantizerError",
     "__version__",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "IntegerExportError",
     "CalibrationError",
     "SessionError",
+    "UnknownQuantizerError",
 ]
 
 
@@ -87,6 +88,14 @@ class IntegerExportError(QuantsimError, ValueError):
     """The model cannot be exported as an integer model as asked; the message names the node."""
 
 
+class UnknownQuantizerError(QuantsimError, KeyError):
+    """No quantizer has this tensor name; the message lists the closest names (a ``KeyError``, so AIMET-style
+    ``except KeyError`` still catches it)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; this message is a sentence
+        return str(self.args[0]) if self.args else ""
+
+
 class CalibrationError(QuantsimError, ValueError):
     """Calibration could not produce encodings (e.g. no usable batch); the message says which input."""
 
@@ -96,7 +105,7 @@ class SessionError(QuantsimError, RuntimeError):
 
 
 #: packages whose frames a warning skips, so it points at the user's own line
-_LIBRARY_PACKAGES = ("quantsim", "adaround", "mixed_precision")
+_LIBRARY_PACKAGES = ("quantsim", "adaround", "mixed_precision", "quantsim_cli")
 
 
 def _is_library_frame(frame) -> bool:

@@ -9,11 +9,13 @@ import quantsim
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FILES = sorted((ROOT / "quantsim").rglob("*.py"))
+#: the command line: the application layer above quantsim, adaround and mixed_precision
+CLI_FILES = sorted((ROOT / "quantsim_cli").rglob("*.py"))
 HARD_LINE_LIMIT = 600
 FORBIDDEN_IMPORTS = ("torch", "adaround", "mixed_precision", "onnxruntime.quantization", "onnxruntime.capi")
 
 
-@pytest.mark.parametrize("path", PACKAGE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", PACKAGE_FILES + CLI_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_line_budget(path):
     lines = path.read_text().count("\n")
     assert lines <= HARD_LINE_LIMIT, f"{path.name} has {lines} lines (hard limit {HARD_LINE_LIMIT}): split it"
@@ -61,7 +63,7 @@ def _public_names(module: str) -> set[str]:
     return set(importlib.import_module(module).__all__)
 
 
-@pytest.mark.parametrize("path", ALGORITHM_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", ALGORITHM_FILES + CLI_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_algorithm_packages_use_only_public_quantsim_names(path):
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
@@ -86,3 +88,12 @@ def test_quantsim_never_imports_the_algorithm_packages():
                 assert node.module.split(".")[0] not in ALGORITHM_PACKAGES, f"{path.name} imports {node.module}"
             if isinstance(node, ast.Import):
                 assert all(a.name.split(".")[0] not in ALGORITHM_PACKAGES for a in node.names), path.name
+
+
+@pytest.mark.parametrize("path", CLI_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_cli_uses_the_algorithm_packages_through_their_top_level_names(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in ALGORITHM_PACKAGES:
+            assert node.module in ALGORITHM_PACKAGES, f"{path.name}:{node.lineno} imports from {node.module}"
+            public = _public_names(node.module)
+            assert all(a.name in public for a in node.names), f"{path.name}:{node.lineno}: not public"

@@ -28,7 +28,7 @@ import time
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
-from quantsim.prepare.cache import cache_info, cache_key, cache_size, clear_cache, load_cached, store_cached
+from quantsim.prepare.cache import cache_info, cache_key, cache_root, cache_size, clear_cache, load_cached, store_cached
 from quantsim.prepare.passes import (
     check_graph,
     constants_to_initializers,
@@ -53,6 +53,7 @@ __all__ = [
     "clear_cache",
     "cache_info",
     "cache_size",
+    "cache_root",
     "check_graph",
     "name_nodes",
     "constants_to_initializers",

@@ -35,6 +35,7 @@ from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight
 from quantsim.sim.legacy_args import map_legacy_arguments
 from quantsim.sim.placement import place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp
+from quantsim.sim.quantizer_dict import QuantizerDict
 from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state, transaction
 
 _log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class QuantizationSimModel:
         self._constant_memo: dict[str, tuple] = {}  # shared fake-quantized weights (build_sim_model memo)
         self._capture_sessions: dict[tuple, tuple] = {}
         self._open_states: list[SimState] = []
-        self.qc_quantize_op_dict: dict[str, QcQuantizeOp] = {}
+        self.qc_quantize_op_dict: dict[str, QcQuantizeOp] = QuantizerDict()
         self._quantizers: list[QcQuantizeOp] = []
         for plan in placement.plans:
             quantizer = QcQuantizeOp(

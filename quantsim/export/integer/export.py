@@ -54,7 +54,7 @@ from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
 from quantsim.sim.build import IR_FOR_OPSET
 
-__all__ = ["export_integer", "IntegerExport", "ReportEntry", "LOWERINGS", "IntegerExportError", "REQUANT_FORMAT"]
+__all__ = ["export_integer", "IntegerExport", "IntegerReport", "ReportEntry", "LOWERINGS", "IntegerExportError", "REQUANT_FORMAT"]
 
 REQUANT_FORMAT = "quantsim.requant/1"
 MIN_OPSET = 10  # QuantizeLinear / QLinearConv; uint8 Clip and MaxPool need 12 (rules refuse below)
@@ -83,12 +83,29 @@ class ReportEntry(NamedTuple):
     reason: str
 
 
+class IntegerReport(list):
+    """The `ReportEntry` list of an `IntegerExport` (a plain ``list``); ``str()`` is a readable table."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "integer export: every node lowered to integer kernels (nothing left in float)"
+        rows = [("node", "op type", "why it stayed float")] + [(e.node, e.op_type, e.reason) for e in self]
+        widths = [max(len(row[i]) for row in rows) for i in range(2)]
+        lines = [f"integer export: {len(self)} node(s) left in float"]
+        lines += [f"  {a.ljust(widths[0])}  {b.ljust(widths[1])}  {c}".rstrip() for a, b, c in rows]
+        return "\n".join(lines)
+
+
 @dataclass
 class IntegerExport:
     """The integer model, what stayed float, the fixed-point requant table and the I/O grids."""
 
     model: onnx.ModelProto
-    report: list[ReportEntry] = field(default_factory=list)
+    report: list[ReportEntry] = field(default_factory=IntegerReport)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.report, IntegerReport):
+            self.report = IntegerReport(self.report)
     requant: dict = field(default_factory=dict)
     io: dict = field(default_factory=dict)
 

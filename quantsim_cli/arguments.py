@@ -1,0 +1,183 @@
+"""The argument parser: every subcommand, option and value check of the ``quantsim`` command line.
+
+Option values are checked here (argparse ``type=`` and ``choices=``), so a bad value is a usage error (exit
+code 2) with a message naming the option; files and data are checked when they are read (exit code 1).
+"""
+from __future__ import annotations
+
+import argparse
+
+import quantsim
+
+__all__ = ["build_parser", "ARTEFACTS", "TYPES", "SCHEMES", "ENCODING_VERSIONS", "positive_int", "non_negative_int",
+           "artefact_list"]
+
+#: what ``quantize --write`` can produce
+ARTEFACTS = ("encodings", "float", "qdq", "integer")
+TYPES = ("int4", "int8", "int16", "float16")
+SCHEMES = ("min_max", "tf", "tf_enhanced", "percentile")
+ENCODING_VERSIONS = ("0.6.1", "1.0.0", "2.0.0")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _percentile(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 100], got {text!r}") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 100], got {text!r}")
+    return value
+
+
+def artefact_list(text: str) -> list[str]:
+    """argparse type: a comma-separated subset of `ARTEFACTS` (``all`` for every one)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if items == ["all"]:
+        return list(ARTEFACTS)
+    unknown = [item for item in items if item not in ARTEFACTS]
+    if unknown or not items:
+        raise argparse.ArgumentTypeError(f"unknown artefact(s) {unknown or [text]}; choose from {', '.join(ARTEFACTS)} "
+                                         "or 'all'")
+    return list(dict.fromkeys(items))
+
+
+def _add_global(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The logging options; a subcommand's copy has no defaults, so it never undoes ``quantsim -q COMMAND``."""
+    def default(value):
+        return argparse.SUPPRESS if suppress else value
+
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true", default=default(False),
+                      help="print errors only (no summary, warnings or progress bars)")
+    loud.add_argument("-v", "--verbose", action="count", default=default(0),
+                      help="more log output (-v: steps, -vv: debug details)")
+    parser.add_argument("--debug", action="store_true", default=default(False),
+                        help="show the full traceback of an error")
+
+
+def _add_data(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", required=required, metavar="PATH",
+                       help="a folder of .npy/.npz files (one batch each), one .npz with one array per model input "
+                            "(or one .npy; split into batches), or module:function returning an iterable of feed dicts")
+    group.add_argument("--batch-size", type=positive_int, metavar="N",
+                       help="rows per batch (default: each file of a folder as it is, 16 for a single .npz/.npy; "
+                            "the model's batch size when it is fixed)")
+    group.add_argument("--max-batches", type=positive_int, metavar="N", help="use at most N batches")
+
+
+def _add_sim(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("quantization")
+    group.add_argument("--param-type", choices=TYPES, default="int8", help="weight type (default int8)")
+    group.add_argument("--activation-type", choices=TYPES, default="int8", help="activation type (default int8)")
+    group.add_argument("--quant-scheme", choices=SCHEMES, default="min_max",
+                       help="activation calibration scheme (default min_max)")
+    group.add_argument("--percentile", type=_percentile, default=100.0, metavar="P",
+                       help="percentile for --quant-scheme percentile (default 100)")
+    granularity = group.add_mutually_exclusive_group()
+    granularity.add_argument("--config", metavar="FILE",
+                             help="AIMET quantsim-config JSON file (or 'default', 'per_channel', 'per_tensor')")
+    granularity.add_argument("--per-channel", dest="granularity", action="store_const", const="per_channel",
+                             help="per-channel weights (the default config)")
+    granularity.add_argument("--per-tensor", dest="granularity", action="store_const", const="per_tensor",
+                             help="per-tensor weights")
+    group.add_argument("--keep-batchnorm", action="store_true",
+                       help="do not fold BatchNormalization (to give it its own precision in --overrides)")
+    group.add_argument("--overrides", metavar="JSON",
+                       help="precision-override file (mixed_precision format: default / op_type / regex / node)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``quantsim`` parser with its subcommands (``args.command`` names the one chosen)."""
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global(common, suppress=True)
+    parser = argparse.ArgumentParser(
+        prog="quantsim",
+        description="Quantize ONNX models on stock onnxruntime (AIMET-compatible simulation and exports).",
+        epilog="Exit codes: 0 ok, 1 error (bad file, data or model), 2 usage (bad command line).")
+    _add_global(parser, suppress=False)
+    parser.add_argument("--version", action="version", version=f"quantsim {quantsim.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    quantize = commands.add_parser("quantize", parents=[common], help="calibrate a model and write its artefacts",
+                                   description="Calibrate MODEL on --data, optionally improve it (Sequential MSE, "
+                                               "AdaRound, precision overrides), write the artefacts and report.md.")
+    quantize.add_argument("model", metavar="MODEL", help="float ONNX model file")
+    quantize.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    _add_data(quantize)
+    _add_sim(quantize)
+    improve = quantize.add_argument_group("improvements (adaround package)")
+    improve.add_argument("--seq-mse", type=non_negative_int, default=0, metavar="CANDIDATES",
+                         help="Sequential MSE weight ranges with this many candidates per channel (0: off; 20 is "
+                              "AIMET's default)")
+    improve.add_argument("--adaround", type=non_negative_int, default=0, metavar="ITERATIONS",
+                         help="AdaRound with this many iterations per layer (0: off; AIMET recommends 10000)")
+    output = quantize.add_argument_group("output")
+    output.add_argument("--write", type=artefact_list, default=["encodings", "float"], metavar="LIST",
+                        help=f"comma-separated artefacts: {', '.join(ARTEFACTS)} or all (default encodings,float; "
+                             "the float model is written with its encodings file)")
+    output.add_argument("--prefix", metavar="NAME", help="file name prefix (default: the model file's stem)")
+    output.add_argument("--encoding-version", choices=ENCODING_VERSIONS, default="1.0.0",
+                        help="AIMET encodings format (default 1.0.0)")
+    output.add_argument("--analysis-batches", type=non_negative_int, default=4, metavar="N",
+                        help="batches for the report's per-layer SQNR (default 4; 0 skips it)")
+
+    inspect = commands.add_parser("inspect", parents=[common], help="list a model's quantizers or an export's contents",
+                                  description="For an ONNX model: the quantizers a default sim places, with the "
+                                              "prepared tensor names and where they came from. For an export folder "
+                                              "or file: what it contains.")
+    inspect.add_argument("target", metavar="MODEL_OR_DIR", help="float ONNX model, export folder or export file")
+    _add_sim(inspect)
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    compare = commands.add_parser("compare", parents=[common], help="output agreement and latency of two models",
+                                  description="Run FLOAT_MODEL and QUANTIZED_MODEL (QDQ or integer export) on --data: "
+                                              "per-output SQNR, max error, top-1 agreement, onnxruntime latency.")
+    compare.add_argument("float_model", metavar="FLOAT_MODEL")
+    compare.add_argument("quantized_model", metavar="QUANTIZED_MODEL")
+    _add_data(compare)
+    compare.add_argument("--runs", type=positive_int, default=10, metavar="N",
+                         help="timed runs of the first batch per model (default 10)")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    analyze = commands.add_parser("analyze", parents=[common], help="per-layer sensitivity and range health",
+                                  description="Calibrate MODEL on --data and report each quantizer group's "
+                                              "sensitivity (output SQNR quantized alone / left float) and each "
+                                              "activation's SQNR and codes used.")
+    analyze.add_argument("model", metavar="MODEL")
+    _add_data(analyze)
+    _add_sim(analyze)
+    analyze.add_argument("--analysis-batches", type=positive_int, default=4, metavar="N",
+                         help="batches to score on (default 4; calibration uses all)")
+    analyze.add_argument("--out", metavar="DIR", help="also write analysis.md and analysis.json here")
+    analyze.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows to print per table")
+
+    cache = commands.add_parser("cache", parents=[common], help="the preparation cache",
+                                description="List or clear the on-disk cache of prepared models "
+                                            "($QUANTSIM_CACHE_DIR, default ~/.cache/quantsim).")
+    cache.add_argument("action", choices=("list", "clear"))
+    cache.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: $QUANTSIM_CACHE_DIR or ~/.cache/quantsim)")
+    return parser
