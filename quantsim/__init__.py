@@ -43,7 +43,9 @@ from quantsim.errors import (
     SessionError,
     UnknownQuantizerError,
 )
+from quantsim.export.from_encodings import encodings_to_onnx_qdq
 from quantsim.prepare import prepare
+from quantsim.sim.calibrate import compute_encodings
 from quantsim.sim.capture import Capturer, TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
@@ -57,6 +59,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "QuantizationSimModel",
+    "compute_encodings",
+    "encodings_to_onnx_qdq",
     "set_param_type",
     "set_blockwise_quantization_for_weights",
     "QuantScheme",

@@ -161,7 +161,7 @@ def test_big_models_release_their_calibration_session(monkeypatch):
     import numpy as np
     from tiny_cnn import batches, make_model
 
-    import quantsim.sim.model as sim_model
+    import quantsim.sim.calibrate as sim_model
     from quantsim import QuantizationSimModel
 
     monkeypatch.setattr(sim_model, "RELEASE_CALIBRATION_SESSION_BYTES", 0)

@@ -32,7 +32,8 @@ from quantsim.errors import CalibrationError, InvalidArgumentError, InvalidTypeE
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["TensorStats", "CalibrationSession", "check_feed", "run_calibration", "CALIBRATION_EXECUTION_ORDER"]
+__all__ = ["TensorStats", "CalibrationSession", "check_feed", "run_calibration", "drive_calibration",
+           "CALIBRATION_EXECUTION_ORDER"]
 
 CALIBRATION_EXECUTION_ORDER = ort.ExecutionOrder.PRIORITY_BASED
 
@@ -195,10 +196,16 @@ class CalibrationSession:
 
 
 def run_calibration(session: CalibrationSession, data, *, progress: bool = True) -> dict[str, TensorStats]:
-    """Drive ``session`` with an iterable of feeds, or with a callback ``data(session)``."""
+    """Drive ``session`` with an iterable of feeds, or with a callback ``data(session)``; the statistics."""
+    drive_calibration(session, data, progress=progress)
+    return session.finish()
+
+
+def drive_calibration(session: CalibrationSession, data, *, progress: bool = True) -> None:
+    """Run every feed of ``data`` (an iterable of feed dicts) through ``session``, or call ``data(session)``."""
     if callable(data):
         data(session)
-        return session.finish()
+        return
     if isinstance(data, Mapping) or not isinstance(data, Iterable):
         raise InvalidTypeError(
             "compute_encodings expects an iterable of feed dicts or a callback(session[, args]); "
@@ -208,4 +215,3 @@ def run_calibration(session: CalibrationSession, data, *, progress: bool = True)
     for feed in tqdm(data, total=total, desc="calibration", unit="batch", disable=None if progress else True,
                      leave=False):  # None: shown on a terminal only, never as fragments in CI logs
         session.run(None, feed)
-    return session.finish()

@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantsim.calibration.encode import encodings_for_stats, encodings_for_values
-from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, CalibrationSession, run_calibration
+from quantsim.calibration.encode import encodings_for_values
+from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, CalibrationSession, drive_calibration
 from quantsim.calibration.schemes import CalibrationScheme, get_scheme
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.dtypes import QuantScheme, int8, qtype
@@ -28,6 +28,7 @@ from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.prepare import prepare
 from quantsim.sim.build import build_sim_model
+from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
 from quantsim.sim.config import load_config
 from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
@@ -43,12 +44,6 @@ _log = logging.getLogger(__name__)
 __all__ = ["QuantizationSimModel"]
 
 _NOT_SPECIFIED = object()  # compute_encodings: no forward_pass_callback_args given (None is a valid value)
-
-
-RELEASE_CALIBRATION_SESSION_BYTES = 256 << 20
-"""Models with at least this many bytes of initializers drop their calibration session after each
-`compute_encodings`: onnxruntime keeps its own prepacked copy of the weights per session, and a second
-session alive next to ``sim.session`` would double it. Smaller models keep it for the next calibration."""
 
 
 def _constant_state(q: QcQuantizeOp) -> tuple:
@@ -135,6 +130,7 @@ class QuantizationSimModel:
         self._session_version = -1
         self._fused: tuple | None = None
         self._calibration_cache: tuple | None = None
+        self._active_calibration: CalibrationSession | None = None  # inside `compute_encodings(sim)`
         self._constant_memo: dict[str, tuple] = {}  # shared fake-quantized weights (build_sim_model memo)
         self._capture_sessions: dict[tuple, tuple] = {}
         self._open_states: list[SimState] = []
@@ -219,32 +215,8 @@ class QuantizationSimModel:
                 raise InvalidTypeError("forward_pass_callback_args is only valid with a callback")
             callback, callback_args = data, forward_pass_callback_args
             data = lambda session: callback(session, callback_args)  # noqa: E731
-        snapshot = [(q, q.encoding) for q in self._quantizers]
-        version = self._version
-        try:
-            with self._index.cached_constants():  # each weight converted once for encodings and graph
-                self._compute_constant_encodings(only_missing=False)
-                observed = [q for q in self._quantizers if q.enabled and not q.spec.is_float
-                            and not q.is_encoding_frozen() and not self._is_constant_quantizer(q)]
-                session = self._calibration_session(observed)
-            stats = run_calibration(session, data, progress=self.progress)
-            for q in observed:
-                if q.name not in stats:
-                    warn_at_caller(f"quantizer {q.name!r} saw no data during calibration; left uncalibrated",
-                                  RuntimeWarning)
-            seen = [q for q in observed if q.name in stats]
-            items = [(q.calibration_scheme, q.encoding_request(), stats[q.name]) for q in seen]
-            new = {q.name: e for q, e in zip(seen, encodings_for_stats(items))}
-        except BaseException:
-            for q, encoding in snapshot:
-                q._encoding = encoding  # restore without validation: these were valid before
-            self._version = version + 1
-            raise
-        for q in observed:
-            if q.name in new:
-                q.set_encoding(new[q.name])
-        if self._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES:
-            self._calibration_cache = None  # a big model: its prepacked weights would double sim.session's
+        with calibration_context(self) as session:
+            drive_calibration(session, data, progress=self.progress)
 
     def _calibration_session(self, observed: list[QcQuantizeOp]) -> CalibrationSession:
         histogram = any(q.calibration_scheme.needs_histogram for q in observed)
@@ -282,7 +254,10 @@ class QuantizationSimModel:
 
     @property
     def session(self) -> ort.InferenceSession:
-        """onnxruntime session of the sim; rebuilt on first use after any quantizer change."""
+        """onnxruntime session of the sim; rebuilt on first use after any quantizer change. Inside AIMET's
+        ``with compute_encodings(sim):`` block it is the calibration session, which collects statistics."""
+        if self._active_calibration is not None:
+            return self._active_calibration
         if self._session is None or self._session_version != self._version:
             start = time.perf_counter()
             weights: dict[str, np.ndarray] = {}

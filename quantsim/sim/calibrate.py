@@ -1,0 +1,75 @@
+"""One calibration of a sim, as a context manager: what ``sim.compute_encodings`` runs, and AIMET's
+module-level ``with compute_encodings(sim): ...`` form.
+
+Entering computes the weight encodings and opens the calibration session (the float model with weight
+quantizers applied plus in-graph statistics, see `quantsim.calibration`); while the block runs,
+``sim.session`` *is* that session, so a user's own loop ``sim.session.run(None, feed)`` collects
+statistics, as in AIMET. Leaving turns the statistics into activation encodings. Frozen encodings are
+never touched; an exception inside (or a calibration that saw no usable batch) leaves every encoding as it
+was. Nested use is a no-op, as in AIMET.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from quantsim.calibration.encode import encodings_for_stats
+from quantsim.calibration.run import CalibrationSession
+from quantsim.errors import warn_at_caller
+
+if TYPE_CHECKING:
+    from quantsim.sim.model import QuantizationSimModel
+
+__all__ = ["calibration_context", "compute_encodings", "RELEASE_CALIBRATION_SESSION_BYTES"]
+
+RELEASE_CALIBRATION_SESSION_BYTES = 256 << 20
+"""Models with at least this many bytes of initializers drop their calibration session after each
+calibration: onnxruntime keeps its own copy of the weights per session, and a second session alive next
+to ``sim.session`` would double it. Smaller models keep it for the next calibration."""
+
+
+@contextmanager
+def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSession]:
+    """Calibrate ``sim`` with whatever runs the yielded session (module docstring)."""
+    active = sim._active_calibration
+    if active is not None:  # nested: the outer block calibrates
+        yield active
+        return
+    snapshot = [(q, q.encoding) for q in sim.quantizers]
+    version = sim._version
+    try:
+        with sim._index.cached_constants():  # each weight converted once for encodings and graph
+            sim._compute_constant_encodings(only_missing=False)
+            observed = [q for q in sim.quantizers if q.enabled and not q.spec.is_float
+                        and not q.is_encoding_frozen() and not sim._is_constant_quantizer(q)]
+            session = sim._calibration_session(observed)
+        sim._active_calibration = session
+        try:
+            yield session
+        finally:
+            sim._active_calibration = None
+        stats = session.finish()
+        for q in observed:
+            if q.name not in stats:
+                warn_at_caller(f"quantizer {q.name!r} saw no data during calibration; left uncalibrated",
+                               RuntimeWarning)
+        seen = [q for q in observed if q.name in stats]
+        items = [(q.calibration_scheme, q.encoding_request(), stats[q.name]) for q in seen]
+        new = {q.name: e for q, e in zip(seen, encodings_for_stats(items))}
+    except BaseException:
+        for q, encoding in snapshot:
+            q._encoding = encoding  # restore without validation: these were valid before
+        sim._version = version + 1
+        raise
+    for q in observed:
+        if q.name in new:
+            q.set_encoding(new[q.name])
+    if sim._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES:
+        sim._calibration_cache = None
+
+
+def compute_encodings(sim: QuantizationSimModel):
+    """AIMET's module-level form: ``with compute_encodings(sim): for feed in data: sim.session.run(None,
+    feed)``; encodings are computed when the block ends (module docstring)."""
+    return calibration_context(sim)
