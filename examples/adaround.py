@@ -5,7 +5,7 @@ encodings exported for a deployment sim.
     .venv/bin/python examples/adaround.py --model m.onnx --data calib.npz [--iterations 2000]
 
 Without ``--model`` it fetches PP-OCR mobile cls (from the rapidocr-onnxruntime wheel on PyPI, cached)
-and renders text lines as data (needs the ``bench`` extra: matplotlib, Pillow). ``--data`` is an
+and renders text lines as data with Pillow (examples/real_model.py). ``--data`` is an
 ``.npz`` with one array per model input; its first axis is split into batches of ``--batch-size``.
 Runs in a few minutes on 2 cores.
 """
@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: this file's name shadows `adaround`
 
-from examples_common import load_case, output_agreement, parse_case_arguments  # noqa: E402
+from examples_common import float_outputs, load_case, output_agreement, parse_case_arguments  # noqa: E402
 
 from adaround import apply_adaround  # noqa: E402
 from quantsim import QuantizationSimModel  # noqa: E402
@@ -31,8 +30,7 @@ from quantsim import QuantizationSimModel  # noqa: E402
 def run(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict], *, param_type: str = "int4",
         iterations: int = 2000, out_dir: Path | None = None, progress: bool = True) -> dict[str, dict[str, float]]:
     """Quantize ``model`` twice (nearest, AdaRound), score both on ``evaluation``, export the AdaRound one."""
-    fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    reference = [fp32.run(None, feed) for feed in evaluation]
+    reference = float_outputs(model, evaluation)
     results = {}
     for label in ("nearest", "adaround"):
         start = time.perf_counter()

@@ -1,4 +1,6 @@
-"""What the algorithm examples share: loading a model and data, and scoring against FP32."""
+"""What the examples share: the model and data (yours, or `real_model`'s), options, scoring against FP32.
+
+Self-contained: the examples import only quantsim, adaround, mixed_precision and this folder."""
 from __future__ import annotations
 
 import argparse
@@ -27,29 +29,39 @@ def npz_batches(path: Path, batch_size: int) -> list[dict]:
 
 
 def load_case(model_path: Path | None, data: Path | None, batch_size: int):
-    """``(model, calibration feeds, evaluation feeds)``: the user's, or PP-OCR mobile cls with rendered
-    text lines (fetched from the rapidocr-onnxruntime wheel on PyPI; needs the ``bench`` extra)."""
+    """``(model, calibration feeds, evaluation feeds)``: the user's (``data`` split 2:1), or PP-OCR mobile cls
+    with rendered text lines (`real_model`: 96 lines to calibrate, 64 others to evaluate)."""
     if model_path is not None:
         if data is None:
             raise SystemExit("--model needs --data (an .npz with one array per model input)")
         batches = npz_batches(data, batch_size)
         split = max(1, len(batches) * 2 // 3)
         return onnx.load(str(model_path)), batches[:split], batches[split:] or batches
-    from benchmarks.suite import cases
-    from benchmarks.suite.fetch import fetch_ppocr
+    import real_model
 
-    case = cases.cls_case(fetch_ppocr(), cases.QUICK)
-    return onnx.load(str(case.model_path)), case.calib, case.eval
+    calibration, _ = real_model.text_line_batches(96, batch_size, seed=1)
+    evaluation, _ = real_model.text_line_batches(64, batch_size, seed=2)
+    return onnx.load(str(real_model.classifier_path())), calibration, evaluation
 
 
-def parse_case_arguments(doc: str, argv: list[str] | None, *, iterations: int, extra=()) -> argparse.Namespace:
+def float_outputs(model: onnx.ModelProto, feeds: list[dict]) -> list[list[np.ndarray]]:
+    """Every output of plain onnxruntime FP32 for each feed: the reference the examples score against."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [session.run(None, feed) for feed in feeds]
+
+
+def parse_case_arguments(doc: str, argv: list[str] | None, *, iterations: int | None = None,
+                         extra=()) -> argparse.Namespace:
     """The examples' shared options: ``--model``/``--data``/``--batch-size`` (see `load_case`),
-    ``--iterations`` and ``--out-dir``; ``extra`` adds ``(flag, kwargs)`` options."""
+    ``--out-dir`` and, given a default ``iterations``, ``--iterations``; ``extra`` adds ``(flag, kwargs)`` options."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="ONNX model (default: PP-OCR mobile cls)")
     ap.add_argument("--data", type=Path, help=".npz calibration data, one array per model input (with --model)")
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--iterations", type=int, default=iterations, help="AdaRound iterations per layer")
+    if iterations is not None:
+        ap.add_argument("--iterations", type=int, default=iterations, help="AdaRound iterations per layer")
     ap.add_argument("--out-dir", type=Path, default=None)
     for flag, kwargs in extra:
         ap.add_argument(flag, **kwargs)

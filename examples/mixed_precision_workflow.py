@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: examples/adaround.py shadows `adaround`
 
-from examples_common import load_case, output_agreement, parse_case_arguments  # noqa: E402
+from examples_common import float_outputs, load_case, output_agreement, parse_case_arguments  # noqa: E402
 
 from adaround import apply_adaround  # noqa: E402
 from mixed_precision import apply_precision_overrides  # noqa: E402
@@ -34,8 +33,7 @@ from quantsim import QuantizationSimModel, load_encodings_to_sim  # noqa: E402
 def run(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict], out_dir: Path, *,
         iterations: int = 1000, progress: bool = True) -> dict[str, dict[str, float]]:
     """The recipe above; returns the agreement with FP32 of each stage and of each reloaded export."""
-    fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    reference = [fp32.run(None, feed) for feed in evaluation]
+    reference = float_outputs(model, evaluation)
 
     def score(sim) -> dict[str, float]:
         return output_agreement(reference, [sim.session.run(None, feed) for feed in evaluation])

@@ -16,7 +16,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: examples/adaround.py shadows `adaround`
 
-from examples_common import load_case, output_agreement, parse_case_arguments  # noqa: E402
+from examples_common import float_outputs, load_case, output_agreement, parse_case_arguments  # noqa: E402
 
 from adaround import apply_adaround, apply_seq_mse  # noqa: E402
 from quantsim import QuantizationSimModel  # noqa: E402
@@ -25,10 +25,7 @@ from quantsim import QuantizationSimModel  # noqa: E402
 def run(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict], *, param_type: str = "int4",
         iterations: int = 1000, progress: bool = True) -> dict[str, dict[str, float]]:
     """Nearest rounding, Sequential MSE, and Sequential MSE + AdaRound, scored against FP32."""
-    import onnxruntime as ort
-
-    fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    reference = [fp32.run(None, feed) for feed in evaluation]
+    reference = float_outputs(model, evaluation)
     results = {}
     for label in ("nearest", "seq_mse", "seq_mse+adaround"):
         start = time.perf_counter()
