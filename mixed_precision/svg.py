@@ -134,7 +134,7 @@ def bar_chart(labels: Sequence[str], series: Sequence[tuple[str, Sequence[float 
             body.append(f'<rect class="bar" x="{_n(x0)}" y="{_n(by)}" width="{_n(x1 - x0)}" '
                         f'height="{_n(bar_height - 1)}" fill="{PALETTE[k % len(PALETTE)]}">'
                         f"<title>{escape(tip)}</title></rect>")
-            body.append(_text(x1 + 3, by + bar_height - 2, format_number(value), extra=' fill="#333"'))
+            body.append(_text(x1 + 3, by + bar_height - 2, format_number(value) + unit, extra=' fill="#333"'))
     body.append(f'<line x1="{_n(zero)}" y1="{_n(top)}" x2="{_n(zero)}" y2="{_n(bottom)}" stroke="#888"/>')
     for m, (name, value) in enumerate(markers):
         if _finite(value):

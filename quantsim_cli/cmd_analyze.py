@@ -83,7 +83,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         document["score"] = "output SQNR against the float model, dB (None: exact)"
         document["title"] = f"quantsim analysis: {Path(args.model).name}"
         (out / "analysis.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
-        write_analysis_html(document, out / "analysis.html")
+        write_analysis_html({**document, "score": "output SQNR against the float model, dB"}, out / "analysis.html")
         text = [f"# quantsim analysis: {Path(args.model).name}", "",
                 f"Output SQNR of the quantized model: {format_db(quantized_score)} on {len(batches)} batch(es).", "",
                 "## Quantizer groups, most sensitive first", "",
