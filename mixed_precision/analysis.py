@@ -8,8 +8,8 @@
   (streamed over the data), the SQNR its own grid alone gives its float values (so a tensor that only
   inherits error from earlier quantizers is told apart from one whose range is at fault), how many of its
   grid's codes its float values really use (its own values on its own grid: a tensor downstream of a collapsed
-  one is not blamed for it), its float range against the calibrated grid's, and a histogram of its float
-  values over the grid. A tensor whose many distinct values collapse onto a few codes, or whose own grid
+  one is not blamed for it), its float range against the calibrated grid's, and the histogram of the codes
+  its float values round to. A tensor whose many distinct values collapse onto a few codes, or whose own grid
   keeps far less than a well-spread tensor would get (``6.02 dB`` per bit, less `LOW_SQNR_MARGIN_DB`), is
   flagged with the usual fix.
 """
@@ -33,7 +33,7 @@ FEW_CODES = 16
 #: a tensor's own grid keeping this much less than ``6.02 * bits`` dB (a uniformly spread tensor's SQNR) is
 #: flagged: typical activations lose 10-15 dB against that ideal, outlier-stretched ranges 30 dB and more
 LOW_SQNR_MARGIN_DB = 30.0
-HISTOGRAM_BINS = 32  # bins of each tensor's float-value histogram over its calibrated grid range
+HISTOGRAM_BINS = 32  # bins of each tensor's histogram over its calibrated grid (runs of adjacent codes)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,9 @@ class TensorHealth:
     float_max: float | None = None
     grid_min: float | None = None  # the calibrated grid's range (per-channel: the widest)
     grid_max: float | None = None
-    histogram: tuple[int, ...] = ()  # float values in HISTOGRAM_BINS equal bins over [grid_min, grid_max]
+    #: how many float values round to each code of the (per-tensor) grid, summed over HISTOGRAM_BINS equal runs
+    #: of codes from grid_min to grid_max: the values' histogram over the grid (clipped values on the end codes)
+    histogram: tuple[int, ...] = ()
     clipped: tuple[int, int] = (0, 0)  # float values below grid_min, above grid_max
 
 
@@ -123,11 +125,11 @@ class _Stats:
     def __init__(self, enc: Encoding | None) -> None:
         self.enc = enc
         self.signal = self.noise = self.grid_noise = 0.0
-        self.codes: set[int] = set()
         self.distinct: set[float] = set()  # the float values, counted up to 2 * FEW_CODES
         self.lo, self.hi = math.inf, -math.inf
         self.grid = (float(np.min(enc.min)), float(np.max(enc.max))) if enc is not None else None
-        self.counts = np.zeros(HISTOGRAM_BINS, np.int64)
+        per_tensor = enc is not None and enc.is_per_tensor
+        self.counts = np.zeros(enc.num_steps + 1 if per_tensor else 0, np.int64)  # values per code of the grid
         self.below = self.above = 0
 
     def add(self, float_values: np.ndarray, sim_values: np.ndarray) -> None:
@@ -141,16 +143,16 @@ class _Stats:
             return
         own = fake_quantize(np.asarray(float_values, np.float32), enc).astype(np.float64)
         self.grid_noise += float(np.sum((ref - own) ** 2))
-        if enc.is_per_tensor:
-            self.codes.update(np.unique(np.rint(own / float(enc.scale))).astype(np.int64).tolist())
-            if len(self.distinct) < 2 * FEW_CODES:
-                self.distinct.update(np.unique(ref)[:2 * FEW_CODES].tolist())
-        self.counts += np.histogram(ref, bins=HISTOGRAM_BINS, range=self.grid)[0]
+        if enc.is_per_tensor and own.size:
+            index = np.rint(own / float(enc.scale)).astype(np.int64) + (int(enc.zero_point) - enc.qmin)
+            self.counts += np.bincount(index.ravel(), minlength=self.counts.size)
+            if np.count_nonzero(self.counts) < FEW_CODES and len(self.distinct) < 2 * FEW_CODES:
+                self.distinct.update(np.unique(ref)[:2 * FEW_CODES].tolist())  # a sort: only for few codes
         self.below += int(np.count_nonzero(ref < self.grid[0]))
         self.above += int(np.count_nonzero(ref > self.grid[1]))
 
     def result(self, name: str) -> TensorHealth:
-        enc, used = self.enc, len(self.codes)
+        enc, used = self.enc, int(np.count_nonzero(self.counts))
         grid_sqnr = _sqnr(self.signal, self.grid_noise) if enc is not None else None
         verdict = "ok"
         if enc is not None and used and used < FEW_CODES and len(self.distinct) >= 2 * used:
@@ -162,7 +164,16 @@ class _Stats:
         return TensorHealth(name, _sqnr(self.signal, self.noise), used, enc.num_steps + 1 if enc is not None else 0,
                             verdict, grid_sqnr, self.lo if finite else None, self.hi if finite else None,
                             self.grid[0] if self.grid else None, self.grid[1] if self.grid else None,
-                            tuple(int(c) for c in self.counts) if self.grid else (), (self.below, self.above))
+                            _binned(self.counts), (self.below, self.above))
+
+
+def _binned(counts: np.ndarray) -> tuple[int, ...]:
+    """Per-code counts summed into at most HISTOGRAM_BINS bins of (nearly) equal numbers of codes."""
+    if not counts.size or not counts.any():
+        return ()
+    bins = min(HISTOGRAM_BINS, counts.size)
+    starts = (np.arange(bins) * counts.size) // bins
+    return tuple(int(c) for c in np.add.reduceat(counts, starts))
 
 
 def report_dict(float_score: float, quantized_score: float, groups: list[GroupScore],

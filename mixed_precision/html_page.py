@@ -128,7 +128,7 @@ def _histogram_svg(row: Mapping[str, Any]) -> str:
         return '<p class="muted">no histogram (no per-tensor grid)</p>'
     edges = [lo + (hi - lo) * i / len(counts) for i in range(len(counts) + 1)]
     below, above = (list(row.get("clipped") or (0, 0)) + [0, 0])[:2]
-    return histogram(counts, edges, title="float values over the grid (height: log count)", log_counts=True,
+    return histogram(counts, edges, title="values on the grid's codes (height: log count)", log_counts=True,
                      below=below, above=above, x_label="values outside the grid: counted at its ends" if below or above else "")
 
 
