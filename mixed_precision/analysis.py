@@ -128,8 +128,8 @@ class _Stats:
         self.distinct: set[float] = set()  # the float values, counted up to 2 * FEW_CODES
         self.lo, self.hi = math.inf, -math.inf
         self.grid = (float(np.min(enc.min)), float(np.max(enc.max))) if enc is not None else None
-        per_tensor = enc is not None and enc.is_per_tensor
-        self.counts = np.zeros(enc.num_steps + 1 if per_tensor else 0, np.int64)  # values per code of the grid
+        codes = enc.num_steps + 1 if enc is not None and enc.is_per_tensor else 0
+        self.counts = np.zeros(codes, np.int64)  # values per code of the grid
         self.below = self.above = 0
 
     def add(self, float_values: np.ndarray, sim_values: np.ndarray) -> None:
