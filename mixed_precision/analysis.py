@@ -5,8 +5,13 @@
   that group left float; every change runs inside `sim.temporary_state()`, so the sim ends exactly as it
   began (even when the callback raises).
 * `tensor_health`: per quantized activation, the SQNR of the sim's value against the float model's
-  (streamed over the data) and how many of its grid's codes the values really use; a tensor whose values
-  collapse onto a few codes is flagged with the usual fix (a 16-bit grid, or float).
+  (streamed over the data), the SQNR its own grid alone gives its float values (so a tensor that only
+  inherits error from earlier quantizers is told apart from one whose range is at fault), how many of its
+  grid's codes its float values really use (its own values on its own grid: a tensor downstream of a collapsed
+  one is not blamed for it), its float range against the calibrated grid's, and the histogram of the codes
+  its float values round to. A tensor whose many distinct values collapse onto a few codes, or whose own grid
+  keeps far less than a well-spread tensor would get (``6.02 dB`` per bit, less `LOW_SQNR_MARGIN_DB`), is
+  flagged with the usual fix.
 """
 from __future__ import annotations
 
@@ -17,11 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from quantsim import QuantizationSimModel, QuantizerGroup
+from quantsim import Encoding, QuantizationSimModel, QuantizerGroup, fake_quantize
 
-__all__ = ["GroupScore", "TensorHealth", "group_sensitivity", "tensor_health", "report_dict", "FEW_CODES"]
+__all__ = ["GroupScore", "TensorHealth", "group_sensitivity", "tensor_health", "report_dict", "FEW_CODES",
+           "LOW_SQNR_MARGIN_DB", "HISTOGRAM_BINS"]
 
-FEW_CODES = 16  # a tensor using fewer distinct codes than this has collapsed
+#: a tensor whose values use fewer codes than this, though they hold at least twice as many distinct values, has
+#: collapsed (a tensor with only a few distinct values, such as a 0/1 mask, is not flagged)
+FEW_CODES = 16
+#: a tensor's own grid keeping this much less than ``6.02 * bits`` dB (a uniformly spread tensor's SQNR) is
+#: flagged: typical activations lose 10-15 dB against that ideal, outlier-stretched ranges 30 dB and more
+LOW_SQNR_MARGIN_DB = 30.0
+HISTOGRAM_BINS = 32  # bins of each tensor's histogram over its calibrated grid (runs of adjacent codes)
 
 
 @dataclass(frozen=True)
@@ -36,13 +48,23 @@ class GroupScore:
 
 @dataclass(frozen=True)
 class TensorHealth:
-    """SQNR (dB) of one quantized activation against float, and the codes its values use."""
+    """SQNR (dB) of one quantized activation against float, the codes its float values use on its grid, its
+    ranges and histogram."""
 
     tensor: str
     sqnr_db: float
     codes_used: int
     codes_available: int
     verdict: str
+    grid_sqnr_db: float | None = None  # the tensor's own grid applied to its float values
+    float_min: float | None = None  # the float model's values on the analysis data
+    float_max: float | None = None
+    grid_min: float | None = None  # the calibrated grid's range (per-channel: the widest)
+    grid_max: float | None = None
+    #: how many float values round to each code of the (per-tensor) grid, summed over HISTOGRAM_BINS equal runs
+    #: of codes from grid_min to grid_max: the values' histogram over the grid (clipped values on the end codes)
+    histogram: tuple[int, ...] = ()
+    clipped: tuple[int, int] = (0, 0)  # float values below grid_min, above grid_max
 
 
 def _set_enabled(sim: QuantizationSimModel, enabled: set[str]) -> None:
@@ -75,8 +97,9 @@ def group_sensitivity(sim: QuantizationSimModel, eval_fn: Callable[[Any], float]
 
 def tensor_health(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray]],
                   tensors: Iterable[str] | None = None) -> list[TensorHealth]:
-    """SQNR and codes used of calibrated integer activation quantizers' tensors: flagged tensors first (a
-    huge outlier can keep the SQNR high while the rest collapses), then by SQNR, worst first."""
+    """SQNR (end to end and of the tensor's own grid), codes used, ranges and histogram of calibrated integer
+    activation quantizers' tensors, streamed over ``inputs``: flagged tensors first (a huge outlier can keep
+    the SQNR high while the rest collapses), then by SQNR, worst first."""
     if tensors is None:
         tensors = [name for name in sim.activation_names
                    if sim.qc_quantize_op_dict[name].enabled and sim.qc_quantize_op_dict[name].encoding is not None]
@@ -84,27 +107,73 @@ def tensor_health(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.nd
     if not names:
         return []
     feeds = list(inputs)
-    signal, noise = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0.0)
-    codes: dict[str, set] = {name: set() for name in names}
+    stats = {name: _Stats(sim.qc_quantize_op_dict[name].encoding) for name in names}
     for float_values, sim_values in zip(sim.capture(names, feeds, quantized=False), sim.capture(names, feeds)):
         for name in names:
-            ref, got = float_values[name].astype(np.float64), sim_values[name].astype(np.float64)
-            signal[name] += float(np.sum(ref * ref))
-            noise[name] += float(np.sum((ref - got) ** 2))
-            enc = sim.qc_quantize_op_dict[name].encoding
-            if enc is not None and enc.is_per_tensor:
-                codes[name].update(np.unique(np.rint(got / float(enc.scale))).astype(np.int64).tolist())
-    rows = []
-    for name in names:
-        enc = sim.qc_quantize_op_dict[name].encoding
-        available = enc.num_steps + 1 if enc is not None else 0
-        sqnr = 10 * math.log10(signal[name] / noise[name]) if noise[name] > 0 and signal[name] > 0 else math.inf
-        used = len(codes[name])
-        verdict = "ok"
-        if enc is not None and used and used < FEW_CODES:
-            verdict = f"collapsed onto {used} of {available} codes: give it a 16-bit grid or keep it float"
-        rows.append(TensorHealth(name, sqnr, used, available, verdict))
+            stats[name].add(float_values[name], sim_values[name])
+    rows = [stats[name].result(name) for name in names]
     return sorted(rows, key=lambda r: (r.verdict == "ok", r.sqnr_db))
+
+
+def _sqnr(signal: float, noise: float) -> float:
+    return 10 * math.log10(signal / noise) if noise > 0 and signal > 0 else math.inf
+
+
+class _Stats:
+    """One tensor's streamed sums, codes, range and histogram."""
+
+    def __init__(self, enc: Encoding | None) -> None:
+        self.enc = enc
+        self.signal = self.noise = self.grid_noise = 0.0
+        self.distinct: set[float] = set()  # the float values, counted up to 2 * FEW_CODES
+        self.lo, self.hi = math.inf, -math.inf
+        self.grid = (float(np.min(enc.min)), float(np.max(enc.max))) if enc is not None else None
+        codes = enc.num_steps + 1 if enc is not None and enc.is_per_tensor else 0
+        self.counts = np.zeros(codes, np.int64)  # values per code of the grid
+        self.below = self.above = 0
+
+    def add(self, float_values: np.ndarray, sim_values: np.ndarray) -> None:
+        ref, got = float_values.astype(np.float64), sim_values.astype(np.float64)
+        self.signal += float(np.sum(ref * ref))
+        self.noise += float(np.sum((ref - got) ** 2))
+        if ref.size:
+            self.lo, self.hi = min(self.lo, float(ref.min())), max(self.hi, float(ref.max()))
+        enc = self.enc
+        if enc is None or self.grid is None:
+            return
+        own = fake_quantize(np.asarray(float_values, np.float32), enc).astype(np.float64)
+        self.grid_noise += float(np.sum((ref - own) ** 2))
+        if enc.is_per_tensor and own.size:
+            index = np.rint(own / float(enc.scale)).astype(np.int64) + (int(enc.zero_point) - enc.qmin)
+            self.counts += np.bincount(index.ravel(), minlength=self.counts.size)
+            if np.count_nonzero(self.counts) < FEW_CODES and len(self.distinct) < 2 * FEW_CODES:
+                self.distinct.update(np.unique(ref)[:2 * FEW_CODES].tolist())  # a sort: only for few codes
+        self.below += int(np.count_nonzero(ref < self.grid[0]))
+        self.above += int(np.count_nonzero(ref > self.grid[1]))
+
+    def result(self, name: str) -> TensorHealth:
+        enc, used = self.enc, int(np.count_nonzero(self.counts))
+        grid_sqnr = _sqnr(self.signal, self.grid_noise) if enc is not None else None
+        verdict = "ok"
+        if enc is not None and used and used < FEW_CODES and len(self.distinct) >= 2 * used:
+            verdict = f"collapsed onto {used} of {enc.num_steps + 1} codes: give it a 16-bit grid or keep it float"
+        elif enc is not None and grid_sqnr is not None and grid_sqnr < 6.02 * enc.bits - LOW_SQNR_MARGIN_DB:
+            verdict = (f"its own {enc.bits}-bit grid keeps only {grid_sqnr:.1f} dB of it (a few outliers stretch the "
+                       "range): try a percentile or MSE range, a 16-bit grid, or keep it float")
+        finite = math.isfinite(self.lo)
+        return TensorHealth(name, _sqnr(self.signal, self.noise), used, enc.num_steps + 1 if enc is not None else 0,
+                            verdict, grid_sqnr, self.lo if finite else None, self.hi if finite else None,
+                            self.grid[0] if self.grid else None, self.grid[1] if self.grid else None,
+                            _binned(self.counts), (self.below, self.above))
+
+
+def _binned(counts: np.ndarray) -> tuple[int, ...]:
+    """Per-code counts summed into at most HISTOGRAM_BINS bins of (nearly) equal numbers of codes."""
+    if not counts.size or not counts.any():
+        return ()
+    bins = min(HISTOGRAM_BINS, counts.size)
+    starts = (np.arange(bins) * counts.size) // bins
+    return tuple(int(c) for c in np.add.reduceat(counts, starts))
 
 
 def report_dict(float_score: float, quantized_score: float, groups: list[GroupScore],
@@ -115,5 +184,10 @@ def report_dict(float_score: float, quantized_score: float, groups: list[GroupSc
         "float_score": float_score,
         "quantized_score": quantized_score,
         "groups": [asdict(g) for g in ordered],
-        "tensors": [{**asdict(t), "sqnr_db": None if math.isinf(t.sqnr_db) else t.sqnr_db} for t in health],
+        "tensors": [{**asdict(t), "sqnr_db": _json_db(t.sqnr_db), "grid_sqnr_db": _json_db(t.grid_sqnr_db)}
+                    for t in health],
     }
+
+
+def _json_db(value: float | None) -> float | None:
+    return None if value is None or math.isinf(value) else value

@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim(analyze)
     analyze.add_argument("--analysis-batches", type=positive_int, default=4, metavar="N",
                          help="batches to score on (default 4; calibration uses all)")
-    analyze.add_argument("--out", metavar="DIR", help="also write analysis.md and analysis.json here")
+    analyze.add_argument("--out", metavar="DIR", help="also write analysis.md, analysis.json and analysis.html here")
     analyze.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows to print per table")
 
     cache = commands.add_parser("cache", parents=[common], help="the preparation cache",

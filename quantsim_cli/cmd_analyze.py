@@ -4,7 +4,8 @@ Calibrates a sim with the given options on all the data, then scores on the firs
 batches with `mixed_precision.group_sensitivity` (score: SQNR of the model's outputs against the float model,
 in dB, higher is better; each quantizer group quantized alone and left float alone) and
 `mixed_precision.tensor_health` (each activation's SQNR and the grid codes it uses). Prints the worst rows;
-``--out DIR`` also writes ``analysis.md`` and ``analysis.json`` (`mixed_precision.report_dict`).
+``--out DIR`` also writes ``analysis.md``, ``analysis.json`` (`mixed_precision.report_dict`) and
+``analysis.html`` (`mixed_precision.write_analysis_html`: one self-contained page with the charts).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _health_rows(health, top: int) -> list[tuple]:
 
 def run_analyze(args: argparse.Namespace) -> int:
     """The ``analyze`` subcommand; returns the exit code."""
-    from mixed_precision import group_sensitivity, report_dict, tensor_health
+    from mixed_precision import group_sensitivity, report_dict, tensor_health, write_analysis_html
 
     inputs = model_inputs(args.model)
     data = open_data(args.data, inputs, args.batch_size, args.max_batches)
@@ -80,7 +81,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         document = json_ready(report_dict(float_score, quantized_score, groups, health))
         document["score"] = "output SQNR against the float model, dB (None: exact)"
+        document["title"] = f"quantsim analysis: {Path(args.model).name}"
         (out / "analysis.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
+        write_analysis_html({**document, "score": "output SQNR against the float model, dB"}, out / "analysis.html")
         text = [f"# quantsim analysis: {Path(args.model).name}", "",
                 f"Output SQNR of the quantized model: {format_db(quantized_score)} on {len(batches)} batch(es).", "",
                 "## Quantizer groups, most sensitive first", "",
@@ -89,5 +92,5 @@ def run_analyze(args: argparse.Namespace) -> int:
                 "## Timings", "", markdown_table(("step", "seconds"), [(s, f"{t:.2f}") for s, t in timings.steps]), ""]
         (out / "analysis.md").write_text("\n".join(text), encoding="utf-8")
         if not args.quiet:
-            print(f"wrote {out / 'analysis.md'}, {out / 'analysis.json'}")
+            print(f"wrote {out / 'analysis.md'}, {out / 'analysis.json'}, {out / 'analysis.html'}")
     return 0

@@ -3,12 +3,14 @@
 Steps, each timed: read the data's first batch (bad data fails before the slow steps), prepare the sim,
 apply precision overrides, calibrate, Sequential MSE and/or AdaRound (then calibrate the activations again
 against the new weights), write the artefacts, measure the outputs and per-layer SQNR on the first
-``--analysis-batches`` batches, write ``report.md`` and print a short summary.
+``--analysis-batches`` batches (with ``analysis.html``, the per-tensor charts of
+`mixed_precision.write_analysis_html`), write ``report.md`` and print a short summary.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 from pathlib import Path
 
 import onnx
@@ -16,7 +18,7 @@ import onnx
 from quantsim import InvalidArgumentError
 from quantsim_cli.data import model_inputs, open_data
 from quantsim_cli.metrics import AgreementAccumulator, format_db
-from quantsim_cli.report import QuantizeResult, percent, stayed_float, write_quantize_report
+from quantsim_cli.report import QuantizeResult, json_ready, percent, stayed_float, write_quantize_report
 from quantsim_cli.simbuild import apply_overrides, config_from_args, load_overrides_from_args, sim_from_args
 
 __all__ = ["run_quantize", "artefact_paths"]
@@ -94,10 +96,10 @@ def _export(args: argparse.Namespace, sim, out: Path, prefix: str, result: Quant
     result.files += [p for p in artefact_paths(out, prefix, args.write) if p.exists()]
 
 
-def _analyse(args: argparse.Namespace, sim, data, result: QuantizeResult) -> None:
+def _analyse(args: argparse.Namespace, sim, data, out: Path, result: QuantizeResult) -> None:
     if not args.analysis_batches:
         return
-    from mixed_precision import tensor_health
+    from mixed_precision import report_dict, tensor_health, write_analysis_html
 
     with result.timings("analysis"):
         batches = data.first(args.analysis_batches)
@@ -107,6 +109,11 @@ def _analyse(args: argparse.Namespace, sim, data, result: QuantizeResult) -> Non
             agreement.add(ref, got)
         result.agreement = agreement
         result.health = tensor_health(sim, batches)
+        page = json_ready(report_dict(math.inf, agreement.overall_sqnr_db(), [], result.health))
+        page["title"] = f"quantsim quantize: {Path(args.model).name}"
+        page["score"] = "output SQNR against the float model, dB (per-group sensitivity: quantsim analyze)"
+        result.analysis_page = write_analysis_html(page, out / "analysis.html")
+        result.files.append(result.analysis_page)
 
 
 def _summary(result: QuantizeResult, report: Path) -> str:
@@ -149,7 +156,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         result.batches = counted.count
     _improve(args, sim, data, result)
     _export(args, sim, out, prefix, result)
-    _analyse(args, sim, data, result)
+    _analyse(args, sim, data, out, result)
     result.quantizers = len(sim.quantizers)
     result.enabled = sum(q.enabled for q in sim.quantizers)
     result.float_rows = stayed_float(sim)

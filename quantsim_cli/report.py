@@ -67,6 +67,7 @@ class QuantizeResult:
     overrides: list[tuple[str, str, str]] = field(default_factory=list)
     float_rows: list[tuple[str, str, str]] = field(default_factory=list)  # (what, kind, why)
     integer_report: list[Any] = field(default_factory=list)
+    analysis_page: Path | None = None  # analysis.html, when the analysis ran
     files: list[Path] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
 
@@ -136,7 +137,9 @@ def write_quantize_report(path: Path, result: QuantizeResult) -> Path:
     if result.health:
         parts += ["## Per-layer SQNR (quantized activations, worst first)", "",
                   "Each tensor's value in the sim against the float model, and the grid codes its values use; "
-                  "collapsed grids come first with the usual fix.", "",
+                  "collapsed grids come first with the usual fix."
+                  + (f" Charts, ranges and histograms: [{result.analysis_page.name}]({result.analysis_page.name})."
+                     if result.analysis_page is not None else ""), "",
                   markdown_table(("tensor", "SQNR", "codes used", "verdict"), _health_rows(result.health)), ""]
     if result.layer_reports:
         parts += ["## Weight optimisation", "",

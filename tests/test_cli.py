@@ -91,9 +91,13 @@ def test_quantize_writes_every_artefact_and_a_report(files):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # no progress-bar fragments or warnings when not on a terminal
     assert "output y: SQNR" in result.stdout and "top-1 agreement 100.0%" in result.stdout
-    for name in ("tiny.encodings", "tiny.onnx", "tiny.qdq.onnx", "tiny.integer.onnx", "tiny.integer.requant.json"):
+    for name in ("tiny.encodings", "tiny.onnx", "tiny.qdq.onnx", "tiny.integer.onnx", "tiny.integer.requant.json",
+                 "analysis.html"):
         assert (out / name).is_file(), name
     report = (out / "report.md").read_text()
+    assert "[analysis.html](analysis.html)" in report and "analysis.html" in result.stdout
+    page = (out / "analysis.html").read_text()
+    assert "quantsim quantize: tiny.onnx" in page and "<svg" in page and "<script" not in page
     for section in ("## Settings", "## Outputs against the float model", "## Per-layer SQNR", "## What stayed float",
                     "## Timings"):
         assert section in report
@@ -149,12 +153,13 @@ def test_quantize_from_npz_module_function_and_with_improvements(files, capsys):
     report = (out / "report.md").read_text()
     assert "## Weight optimisation" in report and "| AdaRound | conv | Conv |" in report
     assert "| Sequential MSE | fc | Gemm |" in report and "## Per-layer SQNR" not in report
+    assert not (out / "analysis.html").exists()  # no analysis, no page
     assert json.loads((out / "w4.encodings").read_text())["version"] == "0.6.1"
 
     code, stdout, err = _run(capsys, "-q", "quantize", files["model"], "--data", f"{files['module']}:feeds",
                              "--out", files["root"] / "out_fn", "--write", "qdq")
     assert code == 0 and stdout == "" and err == ""
-    assert sorted(p.name for p in (files["root"] / "out_fn").iterdir()) == ["report.md", "tiny.qdq.onnx"]
+    assert sorted(p.name for p in (files["root"] / "out_fn").iterdir()) == ["analysis.html", "report.md", "tiny.qdq.onnx"]
 
 
 def test_quantize_a_two_input_model_with_overrides(files, capsys):
@@ -188,6 +193,11 @@ def test_analyze_prints_and_writes_the_sensitivity_report(files, capsys):
     assert document["float_score"] is None  # exact: infinite SQNR is written as null
     assert {g["nodes"][0] for g in document["groups"] if g["nodes"]} == {"conv", "fc"}
     assert "# quantsim analysis: tiny.onnx" in (out / "analysis.md").read_text()
+    page = (out / "analysis.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "quantsim analysis: tiny.onnx" in page
+    assert page.count("<svg") >= 4 and "Sensitivity per quantizer group" in page and "analysis.html" in stdout
+    worst = document["tensors"][0]["tensor"]
+    assert page.index(f"<code>{worst}</code>") < page.index("<h2>Sensitivity")  # worst tensor first
 
 
 def test_cache_list_and_clear(files, capsys, tmp_path):
