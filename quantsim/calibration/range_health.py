@@ -3,15 +3,17 @@
 A grid whose range is set by a few far-away values (an attention fill of -1e4, an outlier channel, a
 detector's pixel coordinates next to probabilities) maps everything else onto a handful of codes: the
 tensor has *collapsed*. The check runs on a sample of the calibration values (`RANGE_SAMPLE` values per
-tensor, `quantsim.calibration.run`):
+tensor, `quantsim.calibration.run`) and counts levels by mass, not by presence: the *effective number* of
+codes is ``exp(entropy)`` of the codes' share of the values (a stray value on its own code adds almost
+nothing; a uniform spread over k codes gives k). Then
 
-    collapsed  <=>  codes used < FEW_CODES <= distinct values in the sample
+    collapsed  <=>  effective codes on the grid < FEW_CODES <= effective distinct values of the data
 
-i.e. the data holds at least `FEW_CODES` different values but the grid distinguishes fewer than that. A
-tensor that really holds few values (a 0/1 mask, a one-hot, a saturated gate) is not collapsed however
-few codes it uses, and 16 codes is 4 bits of resolution: below it the quantization error is a large part
-of every value. The fix (`health_fix`): the tensor's 16-bit grid from the same statistics when that one is
-healthy, otherwise float.
+i.e. the data holds at least `FEW_CODES` levels' worth of different values (4 bits) but the grid keeps
+fewer. A tensor that really holds few values (a 0/1 mask, a one-hot, a gate saturated to 0 or 1 up to a
+few stray values) is not collapsed however few codes it uses. The fix, applied by the sim
+(`quantsim.sim.decisions`): the tensor's 16-bit grid from the same statistics when that one is not
+collapsed, otherwise float.
 """
 from __future__ import annotations
 
@@ -19,21 +21,24 @@ import numpy as np
 
 from quantsim.core.numerics import Encoding, quantize
 
-__all__ = ["FEW_CODES", "codes_used", "is_collapsed"]
+__all__ = ["FEW_CODES", "effective_codes", "is_collapsed"]
 
 FEW_CODES = 16
-"""A tensor whose values hold at least this many distinct values but fall on fewer codes has collapsed."""
+"""Fewer effective codes than this (4 bits' worth) on data that holds more is a collapsed grid."""
 
 
-def codes_used(values: np.ndarray, encoding: Encoding) -> int:
-    """How many distinct codes of the per-tensor ``encoding`` the finite ``values`` fall on."""
+def effective_codes(values: np.ndarray, encoding: Encoding | None = None) -> float:
+    """``exp(entropy)`` of how the finite ``values`` spread over the codes of a per-tensor ``encoding`` (over
+    their distinct values when ``encoding`` is None); 0 for no values."""
     finite = np.asarray(values)[np.isfinite(values)]
-    return int(np.unique(quantize(finite, encoding)).size) if finite.size else 0
+    if not finite.size:
+        return 0.0
+    levels = finite if encoding is None else quantize(finite, encoding)
+    _, counts = np.unique(levels, return_counts=True)
+    share = counts / counts.sum()
+    return float(np.exp(-np.sum(share * np.log(share))))
 
 
 def is_collapsed(values: np.ndarray, encoding: Encoding) -> bool:
-    """True when ``values`` hold at least `FEW_CODES` distinct values but use fewer codes of ``encoding``."""
-    finite = np.asarray(values)[np.isfinite(values)]
-    if np.unique(finite).size < FEW_CODES:
-        return False
-    return codes_used(finite, encoding) < FEW_CODES
+    """True when ``encoding`` keeps fewer than `FEW_CODES` effective codes of data that holds more."""
+    return effective_codes(values, encoding) < FEW_CODES <= effective_codes(values)

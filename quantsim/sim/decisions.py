@@ -15,9 +15,12 @@
      that cannot leave an op in float) can give the output a 16-bit grid instead
      (``sim.set_tensor_precision(output, "int16")`` and recalibrate).
   2. **Range health** (`quantsim.calibration.range_health`): an 8-bit activation whose calibration sample
-     collapses onto fewer than `FEW_CODES` codes gets a 16-bit grid from the same statistics, or stays float
+     collapses onto fewer than `FEW_CODES` effective codes gets a 16-bit grid from the same statistics, or stays float
      when 16 bits collapse too (a fill of -1e9 next to values of order 1). Grids below 8 bits are an
-     explicit choice of a coarse grid and are not checked; nor are frozen or fixed-range quantizers.
+     explicit choice of a coarse grid and are not checked; nor are frozen or fixed-range quantizers, nor
+     outputs of ops with a bounded range (`BOUNDED_OUTPUT_OPS`: Softmax, Sigmoid, Tanh, ...), whose grid
+     spans the function's range rather than a few outliers: a saturated 2-class Softmax puts its
+     probabilities on codes 0, 1, 254, 255 and loses nothing that matters.
 
 Decisions are listed by ``sim.summary()`` and kept in ``sim.decisions``. ``range_health=False`` (argument
 or attribute) turns the calibrated rules off; what they already changed stays until the user changes it.
@@ -30,9 +33,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from quantsim.calibration.encode import encodings_for_stats
-from quantsim.calibration.range_health import FEW_CODES, codes_used, is_collapsed
+from quantsim.calibration.range_health import FEW_CODES, effective_codes, is_collapsed
 from quantsim.calibration.run import CalibrationSession, TensorStats
 from quantsim.core.dtypes import int16
+from quantsim.graph.op_facts import BOUNDED_OUTPUT_OPS
 from quantsim.sim.quantizer import QcQuantizeOp
 
 if TYPE_CHECKING:
@@ -117,9 +121,9 @@ def _range_health(checked: list[tuple[QcQuantizeOp, TensorStats | None]]) -> lis
         if (stats is None or stats.sample is None or q.spec.is_float or not 8 <= bits < 16 or q.fixed_range
                 or q.encoding is None or not q.encoding.is_per_tensor or not is_collapsed(stats.sample, q.encoding)):
             continue
-        used = codes_used(stats.sample, q.encoding)
-        why = (f"its {bits}-bit grid over [{stats.min:.4g}, {stats.max:.4g}] puts the values on {used} codes "
-               f"(fewer than {FEW_CODES})")
+        why = (f"its {bits}-bit grid over [{stats.min:.4g}, {stats.max:.4g}] keeps "
+               f"{effective_codes(stats.sample, q.encoding):.3g} effective codes of data holding "
+               f"{effective_codes(stats.sample):.4g} (fewer than {FEW_CODES})")
         q.set_qspec(q.spec.with_(dtype=int16))
         encoding = encodings_for_stats([(q.calibration_scheme, q.encoding_request(), stats)])[0]
         if is_collapsed(stats.sample, encoding):
@@ -128,7 +132,7 @@ def _range_health(checked: list[tuple[QcQuantizeOp, TensorStats | None]]) -> lis
         else:
             q.set_encoding(encoding)
             decisions.append(Decision("range health", q.tensors, "promoted to int16",
-                                      why + f"; on 16 bits they use {codes_used(stats.sample, encoding)} codes"))
+                                      why + f"; 16 bits keep {effective_codes(stats.sample, encoding):.4g}"))
     return decisions
 
 
@@ -138,6 +142,12 @@ def apply_calibrated_rules(sim: QuantizationSimModel, session: CalibrationSessio
 
     ``observed`` are the quantizers this calibration computed encodings for (already set)."""
     decisions, created = _untie_concats(sim, session, [q for q in observed if q.enabled and len(q.tensors) > 1])
-    checked = [(q, session.stats.get(q.name)) for q in observed if q.enabled]
-    checked += [(q, session.tensor_stats.get(q.name)) for q in created]
+    index = sim._index
+
+    def bounded(q: QcQuantizeOp) -> bool:
+        producers = [index.producer_of(t) for t in q.tensors]
+        return all(p is not None and p.op_type in BOUNDED_OUTPUT_OPS for p in producers)
+
+    checked = [(q, session.stats.get(q.name)) for q in observed if q.enabled and not bounded(q)]
+    checked += [(q, session.tensor_stats.get(q.name)) for q in created if not bounded(q)]
     return decisions + _range_health(checked)
