@@ -15,7 +15,7 @@
      that cannot leave an op in float) can give the output a 16-bit grid instead
      (``sim.set_tensor_precision(output, "int16")`` and recalibrate).
   2. **Range health** (`quantsim.calibration.range_health`): an 8-bit activation whose calibration sample
-     collapses onto fewer than `FEW_CODES` effective codes gets a 16-bit grid from the same statistics, or stays float
+     collapses onto fewer than `COLLAPSED_CODES` effective codes gets a 16-bit grid from the same statistics, or stays float
      when 16 bits collapse too (a fill of -1e9 next to values of order 1). Grids below 8 bits are an
      explicit choice of a coarse grid and are not checked; nor are frozen or fixed-range quantizers, nor
      outputs of ops with a bounded range (`BOUNDED_OUTPUT_OPS`: Softmax, Sigmoid, Tanh, ...), whose grid
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from quantsim.calibration.encode import encodings_for_stats
-from quantsim.calibration.range_health import FEW_CODES, effective_codes, is_collapsed
+from quantsim.calibration.range_health import COLLAPSED_CODES, FEW_CODES, effective_codes, is_collapsed
 from quantsim.calibration.run import CalibrationSession, TensorStats
 from quantsim.core.dtypes import int16
 from quantsim.graph.op_facts import BOUNDED_OUTPUT_OPS
@@ -123,7 +123,7 @@ def _range_health(checked: list[tuple[QcQuantizeOp, TensorStats | None]]) -> lis
             continue
         why = (f"its {bits}-bit grid over [{stats.min:.4g}, {stats.max:.4g}] keeps "
                f"{effective_codes(stats.sample, q.encoding):.3g} effective codes of data holding "
-               f"{effective_codes(stats.sample):.4g} (fewer than {FEW_CODES})")
+               f"{effective_codes(stats.sample):.4g} (fewer than {COLLAPSED_CODES})")
         q.set_qspec(q.spec.with_(dtype=int16))
         encoding = encodings_for_stats([(q.calibration_scheme, q.encoding_request(), stats)])[0]
         if is_collapsed(stats.sample, encoding):
