@@ -194,12 +194,15 @@ def test_concat_of_parts_with_ranges_orders_of_magnitude_apart_is_untied():
     assert len([d for d in sim.decisions if d.rule == "untied concat"]) == 1
 
 
-def test_concat_of_parts_with_similar_ranges_stays_tied():
+def test_concat_of_parts_with_similar_ranges_or_on_a_low_bit_grid_stays_tied():
     model = _detector_head(0.1)  # boxes ~0..0.3: same order as the scores
     sim = QuantizationSimModel(model, progress=False)
     sim.compute_encodings(_head_feeds(2, seed=1))
     assert sim.qc_quantize_op_dict["boxes"] is sim.qc_quantize_op_dict["detections"]
     assert not [d for d in sim.decisions if d.rule == "untied concat"]
+    low = QuantizationSimModel(_detector_head(100.0), activation_type="int4", progress=False)
+    low.compute_encodings(_head_feeds(2, seed=1))  # a 4-bit grid is a deliberate choice: ties stay
+    assert low.qc_quantize_op_dict["boxes"] is low.qc_quantize_op_dict["detections"] and not low.decisions
 
 
 # --- range health ----------------------------------------------------------------------------------------

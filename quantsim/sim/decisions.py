@@ -13,7 +13,8 @@
      pixels with class probabilities keeps both. Float Concat between quantized inputs is what a QDQ model
      on onnxruntime (CPU, CUDA, TensorRT) runs as DequantizeLinear -> Concat; an integer-only target (one
      that cannot leave an op in float) can give the output a 16-bit grid instead
-     (``sim.set_tensor_precision(output, "int16")`` and recalibrate).
+     (``sim.set_tensor_precision(output, "int16")`` and recalibrate). Grids below 8 bits keep their ties
+     (a 4-bit grid is a deliberate choice of few codes).
   2. **Range health** (`quantsim.calibration.range_health`): an 8-bit activation whose calibration sample
      collapses onto fewer than `COLLAPSED_CODES` effective codes gets a 16-bit grid from the same statistics, or stays float
      when 16 bits collapse too (a fill of -1e9 next to values of order 1). Grids below 8 bits are an
@@ -81,7 +82,7 @@ def _untie_concats(sim: QuantizationSimModel, session: CalibrationSession,
     for q in observed:
         outputs = [t for t in q.tensors if t in concat_outputs]
         parts = [t for t in q.tensors if t not in concat_outputs and t in session.tensor_stats]
-        if q.fixed_range is not None or not outputs or len(parts) < 2:
+        if q.fixed_range is not None or not outputs or len(parts) < 2 or q.spec.is_float or q.spec.dtype.bits < 8:
             continue
         spans = {t: _span(session.tensor_stats[t]) for t in parts}
         narrow, wide = min(spans.values()), max(spans.values())
