@@ -402,8 +402,11 @@ def test_calibration_memory_does_not_grow_with_batches(scheme):
     assert many < few + 2 * 1024 * 1024, (few, many)
 
 
-def test_min_max_calibration_graph_only_adds_scalar_outputs():
+@pytest.mark.parametrize("range_health", [False, True])
+def test_min_max_calibration_graph_only_adds_scalar_outputs(range_health):
+    """Min-max adds scalars only; the range-health check adds a sample of about RANGE_SAMPLE values."""
     sim = new_sim()
+    sim.range_health = range_health
     shapes = {}
 
     def callback(session):
@@ -415,7 +418,9 @@ def test_min_max_calibration_graph_only_adds_scalar_outputs():
     sim.compute_encodings(callback)
     extra = {name: shape for name, shape in shapes.items() if name != "y"}
     assert extra, "min/max statistics outputs expected"
-    assert all(shape == [] for shape in extra.values()), extra
+    samples = {name for name in extra if name.endswith("calibration_sample")}
+    assert all(shape == [] for name, shape in extra.items() if name not in samples), extra
+    assert bool(samples) == range_health
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,10 +32,14 @@ from quantsim.errors import CalibrationError, InvalidArgumentError, InvalidTypeE
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["TensorStats", "CalibrationSession", "check_feed", "run_calibration", "drive_calibration",
+__all__ = ["TensorStats", "RANGE_SAMPLE", "CalibrationSession", "check_feed", "run_calibration", "drive_calibration",
            "CALIBRATION_EXECUTION_ORDER"]
 
 CALIBRATION_EXECUTION_ORDER = ort.ExecutionOrder.PRIORITY_BASED
+
+RANGE_SAMPLE = 1 << 12
+"""Values kept per tensor for the range-health check: enough to see every code holding more than ~0.05% of
+a tensor's values, a few MB for a thousand tensors."""
 
 _ORT_TO_NUMPY = {
     "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
@@ -47,14 +51,26 @@ _ORT_TO_NUMPY = {
 
 @dataclass
 class TensorStats:
-    """Running statistics of one quantizer (all tensors tied to it)."""
+    """Running statistics of one quantizer (all tensors tied to it) or of one tensor.
+
+    ``sample`` holds at most `RANGE_SAMPLE` evenly spread values of the histogram samples (the range-health
+    check counts the codes they fall on, `quantsim.calibration.range_health`)."""
 
     min: float = np.inf
     max: float = -np.inf
     histogram: HistogramObserver | None = None
+    sample: np.ndarray | None = None
 
     def update_range(self, lo: float, hi: float) -> None:
         self.min, self.max = min(self.min, lo), max(self.max, hi)
+
+    def keep_sample(self, values: np.ndarray) -> None:
+        """Add a batch's values to ``sample``, thinned by halves whenever it outgrows `RANGE_SAMPLE`."""
+        flat = np.asarray(values, dtype=np.float32).reshape(-1)
+        flat = flat[:: max(1, flat.size // RANGE_SAMPLE)]
+        self.sample = flat.copy() if self.sample is None else np.concatenate([self.sample, flat])
+        while self.sample.size > RANGE_SAMPLE:
+            self.sample = self.sample[::2]
 
 
 def check_feed(feed: Mapping, inputs: list, where: str) -> dict[str, np.ndarray]:
@@ -103,15 +119,27 @@ class CalibrationSession:
     """What a calibration callback receives as ``session``: runs the model and records statistics.
 
     ``run`` returns only the outputs asked for (all model outputs for ``None``), like onnxruntime.
+    Statistics are kept per quantizer (``stats``) and, for tensors tied to others, also per tensor
+    (``tensor_stats``: what untying them needs). Sampled tensors
+    fold their samples into a histogram when their quantizer is in ``histograms`` (None: all of them) and
+    keep a `RANGE_SAMPLE`-value sample when it is in ``range_samples``.
     """
 
-    def __init__(self, session: ort.InferenceSession, outputs: StatisticsOutputs, groups: dict[str, str]):
+    def __init__(self, session: ort.InferenceSession, outputs: StatisticsOutputs, groups: dict[str, str],
+                 histograms: frozenset[str] | None = None, range_samples: frozenset[str] = frozenset()):
         self._session = session
         self._outputs = outputs
         self._groups = groups  # tensor -> quantizer name
+        self._histograms = histograms
+        self._range_samples = range_samples
         self._fetch = list(outputs.model_outputs)
         self._fetch += [n for n in outputs.statistics if n not in self._fetch]
-        self.stats: dict[str, TensorStats] = {}
+        self.stats: dict[str, TensorStats] = {}  # per quantizer
+        self.tensor_stats: dict[str, TensorStats] = {}  # per tensor, for tensors tied to others
+        counts: dict[str, int] = {}
+        for name in groups.values():
+            counts[name] = counts.get(name, 0) + 1
+        self._tied = frozenset(t for t, name in groups.items() if counts[name] > 1)
         self.batches_used = 0
         self.batches_skipped = 0
         self._nonfinite_tensors: set[str] = set()
@@ -162,24 +190,31 @@ class CalibrationSession:
                 self._nonfinite_tensors.add(tensor)
                 continue
             name = self._groups[tensor]
-            stats = self.stats.get(name)
-            if stats is None:
-                stats = self.stats[name] = TensorStats()
-            stats.update_range(lo, hi)
+            targets = [self.stats.setdefault(name, TensorStats())]
+            if tensor in self._tied:
+                targets.append(self.tensor_stats.setdefault(tensor, TensorStats()))
             sample_name = samples.get(tensor)
-            if sample_name is not None:
-                sample = values[sample_name]
-                # NaN that the in-graph reductions passed over is dropped here; min/max find it without a mask
-                if sample.size and not (math.isfinite(sample.min()) and math.isfinite(sample.max())):
-                    sample = sample[np.isfinite(sample)]
-                if stats.histogram is None:
-                    stats.histogram = HistogramObserver()
-                stats.histogram.update(sample, value_range=(lo, hi))
+            sample = values[sample_name] if sample_name is not None else None
+            # NaN that the in-graph reductions passed over is dropped here; min/max find it without a mask
+            if sample is not None and sample.size and not (math.isfinite(sample.min()) and math.isfinite(sample.max())):
+                sample = sample[np.isfinite(sample)]
+            for stats in targets:
+                stats.update_range(lo, hi)
+                if sample is None:
+                    continue
+                if self._histograms is None or name in self._histograms:
+                    if stats.histogram is None:
+                        stats.histogram = HistogramObserver()
+                    stats.histogram.update(sample, value_range=(lo, hi))
+                if name in self._range_samples:
+                    stats.keep_sample(sample)
 
     def finish(self) -> dict[str, TensorStats]:
+        """Warnings for tensors that lost batches; the statistics per quantizer (raises without any batch)."""
+        stats = self.stats
         if self._nonfinite_tensors:
             names = sorted(self._nonfinite_tensors)
-            unusable = sorted(t for t in names if self._groups[t] not in self.stats)
+            unusable = sorted(t for t in names if self._groups[t] not in stats)
             warn_at_caller(
                 f"non-finite values (NaN or Inf) in {len(names)} tensor(s) (e.g. {names[:3]}); those batches were "
                 "ignored for them"
@@ -192,7 +227,7 @@ class CalibrationSession:
                 + (f" ({self.batches_skipped} skipped for NaN/Inf)" if self.batches_skipped else " (empty calibration data)")
                 + "; encodings are unchanged"
             )
-        return self.stats
+        return stats
 
 
 def run_calibration(session: CalibrationSession, data, *, progress: bool = True) -> dict[str, TensorStats]:

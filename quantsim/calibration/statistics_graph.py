@@ -158,25 +158,25 @@ def _reduce_sum(b: _Builder, x: str, output: str, axes: list[int] | None = None)
     return b.node("ReduceSum", [x], output, keepdims=0, axes=axes)
 
 
-def _stride(b: _Builder, tensor: str, shape_of: str) -> str:
-    """``[max(1, size // HISTOGRAM_SAMPLE)]`` (1-D, as Slice wants it) from ``Shape(shape_of)``."""
+def _stride(b: _Builder, tensor: str, shape_of: str, target: int) -> str:
+    """``[max(1, size // target)]`` (1-D, as Slice wants it) from ``Shape(shape_of)``."""
     dims = b.node("Shape", [shape_of], b.fresh(f"{tensor}/calibration_shape"))
     size = b.node("ReduceProd", [dims], b.fresh(f"{tensor}/calibration_size"), keepdims=1)
-    ratio = b.node("Div", [size, b.constant([HISTOGRAM_SAMPLE])], b.fresh(f"{tensor}/calibration_stride_raw"))
+    ratio = b.node("Div", [size, b.constant([target])], b.fresh(f"{tensor}/calibration_stride_raw"))
     return b.node("Max", [ratio, b.constant([1])], b.fresh(f"{tensor}/calibration_stride"))
 
 
-def _add_sample(b: _Builder, tensor: str, shape: tuple | None) -> tuple[str, list]:
-    """The tensor's histogram sample (module docstring): every ``step``-th row of ``Flatten(x, rank - 1)``,
-    or ``Reshape(x, [-1])[::step]``; returns its name and declared shape."""
+def _add_sample(b: _Builder, tensor: str, shape: tuple | None, target: int) -> tuple[str, list]:
+    """The tensor's sample of about ``target`` values (module docstring): every ``step``-th row of
+    ``Flatten(x, rank - 1)``, or ``Reshape(x, [-1])[::step]``; returns its name and declared shape."""
     rank = None if shape is None else len(shape)
     last = shape[-1] if shape else None
-    by_rows = rank is not None and rank >= 2 and not (isinstance(last, int) and last > HISTOGRAM_SAMPLE)
+    by_rows = rank is not None and rank >= 2 and not (isinstance(last, int) and last > target)
     if by_rows and rank is not None:
         view = b.node("Flatten", [tensor], b.fresh(f"{tensor}/calibration_rows"), axis=rank - 1)
     else:
         view = b.node("Reshape", [tensor, b.constant([-1])], b.fresh(f"{tensor}/calibration_flat"))
-    steps = _stride(b, tensor, view)
+    steps = _stride(b, tensor, view, target)
     sample = b.node("Slice", [view, b.constant([0]), b.constant([np.iinfo(np.int64).max]), b.constant([0]), steps],
                     b.fresh(f"{tensor}/calibration_sample"))
     return sample, ([None, last if isinstance(last, int) else None] if by_rows else [None])
@@ -190,13 +190,16 @@ def add_statistics_outputs(
     nonnegative: frozenset[str] = frozenset(),
     shapes: Mapping[str, tuple | None] | None = None,
     elem_types: Mapping[str, int] | None = None,
+    sample_sizes: Mapping[str, int] | None = None,
 ) -> tuple[onnx.ModelProto, StatisticsOutputs]:
     """Extend ``model`` (modified in place) with statistics outputs; returns it and the output map.
 
     ``minmax_tensors`` get min/max outputs (no minimum for ``nonnegative`` ones); ``sampled_tensors`` get
     them too, plus a histogram sample. ``shapes`` (tensor -> dims as int, name or None, where the rank is
-    known) picks the reductions and the sampling. ``elem_types`` (tensor -> ONNX element type; float32
-    where absent) types the outputs: a float16 or float64 tensor's statistics keep its type.
+    known) picks the reductions and the sampling; ``sample_sizes`` (tensor -> values) gives a sampled tensor
+    a smaller sample than `HISTOGRAM_SAMPLE` (a range-health sample needs no histogram's worth).
+    ``elem_types`` (tensor -> ONNX element type; float32 where absent) types the outputs: a float16 or
+    float64 tensor's statistics keep its type.
     """
     b = _Builder(model)
     outputs = StatisticsOutputs([o.name for o in model.graph.output])
@@ -216,7 +219,8 @@ def add_statistics_outputs(
         outputs.nan_probes[tensor] = _add_nan_probe(b, tensor, rank, made_by)
     sample_shapes = []
     for tensor in sampled:
-        outputs.samples[tensor], sample_shape = _add_sample(b, tensor, shapes.get(tensor))
+        target = (sample_sizes or {}).get(tensor, HISTOGRAM_SAMPLE)
+        outputs.samples[tensor], sample_shape = _add_sample(b, tensor, shapes.get(tensor), target)
         sample_shapes.append(sample_shape)
     types = elem_types or {}
     for tensor, (lo, hi) in outputs.minmax.items():

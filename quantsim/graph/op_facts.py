@@ -36,6 +36,7 @@ __all__ = [
     "WEIGHTED_OPS",
     "RECURRENT_OPS",
     "NORM_OPS",
+    "BOUNDED_OUTPUT_OPS",
     "channel_axis_of",
 ]
 
@@ -123,6 +124,8 @@ UINT8_KERNEL_OPSET: dict[str, int] = {
 WEIGHTED_OPS = frozenset(op for op, f in OP_FACTS.items() if f.weighted)
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 NORM_OPS = frozenset({"BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization"})
+BOUNDED_OUTPUT_OPS = frozenset({"Softmax", "Sigmoid", "HardSigmoid", "Tanh", "Softsign"})
+"""Ops whose output range is the function's own ([0, 1] or [-1, 1]), not set by a few values of the data."""
 
 
 def channel_axis_of(node: onnx.NodeProto, slot: int, shape: tuple | None) -> int | None:

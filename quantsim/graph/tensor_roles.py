@@ -13,11 +13,8 @@
   int32; on an 8-bit grid the variance computed as ``E[x^2] - E[x]^2`` cancels to noise (magika's
   LayerNorm drops to 34% top-1 agreement from that one tensor). They are per-row scalars, so keeping
   them float costs nothing.
-* **Mask fill arithmetic**: attention masks built as ``(1 - mask) * -3.4e38`` (or any float constant of
-  magnitude >= `MASK_FILL_MAGNITUDE`) and everything computed from them up to the Softmax that consumes
-  them (the masked scores included). One grid over ``[-3.4e38, x]`` has steps of 1e36 and flattens the
-  attention scores (paraphrase-MiniLM's embeddings drop to cosine 0.7); AIMET's MaskedSoftmax pass leaves
-  the same tensors unquantized. The Softmax output is quantized as usual.
+* **Mask fill arithmetic**: additive attention masks and the masked scores, found structurally by
+  `quantsim.graph.attention_masks` (any fill value, any construction).
 * **Non-negative tensors**: outputs of Relu, Sigmoid, Softmax, Exp, Abs, Clip with a constant lower
   bound >= 0, ..., and of value-preserving or averaging ops over non-negative inputs. Calibration needs
   no minimum for them: encodings include zero, so an observed minimum >= 0 is the same as 0.
@@ -28,10 +25,8 @@ import numpy as np
 
 from quantsim.graph.index import GraphIndex
 
-__all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "STATISTIC_REDUCTIONS", "MASK_FILL_MAGNITUDE", "find_index_tensors",
-           "find_normalization_statistics", "find_mask_tensors", "find_nonnegative_tensors"]
-
-MASK_FILL_MAGNITUDE = 1e9
+__all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "STATISTIC_REDUCTIONS", "find_index_tensors",
+           "find_normalization_statistics", "find_nonnegative_tensors"]
 
 SHAPE_SLOTS: dict[str, frozenset[int]] = {
     op: frozenset(slots)
@@ -104,39 +99,6 @@ def find_normalization_statistics(index: GraphIndex) -> frozenset[str]:
                     backward.add(name)
                     changed = True
     return frozenset(backward)
-
-
-_MASK_SINKS = frozenset({"Softmax", "LogSoftmax"})
-
-
-_MASK_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Where", "Expand", "Cast", "Unsqueeze", "Reshape"})
-
-
-def find_mask_tensors(index: GraphIndex) -> frozenset[str]:
-    """Tensors computed from a huge fill constant, up to (not including) a Softmax's output.
-
-    Seeds are float constants with a value of magnitude >= `MASK_FILL_MAGNITUDE` used as an operand of
-    mask arithmetic (`_MASK_ARITHMETIC`); a huge Clip/Min/Max bound (``Clip(x, 0, FLT_MAX)``) is not a
-    mask fill.
-    """
-    seeds = []
-    for name in index.initializers:
-        if not index.is_float(name) or not any(u.node.op_type in _MASK_ARITHMETIC for u in index.uses(name)):
-            continue
-        values = index.constant_value(name)
-        if values.size and np.any(np.abs(values[np.isfinite(values)].astype(np.float64)) >= MASK_FILL_MAGNITUDE):
-            seeds.append(name)
-    marked: set[str] = set()
-    frontier = [o for s in seeds for use in index.uses(s)
-                if use.index >= 0 and use.node.op_type in _MASK_ARITHMETIC for o in use.node.output if o]
-    while frontier:
-        name = frontier.pop()
-        if name in marked:
-            continue
-        marked.add(name)
-        frontier.extend(o for use in index.uses(name) if use.index >= 0 and use.node.op_type not in _MASK_SINKS
-                        for o in use.node.output if o)
-    return frozenset(marked | set(seeds))
 
 
 _NONNEGATIVE_OPS = frozenset({"Relu", "Sigmoid", "Softmax", "Exp", "Abs", "HardSigmoid", "Softplus", "ReduceL2",

@@ -6,7 +6,8 @@ quantizers applied plus in-graph statistics, see `quantsim.calibration`); while 
 ``sim.session`` *is* that session, so a user's own loop ``sim.session.run(None, feed)`` collects
 statistics, as in AIMET. Leaving turns the statistics into activation encodings. Frozen encodings are
 never touched; an exception inside (or a calibration that saw no usable batch) leaves every encoding as it
-was. Nested use is a no-op, as in AIMET.
+was. Nested use is a no-op, as in AIMET. With ``sim.range_health`` on, the calibrated rules of
+`quantsim.sim.decisions` (untied Concats, range health) run last, on the statistics just collected.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from quantsim.calibration.encode import encodings_for_stats
 from quantsim.calibration.run import CalibrationSession
 from quantsim.errors import warn_at_caller
+from quantsim.sim.decisions import apply_calibrated_rules
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
@@ -65,6 +67,8 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
     for q in observed:
         if q.name in new:
             q.set_encoding(new[q.name])
+    if sim.range_health:
+        sim._record_decisions(apply_calibrated_rules(sim, session, [q for q in observed if q.name in new]))
     if sim._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES:
         sim._calibration_cache = None
 

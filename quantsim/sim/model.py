@@ -16,7 +16,12 @@ import onnx
 import onnxruntime as ort
 
 from quantsim.calibration.encode import encodings_for_values
-from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, CalibrationSession, drive_calibration
+from quantsim.calibration.run import (
+    CALIBRATION_EXECUTION_ORDER,
+    RANGE_SAMPLE,
+    CalibrationSession,
+    drive_calibration,
+)
 from quantsim.calibration.schemes import CalibrationScheme, get_scheme
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.dtypes import QuantScheme, int8, qtype
@@ -31,6 +36,7 @@ from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
 from quantsim.sim.config import load_config
+from quantsim.sim.decisions import Decision
 from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
 from quantsim.sim.legacy_args import map_legacy_arguments
@@ -64,7 +70,10 @@ class QuantizationSimModel:
     (for the percentile scheme), ``use_integer_kernels`` (run ``session`` with onnxruntime's Q/DQ
     fusion into integer kernels instead of the exact float simulation), ``progress`` (tqdm bars) and
     ``fold_batchnorm`` (False keeps BatchNormalization as its own op, with its own quantizers and precision,
-    as AIMET's mixed-precision recipe needs).
+    as AIMET's mixed-precision recipe needs) and ``range_health`` (default True: after each calibration,
+    untie Concats whose inputs' ranges differ by orders of magnitude and give a 16-bit grid, or float, to
+    8-bit activations whose values collapse onto a few codes; see `quantsim.sim.decisions`). Every automatic
+    decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
     """
 
@@ -85,6 +94,7 @@ class QuantizationSimModel:
         use_integer_kernels: bool = False,
         progress: bool = True,
         fold_batchnorm: bool = True,
+        range_health: bool = True,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -113,6 +123,7 @@ class QuantizationSimModel:
         self._session_options_kwargs = dict(session_options_kwargs or {})
         self.use_integer_kernels = bool(use_integer_kernels)
         self.progress = bool(progress)
+        self.range_health = bool(range_health)
         try:
             self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
         except PrepareError as error:  # name the model too: a script may build several sims
@@ -125,6 +136,7 @@ class QuantizationSimModel:
         with self._index.cached_constants():  # each weight read once (finite checks, shapes)
             placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type)
         self.left_in_float = placement.left_in_float
+        self._decisions: list[Decision] = list(placement.decisions)
         self._version = 0
         self._session = None
         self._session_version = -1
@@ -157,6 +169,18 @@ class QuantizationSimModel:
         """The sim's default calibration scheme, by AIMET's enum name where it has one."""
         scheme = self._quant_scheme
         return scheme.quant_scheme.name if scheme.quant_scheme is not None else scheme.name
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """Every automatic decision (masked attention left float, untied Concats, range-health promotions),
+        each with its rule, tensors, action and reason, in the order they were taken."""
+        return list(self._decisions)
+
+    def _record_decisions(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            if decision not in self._decisions:
+                self._decisions.append(decision)
+                _log.info("sim %s: %s", self._label, decision)
 
     @property
     def quantizers(self) -> list[QcQuantizeOp]:
@@ -219,25 +243,29 @@ class QuantizationSimModel:
             drive_calibration(session, data, progress=self.progress)
 
     def _calibration_session(self, observed: list[QcQuantizeOp]) -> CalibrationSession:
-        histogram = any(q.calibration_scheme.needs_histogram for q in observed)
+        histograms = frozenset(q.name for q in observed if q.calibration_scheme.needs_histogram)
+        sampled = bool(histograms) or self.range_health
         groups = {t: q.name for q in observed for t in q.tensors if not self._index.is_constant(t)}
         constants = [q for q in self._quantizers if q.role == "param" or self._is_constant_quantizer(q)]
-        key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), histogram)
+        small = {t for t, name in groups.items() if name not in histograms}  # range-health samples only
+        key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), sampled, tuple(sorted(small)))
         if self._calibration_cache is None or self._calibration_cache[0] != key:
             weights: dict[str, np.ndarray] = {}
             model = build_sim_model(self.model, [q for q in constants if q.enabled], source=self._index,
                                     external=weights, memo=self._constant_memo)
             shapes = self._index.shape
             model, outputs = add_statistics_outputs(
-                model, list(groups), list(groups) if histogram else [], nonnegative=find_nonnegative_tensors(self._index),
+                model, list(groups), list(groups) if sampled else [], nonnegative=find_nonnegative_tensors(self._index),
                 shapes={t: shapes[t] for t in groups if shapes.get(t) is not None},
                 elem_types={t: self._index.elem_type[t] for t in groups if t in self._index.elem_type},
+                sample_sizes=dict.fromkeys(small, RANGE_SAMPLE),
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
             session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights)
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
-        return CalibrationSession(session, outputs, groups)
+        samples = frozenset(q.name for q in observed) if self.range_health else frozenset()
+        return CalibrationSession(session, outputs, groups, histograms=histograms, range_samples=samples)
 
     # the simulation ------------------------------------------------------------------------------
     def _ensure_param_encodings(self) -> None:

@@ -9,8 +9,9 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
    elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
    (fill values such as -inf before a Max) stay float and are listed as such.
-3. Shape and index arithmetic, normalization statistics and attention-mask fill arithmetic are never
-   quantized (`tensor_roles`).
+3. Shape and index arithmetic, normalization statistics (`tensor_roles`) and additive attention masks
+   with the masked scores (`attention_masks`: any fill value and construction) are never quantized; each
+   masked Softmax is recorded as a `Decision`.
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
    last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns
    ``Add(MatMul(x, W), b)``'s constant into a bias.
@@ -28,10 +29,12 @@ import onnx
 
 from quantsim.core.dtypes import int8, qtype
 from quantsim.core.spec import PerChannel, PerTensor, QSpec
+from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_masked_softmaxes
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, channel_axis_of
-from quantsim.graph.tensor_roles import find_index_tensors, find_mask_tensors, find_normalization_statistics
+from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
+from quantsim.sim.decisions import Decision
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers"]
 
@@ -64,6 +67,7 @@ class Placement:
     plans: list[QuantizerPlan]
     left_in_float: list[tuple[str, str]] = field(default_factory=list)  # (node or tensor, why)
     index_tensors: frozenset[str] = frozenset()
+    decisions: list[Decision] = field(default_factory=list)
 
 
 class _UnionFind:
@@ -87,7 +91,12 @@ def place_quantizers(
     """Plan every quantizer of the model (see the module docstring for the rules)."""
     index_tensors = find_index_tensors(index)
     statistics = find_normalization_statistics(index)
-    masks = find_mask_tensors(index)
+    masked = find_masked_softmaxes(index)
+    masks = frozenset().union(*(m.tensors for m in masked))
+    decisions = [Decision("attention mask", tuple(sorted(m.tensors)), "left float",
+                          f"a fill of magnitude >= {MASK_FILL_MAGNITUDE:.3g} is added to the scores before "
+                          f"{m.softmax}: one grid over fill and scores would flatten the attention; the scores "
+                          "and the Softmax output stay quantized") for m in masked]
     sites: dict[str, QuantizerPlan] = {}
     left_in_float: list[tuple[str, str]] = [
         (name, "normalization statistic (mean/variance/1-std of a decomposed norm layer)") for name in sorted(statistics)
@@ -192,7 +201,7 @@ def place_quantizers(
         root = ties.find(name) if plan.role == "activation" and plan.enabled else name
         if root != name:
             groups[root].tensors.append(name)
-    return Placement(list(groups.values()), left_in_float, index_tensors)
+    return Placement(list(groups.values()), left_in_float, index_tensors, decisions)
 
 
 def _finite_constant(index: GraphIndex, name: str, left_in_float: list) -> bool:

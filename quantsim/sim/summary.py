@@ -1,4 +1,5 @@
-"""Readable text summary of a sim: quantizers by tensor and what stays in float, and why."""
+"""Readable text summary of a sim: quantizers by tensor, the automatic decisions and what stays in float,
+and why."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,8 @@ def _range(q) -> str:
 
 
 def summarize(sim) -> str:
-    """One line per quantized tensor (role, spec, enabled, frozen, range) and the float leftovers."""
+    """One line per quantized tensor (role, spec, enabled, frozen, range), each automatic decision with its
+    reason, and the float leftovers."""
     rows = [("tensor", "role", "spec", "enabled", "frozen", "range")]
     for q in sim.quantizers:
         for tensor in q.tensors:
@@ -29,6 +31,9 @@ def summarize(sim) -> str:
              f"({sum(q.enabled for q in sim.quantizers)} enabled), param {sim.param_type}, "
              f"activation {sim.activation_type}, scheme {sim.quant_scheme_name}, config {sim.config.source}"]
     lines += ["  ".join(cell[:60].ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    if sim.decisions:
+        lines.append("automatic decisions:")
+        lines += [f"  {decision}" for decision in sim.decisions]
     if sim.left_in_float:
         lines.append("left in float:")
         lines += [f"  {what}: {why}" for what, why in sim.left_in_float]

@@ -1,0 +1,154 @@
+"""Automatic precision decisions, each with its reason: what the sim chose on its own, and why.
+
+`Decision` records come from two places:
+
+* placement (construction): masked attention scores left float (`quantsim.graph.attention_masks`);
+* calibration (`apply_calibrated_rules`, after every calibration while ``sim.range_health`` is on), from
+  the calibrated statistics:
+
+  1. **Untied Concat**: a Concat whose inputs share its output's grid (placement ties them) but whose
+     calibrated ranges differ by at least ``(2**bits - 1) / FEW_CODES`` (16x at 8 bits: the narrowest input
+     would fall on fewer than `FEW_CODES` codes of the shared grid) gets one quantizer per input, each
+     calibrated on its own values, and its output left float. A YOLO-style head joining box coordinates in
+     pixels with class probabilities keeps both. Float Concat between quantized inputs is what a QDQ model
+     on onnxruntime (CPU, CUDA, TensorRT) runs as DequantizeLinear -> Concat; an integer-only target (one
+     that cannot leave an op in float) can give the output a 16-bit grid instead
+     (``sim.set_tensor_precision(output, "int16")`` and recalibrate). Grids below 8 bits keep their ties
+     (a 4-bit grid is a deliberate choice of few codes).
+  2. **Range health** (`quantsim.calibration.range_health`): an 8-bit activation whose calibration sample
+     collapses onto fewer than `COLLAPSED_CODES` effective codes gets a 16-bit grid from the same statistics, or stays float
+     when 16 bits collapse too (a fill of -1e9 next to values of order 1). Grids below 8 bits are an
+     explicit choice of a coarse grid and are not checked; nor are frozen or fixed-range quantizers, nor
+     outputs of ops with a bounded range (`BOUNDED_OUTPUT_OPS`: Softmax, Sigmoid, Tanh, ...), whose grid
+     spans the function's range rather than a few outliers: a saturated 2-class Softmax puts its
+     probabilities on codes 0, 1, 254, 255 and loses nothing that matters.
+
+Decisions are listed by ``sim.summary()`` and kept in ``sim.decisions``. ``range_health=False`` (argument
+or attribute) turns the calibrated rules off; what they already changed stays until the user changes it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from quantsim.calibration.encode import encodings_for_stats
+from quantsim.calibration.range_health import COLLAPSED_CODES, FEW_CODES, effective_codes, is_collapsed
+from quantsim.calibration.run import CalibrationSession, TensorStats
+from quantsim.core.dtypes import int16
+from quantsim.graph.op_facts import BOUNDED_OUTPUT_OPS
+from quantsim.sim.quantizer import QcQuantizeOp
+
+if TYPE_CHECKING:
+    from quantsim.sim.model import QuantizationSimModel
+
+__all__ = ["Decision", "apply_calibrated_rules", "untie_ratio"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One automatic decision: the ``rule`` that made it, the ``tensors`` it concerns, what it did, and why."""
+
+    rule: str
+    tensors: tuple[str, ...]
+    action: str
+    reason: str
+
+    def __str__(self) -> str:
+        shown = ", ".join(self.tensors[:4]) + (f" (+{len(self.tensors) - 4} more)" if len(self.tensors) > 4 else "")
+        return f"{self.rule}: {shown}: {self.action} ({self.reason})"
+
+
+def untie_ratio(bits: int) -> float:
+    """Range ratio from which a shared grid leaves the narrowest input fewer than `FEW_CODES` codes."""
+    return (2.0 ** bits - 1) / FEW_CODES
+
+
+def _span(stats: TensorStats) -> float:
+    return max(stats.max, 0.0) - min(stats.min, 0.0)  # grids always include zero
+
+
+def _new_quantizer(sim: QuantizationSimModel, like: QcQuantizeOp, tensor: str) -> QcQuantizeOp:
+    return QcQuantizeOp(tensor, like.role, like.spec, enabled=like.enabled, tensors=(tensor,),
+                        quant_scheme=like.calibration_scheme, percentile=like.percentile_value,
+                        notify=sim._invalidate, fixed_range=like.fixed_range)
+
+
+def _untie_concats(sim: QuantizationSimModel, session: CalibrationSession,
+                   observed: list[QcQuantizeOp]) -> tuple[list[Decision], list[QcQuantizeOp]]:
+    decisions, created = [], []
+    concat_outputs = {n.output[0] for n in sim._index.nodes if n.op_type == "Concat" and n.output}
+    for q in observed:
+        outputs = [t for t in q.tensors if t in concat_outputs]
+        parts = [t for t in q.tensors if t not in concat_outputs and t in session.tensor_stats]
+        if q.fixed_range is not None or not outputs or len(parts) < 2 or q.spec.is_float or q.spec.dtype.bits < 8:
+            continue
+        spans = {t: _span(session.tensor_stats[t]) for t in parts}
+        narrow, wide = min(spans.values()), max(spans.values())
+        ratio = wide / narrow if narrow > 0 else np.inf
+        if ratio < untie_ratio(q.spec.dtype.bits):
+            continue
+        position = sim._quantizers.index(q)
+        kept = q.name if q.name in outputs else outputs[0]
+        fresh = [_new_quantizer(sim, q, t) for t in q.tensors if t != kept]
+        items = [(p.calibration_scheme, p.encoding_request(), session.tensor_stats[p.name]) for p in fresh
+                 if p.name in session.tensor_stats]
+        for p, encoding in zip([p for p in fresh if p.name in session.tensor_stats], encodings_for_stats(items)):
+            p.set_encoding(encoding)
+        q.tensors = (kept,)
+        if kept != q.name:  # the quantizer is named after a tensor it covers
+            q.name = kept
+        q.enabled = False
+        for p in fresh:
+            if p.name in outputs:
+                p.enabled = False
+        sim._quantizers[position + 1:position + 1] = fresh
+        for p in [q, *fresh]:
+            sim.qc_quantize_op_dict[p.name] = p
+        sim._invalidate()
+        created += [p for p in fresh if p.enabled]
+        decisions.append(Decision(
+            "untied concat", tuple([*outputs, *parts]), "inputs untied, each on its own grid; output left float",
+            f"input ranges differ {ratio:.3g}x (>= {untie_ratio(q.spec.dtype.bits):.3g}x): on one "
+            f"{q.spec.dtype.bits}-bit grid the narrowest input would use fewer than {FEW_CODES} codes"))
+    return decisions, created
+
+
+def _range_health(checked: list[tuple[QcQuantizeOp, TensorStats | None]]) -> list[Decision]:
+    decisions = []
+    for q, stats in checked:
+        bits = q.spec.dtype.bits
+        if (stats is None or stats.sample is None or q.spec.is_float or not 8 <= bits < 16 or q.fixed_range
+                or q.encoding is None or not q.encoding.is_per_tensor or not is_collapsed(stats.sample, q.encoding)):
+            continue
+        why = (f"its {bits}-bit grid over [{stats.min:.4g}, {stats.max:.4g}] keeps "
+               f"{effective_codes(stats.sample, q.encoding):.3g} effective codes of data holding "
+               f"{effective_codes(stats.sample):.4g} (fewer than {COLLAPSED_CODES})")
+        q.set_qspec(q.spec.with_(dtype=int16))
+        encoding = encodings_for_stats([(q.calibration_scheme, q.encoding_request(), stats)])[0]
+        if is_collapsed(stats.sample, encoding):
+            q.enabled = False
+            decisions.append(Decision("range health", q.tensors, "left float", why + "; a 16-bit grid collapses too"))
+        else:
+            q.set_encoding(encoding)
+            decisions.append(Decision("range health", q.tensors, "promoted to int16",
+                                      why + f"; 16 bits keep {effective_codes(stats.sample, encoding):.4g}"))
+    return decisions
+
+
+def apply_calibrated_rules(sim: QuantizationSimModel, session: CalibrationSession,
+                           observed: list[QcQuantizeOp]) -> list[Decision]:
+    """Untie heterogeneous Concats, then fix collapsed grids (module docstring); the decisions taken.
+
+    ``observed`` are the quantizers this calibration computed encodings for (already set)."""
+    decisions, created = _untie_concats(sim, session, [q for q in observed if q.enabled and len(q.tensors) > 1])
+    index = sim._index
+
+    def bounded(q: QcQuantizeOp) -> bool:
+        producers = [index.producer_of(t) for t in q.tensors]
+        return all(p is not None and p.op_type in BOUNDED_OUTPUT_OPS for p in producers)
+
+    checked = [(q, session.stats.get(q.name)) for q in observed if q.enabled and not bounded(q)]
+    checked += [(q, session.tensor_stats.get(q.name)) for q in created if not bounded(q)]
+    return decisions + _range_health(checked)
