@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 import quantsim
 from quantsim.core.numerics import Encoding, encoding_from_range
 from quantsim.export.integer.export import IntegerExportError, export_integer
+from quantsim.export.reference import compare_with_onnxruntime
 
 INTEGER_OPS = frozenset(
     """QLinearConv QLinearMatMul QGemm QLinearAdd QLinearMul QLinearConcat QLinearAveragePool
@@ -343,14 +344,68 @@ def test_float16_layer_and_disabled_quantizer_are_reported():
     assert _steps(sim, exported, feeds(2, 8))["y"].max() <= 1
 
 
-def test_six_bit_activations_fall_back():
+def test_sub_8bit_activations_run_on_integer_kernels():
+    """6-bit codes ride in uint8 with the same scale and zero point: integer kernels plus a code clamp."""
     model, feeds = BUILDERS["conv_relu"]()
     sim = quantsim.QuantizationSimModel(model, progress=False, activation_type=quantsim.qtype.int(6))
     sim.compute_encodings([feeds(i, 4) for i in range(4)])
     exported = _export_checked(sim)
-    assert {r.node for r in exported.report} == {"conv1", "relu1", "conv2"}
-    assert "6-bit" in exported.report[0].reason
-    assert _steps(sim, exported, feeds(2, 8))["y"].max() == 0
+    assert exported.report == []
+    assert [n.op_type for n in exported.model.graph.node].count("QLinearConv") == 2
+    grid = sim.qc_quantize_op_dict["x"].encoding
+    assert exported.requant["conv1"]["input_zero_point"] == int(grid.zero_point) + (128 if grid.signed else 0)
+    assert _steps(sim, exported, feeds(2, 8))["y"].max() <= 1
+
+
+def test_w4a4_integer_model_agrees_with_the_reference_executor():
+    """A W4A4 CNN (clamped 4-bit codes in uint8) run by onnxruntime and by the fixed-point executor."""
+    model, shape = _cnn()
+    sim = _sim(model, (4, 3, 16, 16), param_type="int4", activation_type="int4")
+    exported = _export_checked(sim)
+    assert exported.report == []
+    clamps = [n for n in exported.model.graph.node if n.op_type == "Clip"]
+    assert clamps  # every kernel's uint8 codes are clamped to the 16 codes of the 4-bit grid
+    feed = _feeds((2, 3, 16, 16), 7)
+    for name, result in compare_with_onnxruntime(exported.model, feed).items():
+        assert result["max_lsb_diff"] <= 1 and result["frac_within_1_lsb"] == 1.0, (name, result)
+    assert _steps(sim, exported, feed)["y"].max() <= 1
+
+
+@pytest.mark.parametrize("weight_bits", range(2, 9))
+def test_every_precision_combination_loads_and_matches_the_sim(weight_bits):
+    """W2..W8 x A2..A16 on a CNN with every lowering family: the model loads in onnxruntime (4-bit codes
+    never reach a Cast), sub-8-bit grids stay integer, wider ones fall back exactly, all within 2 steps."""
+    model, shape = _cnn()
+    rng = np.random.default_rng(weight_bits)
+    calibration = [{"x": rng.standard_normal((2, *shape[1:])).astype(np.float32)} for _ in range(2)]
+    feed = {"x": rng.standard_normal((4, *shape[1:])).astype(np.float32)}
+    for activation_bits in (2, 3, 4, 5, 6, 8, 12, 16):
+        sim = quantsim.QuantizationSimModel(model, progress=False, param_type=quantsim.qtype.int(weight_bits),
+                                            activation_type=quantsim.qtype.int(activation_bits))
+        sim.compute_encodings(calibration)
+        exported = export_integer(sim)
+        ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        assert (exported.report == []) == (activation_bits <= 8), (activation_bits, str(exported.report))
+        steps = _steps(sim, exported, feed)["y"]
+        assert steps.max() <= 2, (weight_bits, activation_bits, steps.max())
+
+
+def test_export_refuses_a_model_onnxruntime_cannot_load(monkeypatch):
+    """The load check runs before anything is returned or saved (here a 4-bit Cast is forced in)."""
+    from quantsim.export.integer import export as export_module
+    model, _ = _cnn()
+    sim = _sim(model, (4, 3, 16, 16))
+    original = export_module.helper.make_graph
+
+    def with_int4_cast(nodes, *args, **kwargs):
+        graph = original(nodes, *args, **kwargs)
+        graph.initializer.append(helper.make_tensor("bad4", TensorProto.UINT4, [1], [3]))
+        graph.node.append(helper.make_node("Cast", ["bad4"], ["bad4/float"], name="bad_cast", to=TensorProto.FLOAT))
+        return graph
+
+    monkeypatch.setattr(export_module.helper, "make_graph", with_int4_cast)
+    with pytest.raises(IntegerExportError, match="does not load in onnxruntime.*bad_cast"):
+        export_integer(sim)
 
 
 # integer I/O, requant table, files, errors ------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import onnx
 
 from quantsim.core.fixed_point import multiplier_record
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
-from quantsim.export.integer.epilogue import epilogue, finish
+from quantsim.export.integer.epilogue import clamp_codes, epilogue, finish
 from quantsim.export.integer.lut import lower_scalar_binary, scalar_operand_slot
 from quantsim.graph.index import node_attributes
 
@@ -80,6 +80,7 @@ def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
         for name, part in zip(node.input, parts):
             inputs += [part.name, *ctx.grid_inputs(part.grid, name)]
         ctx.emit("QLinearConcat", inputs, [out], name=node.name, domain=MS_DOMAIN, axis=axis)
+        out = clamp_codes(ctx, out, grid.low, grid.high, tensor)
         entry = _grid_entry("QLinearConcat", tensor, [p.grid for p in parts], grid)
         entry["input_multipliers"] = [multiplier_record(_f32(p.grid.scale) / _f32(grid.scale)) for p in parts]
         ctx.record(node, entry)

@@ -81,7 +81,7 @@ def lut_table(ctx: LoweringContext, grid_in: Grid, grid_out: Grid, node: onnx.No
         (table,) = session.run(None, {"codes": np.arange(256, dtype=np.uint8)})
     except Exception as error:  # noqa: BLE001 - the op cannot be evaluated alone: run it in float
         raise Unsupported(f"cannot tabulate {node.op_type if node else 'Identity'}: {str(error).splitlines()[0]}") from error
-    return np.asarray(table, dtype=np.uint8).reshape(256)
+    return np.clip(np.asarray(table, dtype=np.uint8).reshape(256), grid_out.low, grid_out.high)
 
 
 def apply_table(ctx: LoweringContext, x: QTensor, table: np.ndarray, base: str) -> str:
