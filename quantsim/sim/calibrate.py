@@ -4,7 +4,8 @@ module-level ``with compute_encodings(sim): ...`` form.
 Entering computes the weight encodings and opens the calibration session (the float model with weight
 quantizers applied plus in-graph statistics, see `quantsim.calibration`); while the block runs,
 ``sim.session`` *is* that session, so a user's own loop ``sim.session.run(None, feed)`` collects
-statistics, as in AIMET. Leaving turns the statistics into activation encodings. Frozen encodings are
+statistics, as in AIMET. Leaving turns the statistics into activation encodings, then widens the weight
+scales whose int32 bias would overflow ``s_in * s_w`` (`bias_fit`). Frozen encodings are
 never touched; an exception inside (or a calibration that saw no usable batch) leaves every encoding as it
 was. Nested use is a no-op, as in AIMET.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from quantsim.calibration.encode import encodings_for_stats
 from quantsim.calibration.run import CalibrationSession
 from quantsim.errors import warn_at_caller
+from quantsim.sim.bias_fit import fit_biases_to_int32
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
@@ -65,6 +67,7 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
     for q in observed:
         if q.name in new:
             q.set_encoding(new[q.name])
+    fit_biases_to_int32(sim)  # input scales are known now: no int32 bias may overflow s_in * s_w
     if sim._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES:
         sim._calibration_cache = None
 
