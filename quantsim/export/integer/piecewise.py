@@ -202,17 +202,16 @@ def fast_form(ctx: LoweringContext, x: QTensor, y: Grid, function: onnx.NodeProt
 
 def apply_table(ctx: LoweringContext, x: QTensor, table: np.ndarray, base: str) -> str:
     """``table[codes]``: ``GatherElements`` over the flattened int32 codes, reshaped back."""
-    key = ("flat int32 index", x.name)
-    if key not in ctx.memo:
+    index_key, shape_key = ("flat int32 index", x.name), ("shape", x.name)
+    if index_key not in ctx.memo:
         flat = ctx.fresh(f"{base}/flat")
         ctx.emit("Reshape", [x.name, ctx.scalar(np.asarray([-1], np.int64), np.int64, "shape/flat")], [flat],
                  name=f"{base}/flatten")
-        index = ctx.fresh(f"{base}/index")
-        ctx.emit("Cast", [flat], [index], name=f"{base}/cast", to=TensorProto.INT32)
-        shape = ctx.fresh(f"{base}/shape")
-        ctx.emit("Shape", [x.name], [shape], name=f"{base}/shape")
-        ctx.memo[key] = (index, shape)
-    index, shape = ctx.memo[key]
+        ctx.memo[index_key] = ctx.fresh(f"{base}/index")
+        ctx.emit("Cast", [flat], [ctx.memo[index_key]], name=f"{base}/cast", to=TensorProto.INT32)
+        ctx.memo[shape_key] = ctx.fresh(f"{base}/shape")
+        ctx.emit("Shape", [x.name], [ctx.memo[shape_key]], name=f"{base}/shape")
+    index, shape = ctx.memo[index_key], ctx.memo[shape_key]
     looked_up = ctx.fresh(f"{base}/looked_up")
     ctx.emit("GatherElements", [ctx.add_initializer(table.astype(np.uint8), f"{base}/table"), index], [looked_up],
              name=f"{base}/lut", axis=0)
