@@ -646,3 +646,28 @@ def test_standalone_clip_onto_another_grid_is_a_requantizing_kernel():
     ops = [n.op_type for n in exported.model.graph.node]
     assert exported.report == [] and "GatherElements" not in ops and "Gather" not in ops, ops
     assert _steps(sim, exported, _feeds((64, 4, 6), 8, spread=4.0))["y"].max() == 0
+
+
+def test_per_channel_input_normalisation_runs_on_integer_kernels():
+    """``(x - mean) / std`` with [1, 3, 1, 1] constants in front of the stem: QLinearAdd with the exactly
+    negated mean codes and QLinearMul by the reciprocal std (it used to stay float)."""
+    rng = np.random.default_rng(0)
+    inits = [_named(_w(rng, 8, 3, 3, 3), "c.w"), _named(_w(rng, 8, scale=0.1), "c.b"),
+             numpy_helper.from_array(np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1), "mean"),
+             numpy_helper.from_array(np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1), "std")]
+    nodes = [helper.make_node("Sub", ["x", "mean"], ["xc"]), helper.make_node("Div", ["xc", "std"], ["xn"]),
+             helper.make_node("Conv", ["xn", "c.w", "c.b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, [_vi("x", "N", 3, 8, 8)], [_vi("y", "N", 8, 8, 8), _vi("xn", "N", 3, 8, 8)], inits)
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([{"x": rng.random((2, 3, 8, 8)).astype(np.float32)} for _ in range(3)])
+    exported = _export_checked(sim)
+    assert exported.report == []
+    _assert_integer_only(exported.model)
+    assert [n.op_type for n in exported.model.graph.node][1:3] == ["QLinearAdd", "QLinearMul"]
+    feed = {"x": rng.random((8, 3, 8, 8)).astype(np.float32)}
+    steps = _steps(sim, exported, feed)
+    assert steps["xn"].max() <= 1 and np.mean(steps["xn"] > 0) <= 0.03, (steps["xn"].max(), np.mean(steps["xn"] > 0))
+    assert steps["y"].max() <= 2 and np.mean(steps["y"] > 1) <= 0.001, (steps["y"].max(), np.mean(steps["y"] > 1))
+    for name, result in compare_with_onnxruntime(exported.model, feed).items():
+        assert result["max_lsb_diff"] <= 1 and result["frac_within_1_lsb"] == 1.0, (name, result)
