@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from quantsim.errors import InvalidArgumentError
+
 __all__ = ["bias_scale", "quantize_bias", "int32_fitting_weight_scale"]
 
 _INT32 = np.iinfo(np.int32)
@@ -46,7 +48,7 @@ def int32_fitting_weight_scale(bias: np.ndarray, input_scale, weight_scale) -> n
     scale = np.asarray(weight_scale, np.float64)
     needed = bias.max(initial=0.0) if scale.ndim == 0 else bias
     if scale.ndim and scale.size != needed.size:
-        raise ValueError(f"{scale.size} weight scales for {needed.size} bias values")
+        raise InvalidArgumentError(f"{scale.size} weight scales for {needed.size} bias values")
     limit = float(_INT32.max)
     accumulator = np.float64(np.float32(input_scale)) * scale
     smallest = _MARGIN * needed / limit
