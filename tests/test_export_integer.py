@@ -358,7 +358,10 @@ def test_sub_8bit_activations_run_on_integer_kernels():
     assert exported.report == []
     assert [n.op_type for n in exported.model.graph.node].count("QLinearConv") == 2
     grid = sim.qc_quantize_op_dict["x"].encoding
-    assert exported.requant["conv1"]["input_zero_point"] == int(grid.zero_point) + (128 if grid.signed else 0)
+    shift = 128 if grid.signed else 0
+    assert exported.requant["conv1"]["input_zero_point"] == int(grid.zero_point) + shift
+    io = export_integer(sim, integer_io=True).io  # integer inputs must stay inside the 6-bit code range
+    assert io["x"]["code_range"] == [grid.qmin + shift, grid.qmax + shift]
     assert _steps(sim, exported, feeds(2, 8))["y"].max() <= 1
 
 
@@ -527,7 +530,7 @@ def test_signed_int8_activations_become_uint8():
     sim.compute_encodings([feeds(i, 4) for i in range(4)])
     assert sim.qc_quantize_op_dict["x"].encoding.signed
     exported = _export_checked(sim, integer_io=True)
-    assert exported.report == [] and exported.io["x"]["zero_point"] == 128
+    assert exported.report == [] and exported.io["x"]["zero_point"] == 128 and exported.io["x"]["code_range"] == [0, 255]
     assert exported.model.graph.input[0].type.tensor_type.elem_type == TensorProto.UINT8
 
 

@@ -10,7 +10,8 @@ the sim's 8-bit grid (`lowering_context`):
 
 With ``integer_io=True`` the boundary Q/DQ are dropped: graph inputs and outputs are the uint8 codes
 themselves, and their ``(scale, zero_point)`` are returned in ``io`` and in the model's metadata_props
-(``quantsim.io``): ``real = scale * (code - zero_point)``.
+(``quantsim.io``): ``real = scale * (code - zero_point)``, codes within ``code_range`` (``[0, 255]``, or
+the narrower range of a 2..7-bit grid).
 
 Accuracy contract (tests/test_export_integer.py): data movement, clamps, lookup tables and float islands
 are exact. Kernels with an int32 accumulator add the bias as ``round(b / (s_in s_w))`` where the sim (like
@@ -199,7 +200,8 @@ def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportE
 
 
 def _io_record(grid, shape) -> dict:
-    return {"dtype": "uint8", "scale": grid.scale, "zero_point": grid.zero_point, "shape": list(shape or [])}
+    return {"dtype": "uint8", "scale": grid.scale, "zero_point": grid.zero_point, "code_range": [grid.low, grid.high],
+            "shape": list(shape or [])}
 
 
 def _value_info(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
