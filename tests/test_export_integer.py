@@ -674,3 +674,15 @@ def test_per_channel_input_normalisation_runs_on_integer_kernels():
     assert steps["y"].max() <= 2 and np.mean(steps["y"] > 1) <= 0.001, (steps["y"].max(), np.mean(steps["y"] > 1))
     for name, result in compare_with_onnxruntime(exported.model, feed).items():
         assert result["max_lsb_diff"] <= 1 and result["frac_within_1_lsb"] == 1.0, (name, result)
+
+
+def test_decomposed_leaky_relu_runs_as_qlinear_leaky_relu():
+    """``Max(x, 0.1 x)`` after a Conv: preparation spells it LeakyRelu, the export a QLinearLeakyRelu."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c", "slope"], ["cs"]), helper.make_node("Max", ["c", "cs"], ["y"])]
+    inits = [_named(_w(rng, 4, 3, 3, 3), "w"), numpy_helper.from_array(np.float32(0.1), "slope")]
+    sim = _sim(_model(nodes, [_vi("x", "N", 3, 6, 6)], [_vi("y", "N", 4, 6, 6)], inits), (4, 3, 6, 6))
+    exported = _export_checked(sim)
+    assert exported.report == [] and "QLinearLeakyRelu" in {n.op_type for n in exported.model.graph.node}
+    assert _steps(sim, exported, _feeds((16, 3, 6, 6), 9))["y"].max() == 0
