@@ -90,8 +90,8 @@ def fuse_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     for node in index.nodes:
         leaky = _leaky_slope(index, node)
         if leaky is not None and id(leaky[1]) not in remove:
-            x, mul, slope = leaky
-            replace[id(node)] = helper.make_node("LeakyRelu", [x], [node.output[0]], name=node.name, alpha=slope)
+            source, mul, slope = leaky
+            replace[id(node)] = helper.make_node("LeakyRelu", [source], [node.output[0]], name=node.name, alpha=slope)
             remove.add(id(mul))
     for clip in index.nodes:
         x = _relu6_of_x_plus_3(index, clip)
