@@ -1,13 +1,17 @@
 """Integer export benchmark: onnxruntime latency of FP32, our QDQ and integer models, and ORT's quantizer.
 
-    python -m benchmarks.bench_integer [--size 224] [--repeats 30] [--threads 0]
+    python -m benchmarks.bench_integer [--size 224] [--repeats 30] [--threads 0] [--models cls rec ...]
 
-Two conv nets built here with seeded He-initialised weights (BN already folded into the convs):
+Three conv nets built here with seeded He-initialised weights (BN already folded into the convs), and
+the suite's real PP-OCR cls / rec / det models (`benchmarks.suite`, QUICK calibration split, one
+evaluation item as the timed input):
 
 * ``resnet_style``: 7x7/2 stem + Relu, 3x3/2 MaxPool, four stages of one basic block (3x3 Conv+Relu,
   3x3 Conv, 1x1/2 projection when the shape changes, Add+Relu), GlobalAveragePool, Flatten, Gemm(1000);
 * ``mobilenet_style``: 3x3/2 stem + Relu6 (Clip 0-6), MobileNetV2-like inverted residuals (1x1 expand +
-  Relu6, 3x3 depthwise + Relu6, 1x1 linear project, residual Add), 1x1 Conv + Relu6, GAP, Flatten, Gemm.
+  Relu6, 3x3 depthwise + Relu6, 1x1 linear project, residual Add), 1x1 Conv + Relu6, GAP, Flatten, Gemm;
+* ``pplcnet_style``: PP-LCNet-like depthwise-separable stack with 28 HardSwish and two SE blocks
+  (HardSigmoid gates).
 
 One process, one run: the same N(0,1) calibration batches calibrate the sim (min-max, uint8 asymmetric
 activations, int8 symmetric per-channel weights) and ``onnxruntime.quantization.quantize_static``
@@ -17,8 +21,9 @@ intra_op_num_threads, default 1 for stable numbers on a shared machine; 0 = onnx
 1x3xSxS input; latency is the best (and median) of ``--repeats`` runs, the variants interleaved
 round-robin so they share the machine's background load.
 Columns: latency, FP32 / variant ratio, the largest deviation from the exact sim in output steps (our
-exports) and the relative error of the logits vs FP32. The Markdown table is printed and written to
-benchmarks/results/integer.md.
+exports) and the relative error of the first output vs FP32; the integer row notes the nodes left in
+float, the lookup tables, and its speed relative to the QOperator model (> 1: faster). The Markdown
+table is printed and written to benchmarks/results/integer.md.
 """
 from __future__ import annotations
 
@@ -112,6 +117,29 @@ def mobilenet_style(size: int) -> onnx.ModelProto:
     return n.model("mobilenet_style", size, n.head(x, 640))
 
 
+def pplcnet_style(size: int) -> onnx.ModelProto:
+    """PP-LCNet x0.5-like: HardSwish after the stem, every depthwise and pointwise conv and the last 1x1
+    conv (28 HardSwish ops), squeeze-excitation (GAP, Conv, Relu, Conv, HardSigmoid, Mul) in the last two
+    blocks."""
+    n = _Net(2)
+
+    def hswish(x):
+        return n.op("HardSwish", [x])
+
+    x, c = hswish(n.conv("x", 3, 8, 3, 2)), 8
+    for k, cout, s, se in [(3, 16, 1, False), (3, 32, 2, False), (3, 32, 1, False), (3, 64, 2, False),
+                           (3, 64, 1, False), (3, 128, 2, False)] + [(5, 128, 1, False)] * 5 + \
+                          [(5, 256, 2, True), (5, 256, 1, True)]:
+        x = hswish(n.conv(x, c, c, k, s, group=c))
+        if se:
+            g = n.op("GlobalAveragePool", [x])
+            g = n.op("HardSigmoid", [n.conv(n.op("Relu", [n.conv(g, c, c // 4, 1)]), c // 4, c, 1)], alpha=0.2, beta=0.5)
+            x = n.op("Mul", [x, g])
+        x, c = hswish(n.conv(x, c, cout, 1)), cout
+    x = hswish(n.conv(n.op("GlobalAveragePool", [x]), c, 640, 1))
+    return n.model("pplcnet_style", size, n.head(x, 640))
+
+
 def _interleaved_times(fns: dict, repeats: int, warmup: int = 3) -> dict[str, np.ndarray]:
     """Wall times (s) of each function, run round-robin ``repeats`` times after ``warmup`` rounds."""
     for _ in range(warmup):
@@ -134,7 +162,7 @@ def _session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
 
 
 def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx.ModelProto:
-    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quant_pre_process, quantize_static
 
     class Reader:
         def __init__(self):
@@ -146,21 +174,33 @@ def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx
     with tempfile.TemporaryDirectory() as tmp:
         source, target = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "quant.onnx")
         onnx.save(model, source)
-        quantize_static(source, target, Reader(), quant_format=fmt, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=CalibrationMethod.MinMax)
+        options = dict(quant_format=fmt, per_channel=True, activation_type=QuantType.QUInt8,
+                       weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+        try:
+            quantize_static(source, target, Reader(), **options)
+        except Exception:  # noqa: BLE001 - some exports (PP-OCR rec) need ORT's pre-processing first
+            pre = os.path.join(tmp, "pre.onnx")
+            quant_pre_process(source, pre, skip_symbolic_shape=True)
+            quantize_static(pre, target, Reader(), **options)
         return onnx.load(target)
 
 
-def bench_model(name: str, model: onnx.ModelProto, size: int, repeats: int, threads: int) -> list[dict]:
+def _ppocr(name: str):
+    """(model, calibration feeds, one test feed) of a suite model (benchmarks.suite, QUICK sizes)."""
+    from benchmarks.suite.cases import QUICK, cls_case, det_case, rec_case
+    from benchmarks.suite.fetch import cache_dir
+
+    case = {"cls": cls_case, "det": det_case, "rec": rec_case}[name](cache_dir() / "models" / "ppocr", QUICK)
+    return onnx.load(case.model_path), case.calib, [{k: v[:1] for k, v in f.items()} for f in case.eval[:2]]
+
+
+def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, calibration: list[dict],
+                tests: list[dict]) -> list[dict]:
     from onnxruntime.quantization import QuantFormat
 
     import quantsim
     from quantsim.export.integer.export import export_integer
 
-    rng = np.random.default_rng(7)
-    calibration = [{"x": rng.standard_normal((2, 3, size, size)).astype(np.float32)} for _ in range(4)]
-    tests = [{"x": rng.standard_normal((1, 3, size, size)).astype(np.float32)} for _ in range(4)]
     t0 = time.perf_counter()
     sim = quantsim.QuantizationSimModel(model, progress=False)
     sim.compute_encodings(calibration)
@@ -177,13 +217,13 @@ def bench_model(name: str, model: onnx.ModelProto, size: int, repeats: int, thre
     feed = tests[0]
     times = _interleaved_times({k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}, repeats)
     best = {k: float(v.min()) for k, v in times.items()}
-    q = sim.qc_quantize_op_dict[model.graph.output[0].name]
-    scale = float(q.encoding.scale)
-    sim_out = np.concatenate([sim.session.run(None, t)[0] for t in tests])
-    fp32 = np.concatenate([sessions["FP32"].run(None, t)[0] for t in tests])
+    q = sim.qc_quantize_op_dict.get(model.graph.output[0].name)
+    scale = float(q.encoding.scale) if q is not None and q.enabled and q.encoding is not None else float("nan")
+    sim_out = np.concatenate([sim.session.run(None, t)[0].reshape(-1) for t in tests])
+    fp32 = np.concatenate([sessions["FP32"].run(None, t)[0].reshape(-1) for t in tests])
     rows = []
     for key, session in sessions.items():
-        out = np.concatenate([session.run(None, t)[0] for t in tests])
+        out = np.concatenate([session.run(None, t)[0].reshape(-1) for t in tests])
         ours = key.startswith("quantsim")
         rows.append({
             "model": name, "variant": key, "ms": best[key] * 1e3, "ratio": best["FP32"] / best[key],
@@ -192,7 +232,10 @@ def bench_model(name: str, model: onnx.ModelProto, size: int, repeats: int, thre
             "rel_err": float(np.abs(out - fp32).max() / np.abs(fp32).max()),
             "nodes": len(variants[key].graph.node),
         })
-    rows[2]["note"] = f"{len(exported.report)} float nodes; sim+export {prepare_s:.1f} s"
+    tables = sum(n.op_type in ("Gather", "GatherElements") for n in exported.model.graph.node)
+    rows[2]["note"] = (f"{len(exported.report)} float nodes, {tables} tables; vs QOperator "
+                       f"{best['ORT quantize_static QOperator'] / best[rows[2]['variant']]:.2f}x; "
+                       f"sim+export {prepare_s:.1f} s")
     return rows
 
 
@@ -218,12 +261,24 @@ def main(argv=None) -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="intra_op_num_threads (0: onnxruntime default)")
+    parser.add_argument("--models", nargs="+", default=["resnet_style", "mobilenet_style", "pplcnet_style", "cls",
+                                                         "rec", "det"],
+                        help="built nets and/or real PP-OCR models (cls, rec, det; fetched by benchmarks.suite.fetch)")
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)
     ort.set_default_logger_severity(3)
     rows = []
-    for name, build in (("resnet_style", resnet_style), ("mobilenet_style", mobilenet_style)):
-        rows += bench_model(name, build(args.size), args.size, args.repeats, args.threads)
+    rng = np.random.default_rng(7)
+    size = args.size
+    calibration = [{"x": rng.standard_normal((2, 3, size, size)).astype(np.float32)} for _ in range(4)]
+    tests = [{"x": rng.standard_normal((1, 3, size, size)).astype(np.float32)} for _ in range(4)]
+    built = {"resnet_style": resnet_style, "mobilenet_style": mobilenet_style, "pplcnet_style": pplcnet_style}
+    for name in args.models:
+        if name in built:
+            rows += bench_model(name, built[name](size), args.repeats, args.threads, calibration, tests)
+        else:
+            model, real_calibration, real_tests = _ppocr(name)
+            rows += bench_model(f"ppocr {name}", model, args.repeats, args.threads, real_calibration, real_tests)
     table = render(rows, args)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -429,6 +429,36 @@ def test_fuse_activations_replaces_hard_chains_and_keeps_outputs(opset, divide):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
+def test_fuse_activations_turns_max_of_scaled_input_into_leaky_relu():
+    """``Max(x, 0.2 x)`` (either operand order) -> LeakyRelu(0.2), same outputs; a slope >= 1, a tensor
+    slope or a product used elsewhere stays as it is."""
+    import importlib
+
+    fuse = importlib.import_module("quantsim.prepare.activations").fuse_activations
+    nodes = [helper.make_node("Mul", ["x", "a"], ["ax"], name="scale"),
+             helper.make_node("Max", ["ax", "x"], ["y"], name="max"),
+             helper.make_node("Mul", ["x", "big"], ["bx"]), helper.make_node("Max", ["x", "bx"], ["z"]),
+             helper.make_node("Mul", ["x", "a"], ["kept"]), helper.make_node("Max", ["x", "kept"], ["w"])]
+    graph = helper.make_graph(nodes, "leaky", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2, 4])
+                               for n in ("y", "z", "w", "kept")],
+                              [numpy_helper.from_array(np.float32(0.2), "a"),
+                               numpy_helper.from_array(np.float32(1.5), "big")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    fused, modified = fuse(work)
+    assert modified
+    leaky = [n for n in fused.graph.node if n.op_type == "LeakyRelu"]
+    assert [(n.output[0], n.name, n.attribute[0].f) for n in leaky] == [("y", "max", pytest.approx(0.2))]
+    assert [n.op_type for n in fused.graph.node].count("Max") == 2  # slope 1.5 and the shared product stay
+    feed = {"x": np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 4)}
+    for got, want in zip(ort.InferenceSession(fused.SerializeToString()).run(None, feed),
+                         ort.InferenceSession(model.SerializeToString()).run(None, feed)):
+        np.testing.assert_array_equal(got, want)
+
+
 # per-channel affine (Mul / Add by a constant) folding ----------------------------------------------
 def _affine_model(layer="Conv", mul_shape=(), add_shape=(), swap=False, cout=6):
     """layer -> Mul(k) -> Add(c) -> Relu; an empty shape tuple is a scalar, None leaves that op out."""

@@ -11,7 +11,7 @@ and the on-disk cache that makes doing it twice free.
 6. ``fold_batchnorm``             BatchNormalization into the preceding Conv/ConvTranspose/Gemm (optional)
 7. ``fold_constants``             constant-only nodes -> initializers (optional)
 8. ``fold_channel_affine``        Mul/Add by a per-channel constant into the preceding layer (with 6)
-9. ``fuse_activations``           decomposed HardSwish / HardSigmoid chains -> the ONNX ops
+9. ``fuse_activations``           decomposed HardSwish / HardSigmoid / LeakyRelu chains -> the ONNX ops
 10. ``infer_shapes``              again, for what the folds created
 11. ``optimize_with_ort``, ``name_nodes``, ``infer_shapes``   onnxruntime basic optimisations (optional, off)
 

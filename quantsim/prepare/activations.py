@@ -1,4 +1,4 @@
-"""``fuse_activations``: decomposed hard activations become the ONNX ops they spell out.
+"""``fuse_activations``: decomposed hard / leaky activations become the ONNX ops they spell out.
 
 Exporters (Paddle, some PyTorch versions) write HardSwish and HardSigmoid as elementwise chains. Left as
 they are, every link gets an activation quantizer (three extra rounding points inside one activation
@@ -12,6 +12,9 @@ are scalar initializers):
   ``HardSigmoid(x, alpha=1/6, beta=0.5)`` since ``clip(x + 3, 0, 6) / 6 = max(0, min(1, x/6 + 1/2))``.
 * HardSwish: ``Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)`` (or ``Mul(..., 1/6)``) -> ``HardSwish(x)`` at
   opset >= 14, else ``Mul(x, HardSigmoid(x))`` (placement then quantizes only the product).
+
+* LeakyRelu: ``Max(x, Mul(x, a))`` with a scalar ``0 < a < 1`` (TensorFlow-style exports) ->
+  ``LeakyRelu(x, alpha=a)``, since ``max(x, a x)`` is ``x`` for ``x >= 0`` and ``a x`` below.
 
 The fused op writes the chain's output name; outputs agree up to float rounding (a few ulp).
 Pre: node names unique, topologically sorted. Post: no matched chain is left.
@@ -60,12 +63,36 @@ def _relu6_of_x_plus_3(index: GraphIndex, clip: onnx.NodeProto) -> str | None:
     return others[0] if len(others) == 1 else None
 
 
+def _leaky_slope(index: GraphIndex, node: onnx.NodeProto) -> tuple[str, onnx.NodeProto, float] | None:
+    """``(x, mul, a)`` when ``node`` is ``Max(x, Mul(x, a))`` with a scalar ``0 < a < 1`` and a single-use product."""
+    if node.op_type != "Max" or len(node.input) != 2:
+        return None
+    for slot in (0, 1):
+        x, product = node.input[1 - slot], node.input[slot]
+        mul = index.producer_of(product)
+        if mul is None or mul.op_type != "Mul" or x not in mul.input or _only_use(index, product) is not node:
+            continue
+        others = [n for n in mul.input if n != x]
+        if len(others) != 1 or not index.is_constant(others[0]) or index.constant_value(others[0]).size != 1:
+            continue
+        slope = float(index.constant_value(others[0]).reshape(()))
+        if 0.0 < slope < 1.0:
+            return x, mul, slope
+    return None
+
+
 def fuse_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
-    """Replace decomposed HardSwish / HardSigmoid chains (module docstring)."""
+    """Replace decomposed HardSwish / HardSigmoid / LeakyRelu chains (module docstring)."""
     index = GraphIndex(model)
     opset = index.opset()
     remove: set[int] = set()  # id() of nodes: the pass also works on unnamed nodes
     replace: dict[int, onnx.NodeProto] = {}
+    for node in index.nodes:
+        leaky = _leaky_slope(index, node)
+        if leaky is not None and id(leaky[1]) not in remove:
+            source, mul, slope = leaky
+            replace[id(node)] = helper.make_node("LeakyRelu", [source], [node.output[0]], name=node.name, alpha=slope)
+            remove.add(id(mul))
     for clip in index.nodes:
         x = _relu6_of_x_plus_3(index, clip)
         if x is None:

@@ -4,10 +4,12 @@ module-level ``with compute_encodings(sim): ...`` form.
 Entering computes the weight encodings and opens the calibration session (the float model with weight
 quantizers applied plus in-graph statistics, see `quantsim.calibration`); while the block runs,
 ``sim.session`` *is* that session, so a user's own loop ``sim.session.run(None, feed)`` collects
-statistics, as in AIMET. Leaving turns the statistics into activation encodings. Frozen encodings are
-never touched; an exception inside (or a calibration that saw no usable batch) leaves every encoding as it
-was. Nested use is a no-op, as in AIMET. With ``sim.range_health`` on, the calibrated rules of
-`quantsim.sim.decisions` (untied Concats, range health) run last, on the statistics just collected.
+statistics, as in AIMET. Leaving turns the statistics into activation encodings, then runs the
+calibrated rules of `quantsim.sim.decisions` (untied Concats, range health; with ``sim.range_health`` on)
+on the statistics just collected, and last widens the weight scales whose int32 bias would overflow
+``s_in * s_w`` on the final input grids (`bias_fit`). Frozen encodings are never touched; an exception
+inside (or a calibration that saw no usable batch) leaves every encoding as it was. Nested use is a
+no-op, as in AIMET.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 from quantsim.calibration.encode import encodings_for_stats
 from quantsim.calibration.run import CalibrationSession
 from quantsim.errors import warn_at_caller
+from quantsim.sim.bias_fit import fit_biases_to_int32
 from quantsim.sim.decisions import apply_calibrated_rules
 
 if TYPE_CHECKING:
@@ -69,6 +72,7 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
             q.set_encoding(new[q.name])
     if sim.range_health:
         sim._record_decisions(apply_calibrated_rules(sim, session, [q for q in observed if q.name in new]))
+    fit_biases_to_int32(sim)  # input grids are final now: no int32 bias may overflow s_in * s_w
     if sim._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES:
         sim._calibration_cache = None
 

@@ -11,7 +11,10 @@ Conversions are exact: DequantizeLinear of codes is the sim value, and QuantizeL
 that lies on an 8-bit grid (its quantizer is enabled) gives the codes back. A signed int8 grid (zero point
 ``z`` in [-128, 127]) is the same grid as uint8 with zero point ``z + 128``, so every 8-bit grid that fills
 its container is carried as uint8 (onnxruntime's CPU kernels want uint8 activations). Narrower grids
-(2..7 bits, strict symmetric), 16-bit grids and float16 are not `Grid`s: tensors on them stay float.
+(2..7 bits, strict symmetric) ride in the same uint8 container with the same scale and zero point (shifted
+by 128 when signed) and a code range ``[low, high]`` inside [0, 255]: every op writing such a grid clamps
+its codes to that range (`epilogue`, ``int_input``), which is exactly the sim's saturation. 16-bit grids
+and float16 are not `Grid`s: tensors on them stay float.
 
 A rule that cannot lower a node raises `Unsupported(reason)`; the driver rolls the context back to its
 `snapshot` and runs the node in float instead.
@@ -39,21 +42,31 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Grid:
-    """A per-tensor uint8 grid: ``value = (code - zero_point) * scale`` with codes in [0, 255]."""
+    """A per-tensor uint8 grid: ``value = (code - zero_point) * scale`` with codes in ``[low, high]``
+    (``[0, 255]`` for a full 8-bit grid, narrower for 2..7-bit and strict symmetric grids)."""
 
     scale: float  # a float32 value
     zero_point: int
+    low: int = 0
+    high: int = 255
 
     @classmethod
     def from_encoding(cls, enc: Encoding) -> Grid | None:
-        """The uint8 grid of an 8-bit per-tensor encoding filling its container, else None."""
-        if enc is None or not enc.is_per_tensor or enc.bits != 8 or not enc.full_storage_range:
+        """The uint8 grid of a per-tensor integer encoding of at most 8 bits, else None."""
+        if enc is None or not enc.is_per_tensor or enc.bits > 8 or enc.block_size is not None:
             return None
-        return cls(float(np.float32(enc.scale)), int(enc.zero_point) + (128 if enc.signed else 0))
+        shift = 128 if enc.signed else 0
+        return cls(float(np.float32(enc.scale)), int(enc.zero_point) + shift, enc.qmin + shift, enc.qmax + shift)
+
+    @property
+    def full(self) -> bool:
+        """True when the grid fills the uint8 container (no clamp needed after a saturating kernel)."""
+        return self.low <= 0 and self.high >= 255
 
     @property
     def encoding(self) -> Encoding:
-        return Encoding(np.asarray(self.scale, np.float64), np.asarray(self.zero_point, np.int64), 8, False, 0, 255)
+        return Encoding(np.asarray(self.scale, np.float64), np.asarray(self.zero_point, np.int64), 8, False,
+                        self.low, self.high)
 
     def quantize(self, x) -> np.ndarray:
         """Codes (int64) of float values, as QuantizeLinear (ties to even, saturating)."""
@@ -64,11 +77,11 @@ class Grid:
 
     @property
     def min(self) -> float:
-        return float(np.float32(self.scale) * np.float32(-self.zero_point))
+        return float(np.float32(self.scale) * np.float32(self.low - self.zero_point))
 
     @property
     def max(self) -> float:
-        return float(np.float32(self.scale) * np.float32(255 - self.zero_point))
+        return float(np.float32(self.scale) * np.float32(self.high - self.zero_point))
 
     def on_grid(self, value: float) -> bool:
         """True when ``value`` is exactly a grid point or lies outside the grid's range."""
@@ -141,7 +154,7 @@ class LoweringContext:
         enc = q.encoding
         if not enc.is_per_tensor:
             return f"{tensor!r} is quantized per channel"
-        return f"{tensor!r} is on a {enc.bits}-bit grid [{enc.qmin}, {enc.qmax}] (only full 8-bit grids are integer)"
+        return f"{tensor!r} is on a {enc.bits}-bit grid [{enc.qmin}, {enc.qmax}] (integer kernels take at most 8 bits)"
 
     def constant(self, name: str) -> np.ndarray:
         """The value the sim computes with for a constant: fake-quantized / fp16-rounded if quantized."""
@@ -228,6 +241,11 @@ class LoweringContext:
         source = self.floats.get(tensor)
         if source is None:
             raise Unsupported(f"{tensor!r} is not available")
+        if not grid.full:  # saturate to the narrow grid in float: clip(x, min, max) quantizes to [low, high]
+            clipped = self.fresh(f"{tensor}/clipped")
+            self.emit("Clip", [source, self.scalar(grid.min, np.float32, "clip/low"),
+                               self.scalar(grid.max, np.float32, "clip/high")], [clipped], name=f"{tensor}/clip")
+            source = clipped
         scale, zp = self.grid_inputs(grid, tensor)
         codes = self.fresh(f"{tensor}/codes")
         self.emit("QuantizeLinear", [source, scale, zp], [codes], name=f"{tensor}/quantize")

@@ -7,6 +7,9 @@ All tensors are uint8 per-tensor grids; with ``r = s (q - z)`` on each side:
 * Mul:  ``q_c = z_c + round(M (q_a - z_a)(q_b - z_b))``, ``M = s_a s_b / s_c`` -> ``QLinearMul``.
   A one-element constant operand makes Add/Mul a unary function: exact lookup table (`lowering_lut`).
   A larger constant operand (e.g. a [1, C, 1, 1] scale) is quantized with its own sim quantizer.
+* Sub / Div by a constant tensor (per-channel input normalisation ``(x - mean) / std``): ``QLinearAdd``
+  with the negated constant codes (exact: ``s((255 - q) - (255 - z)) = -s(q - z)``) / ``QLinearMul`` by
+  the reciprocal on its own uint8 grid.
 * Concat: inputs already on the output grid (the sim ties Concat inputs to the output quantizer) are
   copied by a plain uint8 ``Concat``; otherwise ``QLinearConcat`` requantizes each input with
   ``M_i = s_i / s_out`` (onnxruntime: a 256-entry table per input).
@@ -24,8 +27,8 @@ import numpy as np
 import onnx
 
 from quantsim.core.fixed_point import multiplier_record
-from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
-from quantsim.export.integer.epilogue import epilogue, finish
+from quantsim.export.integer.context import MS_DOMAIN, Grid, LoweringContext, QTensor, Unsupported
+from quantsim.export.integer.epilogue import clamp_codes, epilogue, finish
 from quantsim.export.integer.lut import lower_scalar_binary, scalar_operand_slot
 from quantsim.graph.index import node_attributes
 
@@ -50,10 +53,13 @@ def lower_add_mul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
         lower_scalar_binary(ctx, node)
         return
     a, b = ctx.int_input(node.input[0]), ctx.int_input(node.input[1])
+    _binary_kernel(ctx, node, "QLinearAdd" if node.op_type == "Add" else "QLinearMul", a, b, node.input[1])
+
+
+def _binary_kernel(ctx: LoweringContext, node: onnx.NodeProto, op: str, a: QTensor, b: QTensor, b_base: str) -> None:
     ep = epilogue(ctx, node)
-    op = "QLinearAdd" if node.op_type == "Add" else "QLinearMul"
     out = ctx.fresh(f"{ep.tensor}/codes")
-    ctx.emit(op, [a.name, *ctx.grid_inputs(a.grid, node.input[0]), b.name, *ctx.grid_inputs(b.grid, node.input[1]),
+    ctx.emit(op, [a.name, *ctx.grid_inputs(a.grid, node.input[0]), b.name, *ctx.grid_inputs(b.grid, b_base),
                   *ctx.grid_inputs(ep.grid, ep.tensor)], [out], name=node.name, domain=MS_DOMAIN)
     entry = _grid_entry(op, ep.tensor, [a.grid, b.grid], ep.grid)
     if op == "QLinearAdd":
@@ -63,6 +69,38 @@ def lower_add_mul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     entry["clamp"] = [ep.low, ep.high]
     ctx.record(node, entry)
     finish(ctx, ep, out)
+
+
+def lower_sub_div(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """``x - c`` / ``x / c`` with a constant tensor ``c`` (e.g. per-channel input normalisation):
+    ``QLinearAdd(x, -c)`` with the exactly negated codes of ``c``'s grid, or ``QLinearMul(x, 1/c)`` with
+    ``1/c`` on its own uint8 grid (a rounding of ``1/c`` of at most ``max|1/c| / 510``, below half an
+    output step). A one-element constant is a function of ``x`` (`lower_scalar_binary`)."""
+    if scalar_operand_slot(ctx, node) is not None:
+        lower_scalar_binary(ctx, node)
+        return
+    c_name = node.input[1]
+    if not ctx.index.is_constant(c_name) or ctx.index.is_constant(node.input[0]):
+        raise Unsupported(f"{node.op_type} of two activations has no integer kernel")
+    x = ctx.int_input(node.input[0])
+    if node.op_type == "Sub":
+        g = ctx.grid_of(c_name)
+        if g is None:
+            raise Unsupported(ctx.why_not_8bit(c_name))
+        negated = Grid(g.scale, 255 - g.zero_point, 255 - g.high, 255 - g.low)  # s((255-q) - (255-z)) = -s(q-z)
+        codes = 255 - g.quantize(ctx.index.constant_value(c_name))
+        name = ctx.add_initializer(codes.astype(np.uint8), f"{c_name}/negated_codes")
+        _binary_kernel(ctx, node, "QLinearAdd", x, QTensor(name, negated), f"{c_name}/negated")
+        return
+    values = np.asarray(ctx.constant(c_name), np.float64)
+    if np.any(values == 0) or not np.all(np.isfinite(values)):
+        raise Unsupported(f"divisor {c_name!r} has zero or non-finite elements")
+    reciprocal = 1.0 / values
+    low, high = min(0.0, float(reciprocal.min())), max(0.0, float(reciprocal.max()))
+    scale = float(np.float32((high - low) / 255.0))
+    grid = Grid(scale, int(np.clip(np.rint(-low / scale), 0, 255)))
+    name = ctx.add_initializer(grid.quantize(reciprocal).astype(np.uint8), f"{c_name}/reciprocal_codes")
+    _binary_kernel(ctx, node, "QLinearMul", x, QTensor(name, grid), f"{c_name}/reciprocal")
 
 
 def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
@@ -80,6 +118,7 @@ def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
         for name, part in zip(node.input, parts):
             inputs += [part.name, *ctx.grid_inputs(part.grid, name)]
         ctx.emit("QLinearConcat", inputs, [out], name=node.name, domain=MS_DOMAIN, axis=axis)
+        out = clamp_codes(ctx, out, grid.low, grid.high, tensor)
         entry = _grid_entry("QLinearConcat", tensor, [p.grid for p in parts], grid)
         entry["input_multipliers"] = [multiplier_record(_f32(p.grid.scale) / _f32(grid.scale)) for p in parts]
         ctx.record(node, entry)
@@ -149,6 +188,8 @@ def _unary_kernel(op: str, **fixed):
 RULES = {
     "Add": lower_add_mul,
     "Mul": lower_add_mul,
+    "Sub": lower_sub_div,
+    "Div": lower_sub_div,
     "Concat": lower_concat,
     "AveragePool": lower_average_pool,
     "GlobalAveragePool": lower_global_average_pool,

@@ -8,7 +8,8 @@ quantization ``q`` is monotone (non-decreasing):
     q(max(x, 0)) = max(q(x), q(0)),      q(clip(x, a, b)) = clip(q(x), q(a), q(b)).
 
 A chain of clamps composes into one clamp ``clip(c, L, H)`` with ``L = f(0)``, ``H = f(255)`` (``f`` the
-chain applied to codes). When ``L == 0`` and ``H == 255`` the grid already implies the clamp (e.g. a Relu
+chain applied to codes), intersected with the output grid's own code range (``[0, 255]``, narrower for
+sub-8-bit grids). When ``L == 0`` and ``H == 255`` the grid already implies the clamp (e.g. a Relu
 output grid with zero point 0, a Relu6 grid whose max is <= 6) and nothing is emitted; otherwise one
 uint8 ``Clip`` follows the op. ``Add(MatMul(x, W), b)`` (the MatmulAdd pattern, the MatMul output has
 no quantizer) is absorbed as the bias of the integer MatMul.
@@ -89,7 +90,7 @@ def epilogue(ctx: LoweringContext, node: onnx.NodeProto, *, allow_bias: bool = F
         absorbed.append(consumer)
         tensor = consumer.output[0]
     grid = ctx.output_grid(tensor)
-    low, high = 0, 255
+    low, high = grid.low, grid.high  # a narrow (sub-8-bit) grid is itself a clamp of the kernel's uint8 codes
     for bounds in activations:
         lo, hi = code_clamp(grid, *bounds)
         low, high = int(np.clip(low, lo, hi)), int(np.clip(high, lo, hi))

@@ -10,7 +10,8 @@ the sim's 8-bit grid (`lowering_context`):
 
 With ``integer_io=True`` the boundary Q/DQ are dropped: graph inputs and outputs are the uint8 codes
 themselves, and their ``(scale, zero_point)`` are returned in ``io`` and in the model's metadata_props
-(``quantsim.io``): ``real = scale * (code - zero_point)``.
+(``quantsim.io``): ``real = scale * (code - zero_point)``, codes within ``code_range`` (``[0, 255]``, or
+the narrower range of a 2..7-bit grid).
 
 Accuracy contract (tests/test_export_integer.py): data movement, clamps, lookup tables and float islands
 are exact. Kernels with an int32 accumulator add the bias as ``round(b / (s_in s_w))`` where the sim (like
@@ -20,7 +21,13 @@ whose larger ``s_w`` makes that bound larger). With zero biases the integer mode
 for bit; QLinearSoftmax alone adds about 1% one-step differences. One-step differences can grow by a
 step or two through deep stacks of layers.
 
-Nodes no rule can lower (unsupported op types, 16-bit / 6-bit / float16 quantizers, float weights, a
+Activations on grids of 2..7 bits (or strict symmetric) ride in uint8 codes with the same scale and zero
+point, clamped to their code range after each kernel (`context.Grid`), so W4A4 or int2 models run on the
+same integer kernels and match the sim like 8-bit ones. Before returning, the model is loaded once in
+onnxruntime (no graph optimizations): a model onnxruntime refuses raises `IntegerExportError`, so nothing
+unloadable is ever written.
+
+Nodes no rule can lower (unsupported op types, 16-bit / float16 quantizers, float weights, a
 quantizer disabled in the middle of the graph) run in float exactly as in the sim (`fallback`) and are
 listed in ``report`` as ``(node, op_type, reason)``. The export never silently changes numerics: an
 uncalibrated quantizer or a scale that is zero or not finite in float32 raises `IntegerExportError`
@@ -41,9 +48,10 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from quantsim.errors import IntegerExportError, InvalidArgumentError
+from quantsim.errors import IntegerExportError, InvalidArgumentError, SessionError
 from quantsim.export.integer import elementwise as lowering_elementwise
 from quantsim.export.integer import linear as lowering_linear
 from quantsim.export.integer import lut as lowering_lut
@@ -52,6 +60,7 @@ from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsuppor
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
+from quantsim.graph.session import make_session
 from quantsim.sim.build import IR_FOR_OPSET
 
 __all__ = ["export_integer", "IntegerExport", "IntegerReport", "ReportEntry", "LOWERINGS", "IntegerExportError", "REQUANT_FORMAT"]
@@ -191,7 +200,8 @@ def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportE
 
 
 def _io_record(grid, shape) -> dict:
-    return {"dtype": "uint8", "scale": grid.scale, "zero_point": grid.zero_point, "shape": list(shape or [])}
+    return {"dtype": "uint8", "scale": grid.scale, "zero_point": grid.zero_point, "code_range": [grid.low, grid.high],
+            "shape": list(shape or [])}
 
 
 def _value_info(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
@@ -264,4 +274,14 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None) -
     helper.set_model_props(result, {"quantsim.io": json.dumps(io, sort_keys=True),
                                      "quantsim.float_nodes": str(len(report))})
     onnx.checker.check_model(result)
+    _check_loads(result)
     return IntegerExport(result, report, ctx.requant, io)
+
+
+def _check_loads(model: onnx.ModelProto) -> None:
+    """onnxruntime must accept the model (types of every kernel included), or nothing is returned or written:
+    onnx.checker passes graphs that onnxruntime refuses (e.g. a Cast of 4-bit codes)."""
+    try:
+        make_session(model, session_options_kwargs={"graph_optimization_level": ort.GraphOptimizationLevel.ORT_DISABLE_ALL})
+    except SessionError as error:
+        raise IntegerExportError(f"the integer model does not load in onnxruntime: {error.__cause__ or error}") from error

@@ -6,10 +6,11 @@ Conv's weights per tensor or fuse the island into kernels the sim does not use),
 with the sim's constants (fake-quantized weights, fp16-rounded values), and its outputs get the sim's
 quantizers:
 
-* an 8-bit grid (`Grid`): ``QuantizeLinear`` to uint8 codes, so integer ops can follow;
-* any other integer grid (16-bit, 4-bit, 2..7-bit, strict symmetric): ``[Clip] -> QuantizeLinear``
-  in its storage type, as the sim builds it (com.microsoft QuantizeLinear for 4/16-bit types below opset
-  21, where ai.onnx has none), then the codes back to float;
+* a grid of at most 8 bits (`Grid`, sub-8-bit grids included): ``[Clip] -> QuantizeLinear`` to uint8
+  codes, so integer ops can follow;
+* a wider integer grid (9..16-bit): ``[Clip] -> QuantizeLinear`` in its 16-bit storage type, as the sim
+  builds it (com.microsoft QuantizeLinear below opset 21, where ai.onnx has none), then the codes back to
+  float. (4-bit storage types are never used: onnxruntime cannot Cast them, so a 4-bit graph would not load.)
 * float16: ``Cast(float16) -> Cast(float)``;
 * no quantizer: the float value is kept.
 
@@ -30,7 +31,7 @@ _log = logging.getLogger(__name__)
 
 __all__ = ["lower_in_float", "apply_quantizer"]
 
-_WIDE_TYPES = {TensorProto.INT16, TensorProto.UINT16, TensorProto.INT4, TensorProto.UINT4}
+_WIDE_TYPES = {TensorProto.INT16, TensorProto.UINT16}
 
 
 def apply_quantizer(ctx: LoweringContext, tensor: str, source: str) -> None:
@@ -55,15 +56,12 @@ def apply_quantizer(ctx: LoweringContext, tensor: str, source: str) -> None:
     if not enc.is_per_tensor:
         raise IntegerExportError(f"activation {tensor!r} has a per-channel encoding: not exportable")
     storage = q.spec.dtype.storage_type(enc.signed)
-    domain = MS_DOMAIN if storage in _WIDE_TYPES and ctx.opset < 21 else ""
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(storage) if storage not in (TensorProto.INT4, TensorProto.UINT4) \
-        else None
+    if storage not in _WIDE_TYPES:
+        raise IntegerExportError(f"activation {tensor!r}: no onnxruntime-loadable container for its "
+                                 f"{enc.bits}-bit grid ({onnx.TensorProto.DataType.Name(storage)})")
+    domain = MS_DOMAIN if ctx.opset < 21 else ""
     scale = ctx.scalar(np.float32(enc.scale), np.float32, f"{tensor}/scale")
-    if dtype is None:
-        zp = ctx.fresh(f"{tensor}/zero_point")
-        ctx.initializers.append(onnx.helper.make_tensor(zp, storage, [], [int(enc.zero_point)]))
-    else:
-        zp = ctx.scalar(int(enc.zero_point), dtype, f"{tensor}/zero_point")
+    zp = ctx.scalar(int(enc.zero_point), onnx.helper.tensor_dtype_to_np_dtype(storage), f"{tensor}/zero_point")
     if not enc.full_storage_range:
         lo = np.float32(np.float32(enc.scale) * np.float32(enc.qmin - int(enc.zero_point)))
         hi = np.float32(np.float32(enc.scale) * np.float32(enc.qmax - int(enc.zero_point)))

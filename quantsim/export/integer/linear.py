@@ -62,7 +62,8 @@ def _add_weight(ctx: LoweringContext, name: str, w: dict) -> tuple[str, str, str
 def _bias(ctx: LoweringContext, values: np.ndarray, x: QTensor, w: dict, name: str) -> tuple[str, np.ndarray]:
     codes, scale = quantize_bias(values, x.grid.scale, w["scale"])
     if np.any(scale <= 0) or np.any(np.abs(np.asarray(values, np.float64) / scale) > _INT32_MAX):
-        raise Unsupported(f"bias {name!r} does not fit int32 on the accumulator grid s_in * s_w")
+        raise Unsupported(f"bias {name!r} does not fit int32 on the accumulator grid s_in * s_w (calibration "
+                          "widens the weight scale unless the weight encoding is frozen or loaded)")
     return ctx.add_initializer(codes, f"{name}/int32"), scale
 
 

@@ -4,7 +4,11 @@ An elementwise ``y = f(x)`` between an input grid ``(s_x, z_x)`` and an output g
 ever sees 256 inputs, so the sim's ``q_y = Q_y(f(DQ_x(q_x)))`` is a table indexed by the input code:
 
     table[c] = clamp(Q_y(f((c - z_x) s_x)), L, H),   c = 0..255
-    q_y      = Gather(table, Cast<int32>(q_x))
+    q_y      = GatherElements(table, Cast<int32>(flat q_x))   (reshaped back)
+
+Piecewise-linear functions (HardSwish, HardSigmoid, scalar Add/Sub/Mul/Div, one-slope PRelu, grid moves)
+run instead on QLinear kernels that reproduce the table (checked on all 256 codes, `piecewise`); the
+table is the fallback and the reference.
 
 ``f`` is evaluated by onnxruntime itself on the node copied from the model (same op, attributes and
 constant operands, in a 256-element DequantizeLinear -> f -> QuantizeLinear graph with Q/DQ fusion
@@ -27,11 +31,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.export.integer.context import Grid, LoweringContext, QTensor, Unsupported
-from quantsim.export.integer.epilogue import epilogue, finish
+from quantsim.export.integer.epilogue import clamp_codes, epilogue, finish
+from quantsim.export.integer.piecewise import apply_table, fast_form
 from quantsim.graph.index import node_attributes
 from quantsim.graph.session import make_session
 
-__all__ = ["RULES", "UNARY_OPS", "SCALAR_BINARY_OPS", "lut_table", "apply_table", "regrid", "lower_lut",
+__all__ = ["RULES", "UNARY_OPS", "SCALAR_BINARY_OPS", "lut_table", "regrid", "lower_lut",
            "hard_swish_gate", "lower_hard_sigmoid", "lower_hard_swish_product", "scalar_operand_slot",
            "lower_scalar_binary"]
 
@@ -81,28 +86,19 @@ def lut_table(ctx: LoweringContext, grid_in: Grid, grid_out: Grid, node: onnx.No
         (table,) = session.run(None, {"codes": np.arange(256, dtype=np.uint8)})
     except Exception as error:  # noqa: BLE001 - the op cannot be evaluated alone: run it in float
         raise Unsupported(f"cannot tabulate {node.op_type if node else 'Identity'}: {str(error).splitlines()[0]}") from error
-    return np.asarray(table, dtype=np.uint8).reshape(256)
-
-
-def apply_table(ctx: LoweringContext, x: QTensor, table: np.ndarray, base: str) -> str:
-    """``Gather(table, Cast<int32>(codes))``: the looked-up uint8 codes."""
-    key = ("int32 index", x.name)
-    if key not in ctx.memo:
-        index = ctx.fresh(f"{base}/index")
-        ctx.emit("Cast", [x.name], [index], name=f"{base}/cast", to=TensorProto.INT32)
-        ctx.memo[key] = index
-    out = ctx.fresh(f"{base}/codes")
-    ctx.emit("Gather", [ctx.add_initializer(table.astype(np.uint8), f"{base}/table"), ctx.memo[key]], [out],
-             name=f"{base}/lut", axis=0)
-    return out
+    return np.clip(np.asarray(table, dtype=np.uint8).reshape(256), grid_out.low, grid_out.high)
 
 
 def regrid(ctx: LoweringContext, x: QTensor, grid: Grid, base: str) -> QTensor:
-    """``x``'s codes moved onto ``grid`` (no node when the grids are equal)."""
+    """``x``'s codes moved onto ``grid`` (no node when the grids are equal): a requantizing kernel when one
+    reproduces the table exactly (`piecewise`), else the table."""
     if x.grid == grid:
         return x
     table = lut_table(ctx, x.grid, grid)
-    return QTensor(apply_table(ctx, x, table, base), grid)
+    codes = fast_form(ctx, x, grid, None, 0, table, grid.low, grid.high, base)
+    if codes is None:
+        return QTensor(apply_table(ctx, x, table, base), grid)
+    return QTensor(clamp_codes(ctx, codes, grid.low, grid.high, base), grid)
 
 
 def _lut(ctx: LoweringContext, node: onnx.NodeProto, data_slot: int, function: onnx.NodeProto | None = None,
@@ -113,12 +109,18 @@ def _lut(ctx: LoweringContext, node: onnx.NodeProto, data_slot: int, function: o
     function = node if function is None else function
     table = np.clip(lut_table(ctx, x.grid, ep.grid, function, 0 if function is not node else data_slot, opset),
                     ep.low, ep.high)
-    codes = apply_table(ctx, x, table, ep.tensor)
-    ctx.record(node, {"op": "LUT", "function": function.op_type, "output": ep.tensor,
-                      "input_scale": x.grid.scale, "input_zero_point": x.grid.zero_point,
+    first = len(ctx.nodes)
+    codes = fast_form(ctx, x, ep.grid, function, 0 if function is not node else data_slot, table, ep.low, ep.high,
+                      ep.tensor)
+    kernels = [n.op_type for n in ctx.nodes[first:]]
+    ctx.record(node, {"op": "LUT" if codes is None else "+".join(kernels), "function": function.op_type,
+                      "output": ep.tensor, "input_scale": x.grid.scale, "input_zero_point": x.grid.zero_point,
                       "output_scale": ep.grid.scale, "output_zero_point": ep.grid.zero_point,
                       "table": table.astype(int).tolist()})
-    finish(ctx, dataclasses.replace(ep, low=0, high=255), codes)
+    if codes is None:  # the table already holds the clamp
+        finish(ctx, dataclasses.replace(ep, low=0, high=255), apply_table(ctx, x, table, ep.tensor))
+    else:
+        finish(ctx, ep, codes)
 
 
 def lower_lut(ctx: LoweringContext, node: onnx.NodeProto) -> None:

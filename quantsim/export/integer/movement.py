@@ -9,7 +9,7 @@ or ties them to the input's quantizer). Two adjustments keep this exact:
 * Pad (mode "constant") pads with ``q(c)``; refused unless ``c`` lies on the grid (0 always does), since
   the sim's output would otherwise hold an off-grid value.
 * Resize: only ``mode="nearest"`` (a selection); linear/cubic interpolation is arithmetic.
-* An output with its own, different quantizer is moved to that grid by a lookup table (`regrid`).
+* An output with its own, different quantizer is moved to that grid (`regrid`: a requantizing kernel or a table).
 
 Identity and Dropout (inference) alias their input codes; Shape and Size read the codes' shape.
 
@@ -17,7 +17,7 @@ Relu / Clip not absorbed by their producer (`epilogue`): when the output grid eq
 sim ties a Relu output to its input quantizer) the op is ``clip(q, q(lo), q(hi))`` on codes, exact by
 monotonicity of ``q`` and omitted when the grid already implies it (``q(lo) <= 0``, ``q(hi) >= 255``);
 an unquantized output inherits the input grid when the bounds lie on it; a different output grid makes
-the op a lookup table (`lowering_lut`).
+the op a move to that grid (`regrid`) followed by the code clamp.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import onnx
 
 from quantsim.export.integer.context import LoweringContext, QTensor, Unsupported
 from quantsim.export.integer.epilogue import clamp_codes, clip_bounds, code_clamp
-from quantsim.export.integer.lut import lower_lut, regrid
+from quantsim.export.integer.lut import regrid
 from quantsim.graph.index import node_attributes
 from quantsim.graph.op_facts import UINT8_KERNEL_OPSET
 
@@ -104,8 +104,10 @@ def lower_clamp(ctx: LoweringContext, node: onnx.NodeProto) -> None:
         if not (x.grid.on_grid(low) and x.grid.on_grid(high)):
             raise Unsupported(f"{node.op_type} bounds ({low}, {high}) are not on the input grid")
         grid = x.grid
-    if grid != x.grid:
-        lower_lut(ctx, node)
+    if grid != x.grid:  # q_y(clip(v, lo, hi)) = clip(q_y(v), q_y(lo), q_y(hi)): a regrid, then a code clamp
+        moved = regrid(ctx, x, grid, tensor)
+        lo, hi = code_clamp(grid, low, high)
+        ctx.set_int(tensor, clamp_codes(ctx, moved.name, max(lo, grid.low), min(hi, grid.high), tensor), grid)
         return
     lo, hi = code_clamp(grid, low, high)
     ctx.set_int(tensor, clamp_codes(ctx, x.name, lo, hi, tensor), grid)

@@ -14,7 +14,7 @@ what onnx lacks or computes differently from integer deployment as custom ops (`
 ConvInteger/MatMulInteger, QGemm and com.microsoft kernels of `quantsim.export.reference.qlinear_linear`
 and `quantsim.export.reference.qlinear_elementwise`, QuantizeLinear/DequantizeLinear (onnxruntime's NaN
 saturation and float32 arithmetic), integer Div (C truncation toward zero, where onnx's kernel returns
-floats) and com.microsoft NhwcMaxPool.
+floats), GatherElements (onnx's kernel handles at most 64 rows) and com.microsoft NhwcMaxPool.
 
 onnxruntime's QLinearConv / QLinearMatMul / QGemm requantize with an fp32 multiplier, so ORT agreeing with
 the sim says nothing about a fixed-point deployment; this executor is one. `compare_with_onnxruntime`
@@ -60,6 +60,14 @@ def _integer_div(ins, attrs, opset):
     return [np.divide(a, b)]
 
 
+def _gather_elements(ins, attrs, opset):
+    """GatherElements with numpy's take_along_axis (onnx's kernel uses np.choose: at most 64 rows)."""
+    data, indices = ins
+    axis = int(attrs.get("axis", 0)) % data.ndim
+    indices = np.where(indices < 0, indices + data.shape[axis], indices).astype(np.int64)
+    return [np.take_along_axis(data, indices, axis=axis)]
+
+
 def _nhwc_max_pool(ins, attrs, opset):
     """com.microsoft NhwcMaxPool: onnx's MaxPool on the NCHW view."""
     node = helper.make_node("MaxPool", ["x"], ["y"], **{k: v for k, v in attrs.items() if v is not None})
@@ -82,6 +90,7 @@ def _custom_ops(opsets: dict[str, int]) -> list[type[OpRun]]:
     kernels = dict(QUANT_KERNELS)
     kernels[("", "Div")] = _integer_div
     kernels[("com.microsoft", "NhwcMaxPool")] = _nhwc_max_pool
+    kernels[("", "GatherElements")] = _gather_elements  # the integer export's lookup tables (256 rows)
     kernels[("", "Resize")] = nearest_resize  # onnx.reference lacks tf_half_pixel_for_nn (onnxruntime has it)
     kernels[("", "Pad")] = pad  # onnx.reference refuses negative pads (crops), which onnxruntime applies
     return [_kernel_class(domain, op, fn, opsets.get(domain, 1)) for (domain, op), fn in kernels.items()]

@@ -1,0 +1,71 @@
+"""Weight scales widened so every int32 bias fits its accumulator grid (applied after calibration).
+
+An integer Conv/ConvTranspose/Gemm/MatMul+Add adds its bias as ``round(b / (s_in s_w))`` in int32
+(`quantsim.core.bias`). When ``|b| / (s_in s_w)`` exceeds ``2^31 - 1`` the bias cannot be represented:
+the QDQ export would saturate it and the integer export would leave the layer in float. After
+calibration (input scales known) the sim therefore widens the weight scale of the affected output
+channels (`int32_fitting_weight_scale`, as onnxruntime's ``quantize_static`` does) and installs it as the
+weight quantizer's encoding, so the sim, the encodings files, the QDQ export and the integer export all
+use the same grid. Frozen or loaded-then-frozen weight encodings are left alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from quantsim.core.bias import int32_fitting_weight_scale
+from quantsim.sim.layers import WeightedLayer, find_weighted_layers
+
+if TYPE_CHECKING:
+    from quantsim.sim.model import QuantizationSimModel
+
+__all__ = ["fit_biases_to_int32"]
+
+_log = logging.getLogger(__name__)
+
+
+def _layer_bias(sim: QuantizationSimModel, layer: WeightedLayer) -> np.ndarray | None:
+    """The float bias the integer kernel adds (Gemm: ``beta * C``; MatMul: a constant bias Add after it)."""
+    index = sim._index
+    if layer.op_type == "MatMul":
+        add = index.single_consumer(layer.output)
+        if add is None or add.op_type != "Add" or sim.qc_quantize_op_dict.get(layer.output) is not None:
+            return None
+        others = [n for n in add.input if n != layer.output]
+        return index.constant_value(others[0]) if len(others) == 1 and index.is_constant(others[0]) else None
+    if layer.bias is None:
+        return None
+    bias = np.asarray(index.constant_value(layer.bias), np.float64)
+    if layer.op_type == "Gemm":
+        bias = bias * float(layer.attributes.get("beta", 1.0)) / float(layer.attributes.get("alpha", 1.0))
+    return bias
+
+
+def fit_biases_to_int32(sim: QuantizationSimModel) -> list[str]:
+    """Widen the weight scales whose int32 bias would overflow (module docstring); the weights changed."""
+    changed = []
+    for layer in find_weighted_layers(sim):
+        wq, xq = layer.weight_quantizer, sim.qc_quantize_op_dict.get(layer.input)
+        if wq is None or xq is None or not (wq.enabled and xq.enabled) or wq.spec.is_float or xq.spec.is_float:
+            continue
+        w_enc, x_enc = wq.encoding, xq.encoding
+        if w_enc is None or x_enc is None or not x_enc.is_per_tensor or w_enc.block_size is not None \
+                or wq.is_encoding_frozen():
+            continue
+        bias = _layer_bias(sim, layer)
+        if bias is None or (not w_enc.is_per_tensor and w_enc.scale.size != np.size(bias)):
+            continue
+        if layer.op_type == "ConvTranspose" and int(layer.attributes.get("group", 1)) != 1:
+            continue
+        fitted = int32_fitting_weight_scale(bias, x_enc.scale, w_enc.scale)
+        if fitted is None:
+            continue
+        wq.set_encoding(dataclasses.replace(w_enc, scale=fitted))
+        grown = float(np.max(fitted / w_enc.scale))
+        _log.info("weight %r: scale widened up to %.3gx so the int32 bias of %r fits s_in * s_w",
+                  layer.weight, grown, layer.node)
+        changed.append(layer.weight)
+    return changed
