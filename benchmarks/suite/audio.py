@@ -9,8 +9,8 @@ synthesised with a source-filter model of voiced speech:
   second-order IIR sections;
 * syllables of 120-320 ms with attack/decay envelopes, some preceded by a fricative burst (band-passed
   noise); words of 1-4 syllables, pauses of 60-900 ms between words;
-* background: low-level white or pink noise everywhere, and in some clips non-speech distractors
-  (steady hum with harmonics, a door-knock-like click train) at varied SNR.
+* background: white or red (AR(1)) noise 30-50 dB below the speech peak everywhere, and in some clips non-speech distractors
+  (mains hum with harmonics 35-50 dB, knock-like decaying bursts 6-20 dB below the speech peak).
 
 Ground truth is the set of samples inside syllables. Silero VAD v5's sequence model takes
 ``[chunks, 576]``: each 512-sample chunk at 16 kHz prefixed by the previous chunk's last 64 samples
@@ -75,21 +75,24 @@ def utterance(seconds: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
             pos = end + int(rng.uniform(0.0, 0.04) * SR)
         pos += int(rng.uniform(0.06, 0.9) * SR)
     peak = np.abs(wave).max()
-    wave = wave / peak * rng.uniform(0.2, 0.8) if peak > 0 else wave
+    level = rng.uniform(0.2, 0.8)  # speech peak
+    wave = wave / peak * level if peak > 0 else wave
     noise = rng.standard_normal(n)
-    if rng.random() < 0.5:  # pink-ish: integrate white noise lightly
-        noise = np.cumsum(noise) * 0.02
-        noise -= np.convolve(noise, np.ones(401) / 401, mode="same")
-    wave += noise / (np.std(noise) + 1e-9) * 10 ** (rng.uniform(-60, -30) / 20)
+    if rng.random() < 0.5:  # red (AR(1)) noise: more energy at low frequencies, stationary
+        from scipy.signal import lfilter
+
+        noise = lfilter([1.0], [1.0, -0.95], noise)
+    wave += noise / (np.std(noise) + 1e-9) * level * 10 ** (rng.uniform(-50, -30) / 20)  # 30-50 dB below the peak
     kind = seed % 3
     t = np.arange(n) / SR
     if kind == 1:  # mains hum with harmonics
         hum = sum(np.sin(2 * np.pi * 50 * k * t) / k for k in range(1, 6))
-        wave += hum * 10 ** (rng.uniform(-35, -20) / 20)
+        wave += hum / np.abs(hum).max() * level * 10 ** (rng.uniform(-50, -35) / 20)
     elif kind == 2:  # knocks: decaying noise bursts
         for start in rng.integers(0, n - SR // 10, size=rng.integers(2, 6)):
             m = SR // 10
-            wave[start:start + m] += rng.standard_normal(m) * np.exp(-np.arange(m) / 200) * 0.2
+            burst = rng.standard_normal(m) * np.exp(-np.arange(m) / 200)
+            wave[start:start + m] += burst / np.abs(burst).max() * level * 10 ** (rng.uniform(-20, -6) / 20)
     return np.clip(wave, -1, 1).astype(np.float32), truth
 
 
