@@ -174,7 +174,7 @@ def quantize_static_baseline(model_path: Path, calib_feeds, workdir: Path, per_c
         except Exception as e:  # noqa: BLE001 - retry once with the documented pre-processing
             first = _err(e)
     pre = workdir / f"{model_path.parent.name}-{model_path.stem}.{tag}.pre.onnx"
-    quant_pre_process(str(model_path), str(pre))
+    quant_pre_process(str(model_path), str(pre), skip_symbolic_shape=True)  # onnx shape inference, no sympy
     quantize_static(str(pre), str(out), reader_cls(calib_feeds), **kw)
     return out, f"needed quant_pre_process (plain call: {first})" if first else ""
 

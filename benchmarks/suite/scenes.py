@@ -40,9 +40,9 @@ def load_photos(images_dir: Path, names: Sequence[str] = PHOTOS, hopper: bool = 
     try:
         import matplotlib
 
-        hopper = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
-        if hopper.is_file():
-            out.append(_rgb(hopper))
+        path = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+        if path.is_file():
+            out.append(_rgb(path))
     except ImportError:
         pass
     return out
@@ -51,7 +51,7 @@ def load_photos(images_dir: Path, names: Sequence[str] = PHOTOS, hopper: bool = 
 def resize(rgb: np.ndarray, w: int, h: int) -> np.ndarray:
     from PIL import Image
 
-    return np.asarray(Image.fromarray(rgb).resize((w, h), Image.BILINEAR))
+    return np.asarray(Image.fromarray(rgb).resize((w, h), Image.Resampling.BILINEAR))
 
 
 def photo_views(photos: list[np.ndarray], n: int, seed: int) -> list[np.ndarray]:

@@ -96,7 +96,7 @@ def ddddocr_input(rgb: np.ndarray, height: int = 64) -> np.ndarray:
 
     img = Image.fromarray(rgb)
     w = max(1, int(img.size[0] * height / img.size[1]))
-    return (np.asarray(img.resize((w, height), Image.BILINEAR).convert("L"), np.float32) / 255.0)[None, None]
+    return (np.asarray(img.resize((w, height), Image.Resampling.BILINEAR).convert("L"), np.float32) / 255.0)[None, None]
 
 
 def alnum(s: str) -> str:
