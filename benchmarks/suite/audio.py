@@ -1,6 +1,6 @@
 """Speech-like audio for Silero VAD and its frame metric (no recordings ship in any wheel we may fetch).
 
-No PyPI wheel the suite may fetch holds recorded speech (scipy's test WAVs are tones), so utterances are
+None of the wheels checked holds recorded speech (scipy's test WAVs are tones and noise), so utterances are
 synthesised with a source-filter model of voiced speech:
 
 * source: a glottal pulse train (Rosenberg-like pulses) with a gliding pitch (90-260 Hz, speaker-wise
