@@ -1,4 +1,4 @@
-"""Speech-like audio for Silero VAD and its frame metric (no recordings ship in any wheel we may fetch).
+"""Speech-like audio for Silero VAD and its frame metric (synthetic: see below).
 
 None of the wheels checked holds recorded speech (scipy's test WAVs are tones and noise), so utterances are
 synthesised with a source-filter model of voiced speech:
