@@ -100,3 +100,43 @@ def test_shared_weight_keeps_its_dq_for_the_quantized_use_and_a_float_copy_for_t
     step = float(sim.qc_quantize_op_dict["v"].encoding.scale)
     np.testing.assert_array_equal(default.run(None, feed)[0], reference[0])  # float MatMul: same kernel
     assert np.abs(default.run(None, feed)[1] - reference[1]).max() <= step * 1.0001
+
+
+def _chain_model() -> onnx.ModelProto:
+    """x -> MatMul(W1) -> Reshape -> Transpose -> Reshape -> MatMul(W2) -> y: attention's head merge."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W2"),
+             numpy_helper.from_array(np.array([0, 3, 2, 4], np.int64), "split_shape"),
+             numpy_helper.from_array(np.array([0, 3, 8], np.int64), "merge_shape")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+        helper.make_node("Reshape", ["h", "split_shape"], ["heads"], name="split"),
+        helper.make_node("Transpose", ["heads"], ["moved"], name="move", perm=[0, 1, 3, 2]),
+        helper.make_node("Reshape", ["moved", "merge_shape"], ["merged"], name="merge"),
+        helper.make_node("MatMul", ["merged", "W2"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_chains_of_data_movement_get_a_derived_pair_after_every_op():
+    """Regression: only the first op of a Reshape -> Transpose -> Reshape chain got its derived Q/DQ, so
+    the MatMul after it read a float tensor and ran in float (MiniLM's attention output projections)."""
+    model = _chain_model()
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((2, 3, 8)).astype(np.float32)} for _ in range(4)]
+    sim = QuantizationSimModel(model, progress=False)
+    sim.compute_encodings(feeds)
+    qdq = sim.to_onnx_qdq()
+    producers = _producers(qdq)
+    by_name = {n.name: n for n in qdq.graph.node}
+    for op in ("split", "move", "merge"):
+        out = by_name[op].output[0]
+        assert [u.op_type for u in qdq.graph.node if out in u.input] == ["QuantizeLinear"], op
+    mm2 = by_name["mm2"]
+    assert producers[mm2.input[0]].op_type == "DequantizeLinear"
+    assert producers[mm2.input[1]].op_type == "DequantizeLinear"
+    exact = _exact(sim.to_onnx_qdq(int32_bias=False))
+    np.testing.assert_array_equal(exact.run(None, feeds[0])[0], sim.session.run(None, feeds[0])[0])

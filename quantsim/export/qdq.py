@@ -10,7 +10,8 @@ integer kernels and other toolchains expect:
 * **derived Q/DQ after data movement**: the output of a Reshape, Flatten, Transpose, MaxPool, ... whose
   input is quantized holds values of the same grid; a Q/DQ pair with the input's parameters is added
   after it (exact: an identity on those values) so onnxruntime sees a complete node unit and keeps the
-  tensor in 8 bits (AIMET's export adds the same derived encodings).
+  tensor in 8 bits (AIMET's export adds the same derived encodings). A chain of them (attention's
+  Transpose -> Reshape head merge) gets a pair after every op, so the MatMul after it still fuses.
 * **float weights for ops with a float input**: a Conv / ConvTranspose / Gemm / MatMul whose activation
   input does not come from a DequantizeLinear (the sim keeps that input float: normalization statistics,
   index or mask arithmetic, a disabled quantizer) runs in float in every QDQ runtime; no integer kernel
@@ -123,21 +124,25 @@ def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     """Q/DQ pairs after grid-preserving data movement whose input is dequantized (module docstring)."""
     index = GraphIndex(model)
     inserted: dict[str, list[onnx.NodeProto]] = {}
-    for node in index.nodes:
+    derived: dict[str, list[str]] = {}  # outputs given a derived pair in this pass -> its Q/DQ parameters
+    for node in index.nodes:  # graph order: a chain (Transpose -> Reshape) gets a pair after every op
         if node.op_type not in GRID_MOVEMENT_OPS or not node.input:
             continue
-        source = index.producer_of(node.input[0])
-        if source is None or source.op_type != "DequantizeLinear" or index.is_constant(source.input[0]):
-            continue
-        if any(a.name in ("axis", "block_size") for a in source.attribute):
-            continue
-        params = list(source.input[1:])
+        params = derived.get(node.input[0])
+        if params is None:
+            source = index.producer_of(node.input[0])
+            if source is None or source.op_type != "DequantizeLinear" or index.is_constant(source.input[0]):
+                continue
+            if any(a.name in ("axis", "block_size") for a in source.attribute):
+                continue
+            params = list(source.input[1:])
         for position, out in enumerate(node.output):
             uses = index.uses(out)
             if not out or not index.is_float(out) or (uses and all(u.node.op_type == "QuantizeLinear" for u in uses)):
                 continue
             raw, codes = index.fresh_name(f"{out}/float"), index.fresh_name(f"{out}/codes")
             node.output[position] = raw
+            derived[out] = params
             inserted.setdefault(node.name, []).extend([
                 helper.make_node("QuantizeLinear", [raw, *params], [codes], name=index.fresh_name(f"{out}/quantize")),
                 helper.make_node("DequantizeLinear", [codes, *params], [out], name=index.fresh_name(f"{out}/dequantize")),
