@@ -21,6 +21,11 @@ integer kernels and other toolchains expect:
   initializer loses the blocked NCHWc kernels: magika's Conv ran 2.2x slower than in FP32). With no DQ
   on the input, onnxruntime's WeightBiasQuantization does not touch it. A weight shared with an op whose
   input *is* quantized keeps its DequantizeLinear for that op and gets a float copy for this one.
+  The rule is per node, from the graph: input behind a DequantizeLinear -> integer weight + DQ (onnxruntime
+  fuses 8-bit Conv/MatMul/Gemm into integer kernels; where it cannot, e.g. ConvTranspose or 16-bit
+  activations, the weight's DQ costs less than the alternative, reading the large input through
+  Cast/Sub/Mul to keep WeightBiasQuantization away, and other QDQ runtimes take the codes); input float
+  -> float weight.
 * **16-bit weight containers where no integer kernel applies**: a MatMul/Gemm whose activation input is
   a 16-bit (not 8-bit) Q/DQ tensor runs in float in onnxruntime, but ``DequantizeLinear(int8 weight) ->
   MatMul`` would be rewritten into MatMulNBits, which computes the activation in 8 bits (hundreds of
