@@ -1,4 +1,4 @@
-"""Fast tests of the benchmark/demo helpers (no downloads, no quantsim SDK needed)."""
+"""Fast tests of the benchmark/demo helpers (no downloads; only the bench_qdq check builds a tiny sim)."""
 from __future__ import annotations
 
 import json
@@ -206,3 +206,22 @@ def test_synthetic_models_run():
         s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         (y,) = s.run(None, feeds[0])
         assert y.shape == (2, 10) and np.isfinite(y).all()
+
+
+def test_bench_qdq_agreement_counts_output_steps():
+    """`bench_qdq.agreement`: max |Δ| over all outputs, steps on the output quantizer's grid, and the share
+    of values within one step (hand-made differences of 0, 1 and 3 steps)."""
+    from benchmarks import bench_qdq
+    from tests import tiny_cnn
+
+    sim = tiny_cnn.calibrated_sim()
+    step = float(sim.qc_quantize_op_dict["y"].encoding.scale)
+    out = sim.session.run(None, tiny_cnn.batch(9))[0]
+    moved = out.copy()
+    moved.flat[0] += step
+    moved.flat[1] -= 3 * step
+    same = bench_qdq.agreement(sim, [[out]], [[out]])
+    assert same == {"max_abs": 0.0, "max_steps": 0.0, "within_1": 1.0}
+    found = bench_qdq.agreement(sim, [[out]], [[moved]])
+    assert found["max_steps"] == pytest.approx(3.0, rel=1e-4)
+    assert found["within_1"] == pytest.approx((out.size - 1) / out.size)

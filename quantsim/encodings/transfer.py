@@ -23,6 +23,7 @@ from quantsim.encodings import (
     encodings_to_dict,
     read_encodings_file,
 )
+from quantsim.encodings.derived import derived_names, derived_records
 from quantsim.errors import EncodingMismatchError, InvalidArgumentError, InvalidStateError, warn_at_caller
 from quantsim.graph.file_set import FileSet, check_file_name
 from quantsim.graph.op_facts import BIAS_SLOT
@@ -71,25 +72,31 @@ def sim_records(sim) -> list[TensorEncoding]:
     return records
 
 
-def int32_bias_records(sim) -> list[TensorEncoding]:
-    """int32 bias encodings with scale ``s_in * s_w`` for Conv/ConvTranspose/Gemm whose input and
-    weight quantizers are enabled, calibrated and integer (per channel when the weight is)."""
-    records = []
+def int32_bias_records(sim, records: list[TensorEncoding] | None = None) -> list[TensorEncoding]:
+    """int32 bias encodings with scale ``s_in * s_w`` for Conv/ConvTranspose/Gemm whose input and weight
+    have integer encodings (per channel when the weight is). The input's encoding is its record in
+    ``records`` (default: the sim's, plus the derived ones: a Gemm after a Flatten reads the Flatten's
+    derived grid, as in the QDQ export)."""
+    if records is None:
+        records = sim_records(sim)
+        records = records + derived_records(sim._index, records)
+    by_name = {r.name: r.encoding for r in records if not r.is_float}
+    out = []
     qmin, qmax = grid_bounds(32, signed=True)
     for node in sim._index.nodes:
         slot = BIAS_SLOT.get(node.op_type)
         if slot is None or len(node.input) <= slot or not sim._index.is_constant(node.input[slot]):
             continue
-        q_in, q_w = sim.qc_quantize_op_dict.get(node.input[0]), sim.qc_quantize_op_dict.get(node.input[1])
-        if not all(q is not None and q.enabled and q.encoding is not None for q in (q_in, q_w)):
+        enc_in, enc_w = by_name.get(node.input[0]), by_name.get(node.input[1])
+        if enc_in is None or enc_w is None:
             continue
-        if not q_in.encoding.is_per_tensor or q_w.encoding.block_size is not None:
+        if not enc_in.is_per_tensor or enc_w.block_size is not None or enc_in.bits > 16 or enc_w.bits > 16:
             continue
-        scale = bias_scale(q_in.encoding.scale, q_w.encoding.scale).astype(np.float64)  # what the QDQ model uses
+        scale = bias_scale(enc_in.scale, enc_w.scale).astype(np.float64)  # what the QDQ model uses
         axis = 0 if scale.ndim else None
         enc = Encoding(scale, np.zeros(scale.shape, np.int64), 32, True, qmin, qmax, True, axis)
-        records.append(TensorEncoding.from_encoding(node.input[slot], enc, "param", tuple(sim._index.shape[node.input[slot]])))
-    return records
+        out.append(TensorEncoding.from_encoding(node.input[slot], enc, "param", tuple(sim._index.shape[node.input[slot]])))
+    return out
 
 
 def _quantizer_args(sim) -> dict:
@@ -121,9 +128,14 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
         warn_at_caller(f"{len(uncalibrated)} enabled quantizer(s) have no encoding and are not exported, "
                       f"e.g. {uncalibrated[:3]}", RuntimeWarning)
     records = sim_records(sim)
+    if version == "2.0.0":  # AIMET's 2.0.0 export lists the outputs of data movement too
+        records += derived_records(sim._index, records)
     if export_int32_bias if export_int32_bias is not None else version == "2.0.0":
         known = {r.name for r in records}
         records += [r for r in int32_bias_records(sim) if r.name not in known]
+    if version == "2.0.0":  # AIMET's order: parameters, then activations, then the derived entries
+        derived = {r.name for r in derived_records(sim._index, sim_records(sim))}
+        records.sort(key=lambda r: 0 if r.kind == "param" else 2 if r.name in derived else 1)
     data = encodings_to_dict(records, version, quantizer_args=_quantizer_args(sim), force_activation_as=force)
     if requant is not None:
         data[REQUANT_KEY] = requant
@@ -250,10 +262,17 @@ def _check_for_model(sim, records: list[TensorEncoding], source: str) -> list[st
     return unknown
 
 
+def _enabled(sim, name: str) -> bool:
+    q = sim.qc_quantize_op_dict.get(name)
+    return q is not None and q.enabled
+
+
 def load_records(sim, version: str, records: list[TensorEncoding], source: str, *, strict: bool,
                  allow_overwrite: bool, disable_missing_quantizers: bool) -> list[EncodingMismatch]:
     """`load_encodings_to_sim` on records already read (``version`` says which format they came from)."""
     records, wide = _split_wide_records(sim, records)
+    derived = derived_names(sim._index, records)
+    records = [r for r in records if r.name not in derived or _enabled(sim, r.name)]
     unknown = set(_check_for_model(sim, records, source))
     mismatches, plan = [], []
     problems = [f"{r.name}: a {r.bits}-bit encoding, which the sim cannot simulate (not loaded)"

@@ -10,14 +10,28 @@ integer kernels and other toolchains expect:
 * **derived Q/DQ after data movement**: the output of a Reshape, Flatten, Transpose, MaxPool, ... whose
   input is quantized holds values of the same grid; a Q/DQ pair with the input's parameters is added
   after it (exact: an identity on those values) so onnxruntime sees a complete node unit and keeps the
-  tensor in 8 bits (AIMET's export adds the same derived encodings).
+  tensor in 8 bits (AIMET's export adds the same derived encodings). A chain of them (attention's
+  Transpose -> Reshape head merge) gets a pair after every op, so the MatMul after it still fuses.
+* **float weights for ops with a float input**: a Conv / ConvTranspose / Gemm / MatMul whose activation
+  input does not come from a DequantizeLinear (the sim keeps that input float: normalization statistics,
+  index or mask arithmetic, a disabled quantizer) runs in float in every QDQ runtime; no integer kernel
+  can take it. Its weight is stored as the fake-quantized float values, the exact numbers
+  ``DequantizeLinear`` would produce, instead of codes + a DequantizeLinear that onnxruntime would run
+  at every inference (it does not constant-fold a DequantizeLinear, and a Conv whose weight is not an
+  initializer loses the blocked NCHWc kernels: magika's Conv ran 2.2x slower than in FP32). With no DQ
+  on the input, onnxruntime's WeightBiasQuantization does not touch it. A weight shared with an op whose
+  input *is* quantized keeps its DequantizeLinear for that op and gets a float copy for this one.
+  The rule is per node, from the graph: input behind a DequantizeLinear -> integer weight + DQ (onnxruntime
+  fuses 8-bit Conv/MatMul/Gemm into integer kernels; where it cannot, e.g. ConvTranspose or 16-bit
+  activations, the weight's DQ costs less than the alternative, reading the large input through
+  Cast/Sub/Mul to keep WeightBiasQuantization away, and other QDQ runtimes take the codes); input float
+  -> float weight.
 * **16-bit weight containers where no integer kernel applies**: a MatMul/Gemm whose activation input is
-  not an 8-bit Q/DQ tensor runs in float in onnxruntime anyway, but ``DequantizeLinear(int8 weight) ->
+  a 16-bit (not 8-bit) Q/DQ tensor runs in float in onnxruntime, but ``DequantizeLinear(int8 weight) ->
   MatMul`` would be rewritten into MatMulNBits, which computes the activation in 8 bits (hundreds of
   16-bit steps off); a float weight instead would be requantized by onnxruntime's WeightBiasQuantization.
-  Such weights keep their codes in an int16/uint16 container: the same values, no rewrite. Where the
-  activation is float (no DequantizeLinear feeds the op), the weight is stored as its dequantized float
-  values instead (no DQ input, so WeightBiasQuantization does not apply).
+  Such weights keep their codes in an int16/uint16 container: the same values, no rewrite (other QDQ
+  runtimes run these ops on 16-bit integer kernels, so the weight stays a DequantizeLinear).
 * **float weights stay float**: onnxruntime's WeightBiasQuantization re-quantizes a float weight (to
   int8 per tensor) of a Conv/ConvTranspose/Gemm/MatMul that reads a DequantizeLinear output. Where the
   sim keeps a weight in float (its quantizer disabled or float16), that op reads its input through
@@ -45,6 +59,7 @@ __all__ = [
     "to_qdq_model",
     "quantize_biases",
     "wide_weights_for_wide_activations",
+    "float_weights_for_float_inputs",
     "protect_float_weights",
     "drop_zero_zero_points",
     "add_derived_qdq",
@@ -114,21 +129,25 @@ def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     """Q/DQ pairs after grid-preserving data movement whose input is dequantized (module docstring)."""
     index = GraphIndex(model)
     inserted: dict[str, list[onnx.NodeProto]] = {}
-    for node in index.nodes:
+    derived: dict[str, list[str]] = {}  # outputs given a derived pair in this pass -> its Q/DQ parameters
+    for node in index.nodes:  # graph order: a chain (Transpose -> Reshape) gets a pair after every op
         if node.op_type not in GRID_MOVEMENT_OPS or not node.input:
             continue
-        source = index.producer_of(node.input[0])
-        if source is None or source.op_type != "DequantizeLinear" or index.is_constant(source.input[0]):
-            continue
-        if any(a.name in ("axis", "block_size") for a in source.attribute):
-            continue
-        params = list(source.input[1:])
+        params = derived.get(node.input[0])
+        if params is None:
+            source = index.producer_of(node.input[0])
+            if source is None or source.op_type != "DequantizeLinear" or index.is_constant(source.input[0]):
+                continue
+            if any(a.name in ("axis", "block_size") for a in source.attribute):
+                continue
+            params = list(source.input[1:])
         for position, out in enumerate(node.output):
             uses = index.uses(out)
             if not out or not index.is_float(out) or (uses and all(u.node.op_type == "QuantizeLinear" for u in uses)):
                 continue
             raw, codes = index.fresh_name(f"{out}/float"), index.fresh_name(f"{out}/codes")
             node.output[position] = raw
+            derived[out] = params
             inserted.setdefault(node.name, []).extend([
                 helper.make_node("QuantizeLinear", [raw, *params], [codes], name=index.fresh_name(f"{out}/quantize")),
                 helper.make_node("DequantizeLinear", [codes, *params], [out], name=index.fresh_name(f"{out}/dequantize")),
@@ -172,7 +191,6 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
     (module docstring); the codes and hence the values are unchanged."""
     index = GraphIndex(model)
     widen: set[str] = set()
-    folded: set[str] = set()
     for node in index.nodes:
         if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
             continue
@@ -184,24 +202,51 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
         if eight_bit or weight is None or weight.op_type != "DequantizeLinear":
             continue
         if activation is None or activation.op_type != "DequantizeLinear" or index.opset() < 21:
-            # a float activation: no DQ feeds the op, so a float weight is safe from WeightBiasQuantization
-            values = _dequantized_constant(index, weight)
-            if values is not None and len(index.uses(node.input[1])) == 1:
-                model.graph.initializer.append(numpy_helper.from_array(values, node.input[1]))
-                folded.add(weight.name)
-            continue
+            continue  # float input: `float_weights_for_float_inputs`; below opset 21 no 16-bit DQ
         names = [n for i, n in enumerate(weight.input) if n and i != 1 and index.is_constant(n)]
         if all(index.elem_type.get(n) in _WIDER for n in names) and index.is_constant(weight.input[0]):
             widen.update(names)
-    if folded:
-        kept = [n for n in model.graph.node if n.name not in folded]
-        del model.graph.node[:]
-        model.graph.node.extend(kept)
-        drop_unused_initializers(model.graph, {t.name for t in model.graph.initializer} - widen)
     if widen:
         initializers = [_widened(t) if t.name in widen else t for t in model.graph.initializer]
         del model.graph.initializer[:]
         model.graph.initializer.extend(initializers)
+    return model
+
+
+def float_weights_for_float_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Store the dequantized float weight of every weighted op whose activation input is not the output
+    of a DequantizeLinear (module docstring): no DequantizeLinear runs on it at inference."""
+    index = GraphIndex(model)
+    float_users: dict[str, list[onnx.NodeProto]] = {}  # weight tensor -> the float-input ops reading it
+    for node in index.nodes:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not node.input[0]:
+            continue
+        activation, weight = index.producer_of(node.input[0]), index.producer_of(node.input[1])
+        if activation is not None and activation.op_type == "DequantizeLinear":
+            continue
+        if weight is not None and weight.op_type == "DequantizeLinear" and index.is_constant(weight.input[0]):
+            float_users.setdefault(node.input[1], []).append(node)
+    folded: set[str] = set()
+    for name, users in float_users.items():
+        dq = index.producer_of(name)
+        assert dq is not None  # found above
+        values = _dequantized_constant(index, dq)
+        if values is None:
+            continue
+        if len(index.uses(name)) == len(users) and name not in index.graph_outputs:
+            model.graph.initializer.append(numpy_helper.from_array(values, name))  # same name, DQ gone
+            folded.add(dq.name)
+            continue
+        copy = index.fresh_name(f"{name}/float")
+        model.graph.initializer.append(numpy_helper.from_array(values, copy))
+        for node in users:
+            node.input[1] = copy
+    if folded:
+        dead = [n for n in model.graph.node if n.name in folded]
+        kept = [n for n in model.graph.node if n.name not in folded]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        drop_unused_initializers(model.graph, {i for n in dead for i in n.input if i})
     return model
 
 
@@ -264,6 +309,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
 
     model = build_sim_model(sim.model, sim.quantizers, weights="qdq")
     model = add_derived_qdq(model)
+    model = float_weights_for_float_inputs(model)
     model = wide_weights_for_wide_activations(model)
     model = protect_float_weights(model)
     if int32_bias:

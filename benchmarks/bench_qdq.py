@@ -1,0 +1,168 @@
+"""QDQ export benchmark on the real-model suite: latency against ``quantize_static``'s QDQ model, and how
+closely the exported model follows the sim.
+
+    python -m benchmarks.bench_qdq [--quick] [--models det,rec,cls,minilm,magika] [--repeats 5]
+
+Per model (the suite's cases, :mod:`benchmarks.suite.cases`): the W8A8 sim of the suite
+(``param_type="int8", activation_type="int8", quant_scheme="min_max"``, default per-channel config)
+calibrated on the calibration split, its ``to_onnx_qdq()`` export, and
+``onnxruntime.quantization.quantize_static`` (QDQ, per-channel, MinMax, QUInt8/QInt8) on the same split.
+FP32, our QDQ model and quantize_static's run in default onnxruntime sessions (ORT_ENABLE_ALL, free to fuse
+Q/DQ into integer kernels) over the evaluation split, round-robin (`benchmarks.common.interleaved_best`);
+latency is the best pass.
+
+Agreement with the sim, over the evaluation split:
+
+* **exact**: ``to_onnx_qdq(int32_bias=False)`` in a session with Q/DQ fusion off
+  (``session.disable_quant_qdq``): largest absolute difference from ``sim.session`` (0 = the export is
+  the sim);
+* **default**: ``to_onnx_qdq()`` in a default session: largest absolute difference, and in output steps
+  (the output quantizer's scale) where the output is quantized, with the share of output values within
+  one step. The difference comes from onnxruntime's integer kernels (requantization with a float
+  multiplier, int32 bias) that differ from fake quantization by at most one step per op; through
+  several layers those steps add up and can flip a later rounding.
+
+The Markdown table is printed and written to ``benchmarks/results/qdq.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from benchmarks.common import interleaved_best
+from benchmarks.suite import cases as C
+from benchmarks.suite.run import quantize_static_baseline, run_all
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROVIDERS = ["CPUExecutionProvider"]
+
+
+def _session(model: onnx.ModelProto | Path, fused: bool = True) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    if not fused:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=PROVIDERS)
+
+
+def _output_step(sim, name: str) -> float | None:
+    q = sim.qc_quantize_op_dict.get(name)
+    if q is None or not q.enabled or q.encoding is None or q.spec.is_float:
+        return None
+    return float(np.max(q.encoding.scale))
+
+
+def agreement(sim, outs_sim, outs_other) -> dict[str, float]:
+    """Largest |difference| over all outputs; steps and share within one step over the quantized outputs."""
+    names = [o.name for o in sim.session.get_outputs()]
+    max_abs, max_steps, within, total = 0.0, 0.0, 0, 0
+    for a_all, b_all in zip(outs_sim, outs_other):
+        for name, a, b in zip(names, a_all, b_all):
+            if not np.issubdtype(np.asarray(a).dtype, np.floating):
+                continue
+            diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+            max_abs = max(max_abs, float(diff.max(initial=0.0)))
+            step = _output_step(sim, name)
+            if step:
+                steps = diff / step
+                max_steps = max(max_steps, float(steps.max(initial=0.0)))
+                within += int(np.count_nonzero(steps <= 1.0001))
+                total += steps.size
+    return {"max_abs": max_abs, "max_steps": max_steps, "within_1": within / total if total else float("nan")}
+
+
+def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, workdir: Path) -> dict:
+    import quantsim
+
+    src, build = C.BUILDERS[key]
+    case = build(model_dirs[src], size)
+    t0 = time.perf_counter()
+    sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type="int8", activation_type="int8",
+                                        quant_scheme="min_max", progress=False)
+    sim.compute_encodings(case.calib)
+    qdq = sim.to_onnx_qdq()
+    export_s = time.perf_counter() - t0
+    base_path, _ = quantize_static_baseline(case.model_path, case.calib, workdir)
+    sessions = {"fp32": _session(case.model_path), "ours": _session(qdq), "base": _session(base_path)}
+    ref, _ = run_all(sessions["fp32"], case.eval)
+    outs = {k: run_all(s, case.eval)[0] for k, s in sessions.items() if k != "fp32"}
+    outs_sim, _ = run_all(sim.session, case.eval)
+    exact, _ = run_all(_session(sim.to_onnx_qdq(int32_bias=False), fused=False), case.eval)
+    best = interleaved_best({k: (lambda s=s: run_all(s, case.eval)) for k, s in sessions.items()},
+                            repeats=repeats, warmup=1)
+    return {
+        "name": case.name, "primary": case.primary,
+        "metric_ours": case.score(ref, outs["ours"])[case.primary],
+        "metric_base": case.score(ref, outs["base"])[case.primary],
+        "metric_sim": case.score(ref, outs_sim)[case.primary],
+        "fp32_s": best["fp32"], "ours_s": best["ours"], "base_s": best["base"],
+        "exact": agreement(sim, outs_sim, exact)["max_abs"],
+        "default": agreement(sim, outs_sim, outs["ours"]),
+        "export_s": export_s,
+    }
+
+
+def render(rows: list[dict], mode: str, repeats: int) -> str:
+    lines = [
+        f"# QDQ export vs quantize_static ({mode})", "",
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, onnxruntime "
+        f"{ort.__version__}; default sessions, best of {repeats} interleaved passes over the evaluation split.", "",
+        "| model | metric vs FP32 | sim | our QDQ | quantize_static QDQ | FP32 / our QDQ | FP32 / quantize_static "
+        "| our QDQ / quantize_static | exact export vs sim (max \\|Δ\\|) | default session vs sim: max \\|Δ\\| "
+        "| max steps | share ≤ 1 step |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | error: {r['error']} |" + " |" * 10)
+            continue
+        d = r["default"]
+        lines.append(
+            f"| {r['name']} | {r['primary']} | {r['metric_sim']:.4f} | {r['metric_ours']:.4f} | {r['metric_base']:.4f} "
+            f"| {r['fp32_s'] / r['ours_s']:.2f}x | {r['fp32_s'] / r['base_s']:.2f}x | {r['ours_s'] / r['base_s']:.2f}x "
+            f"| {r['exact']:.3g} | {d['max_abs']:.3g} | {d['max_steps']:.0f} | {100 * d['within_1']:.2f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small splits")
+    ap.add_argument("--models", default=",".join(C.BUILDERS))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--output", default=str(RESULTS / "qdq.md"), help="Markdown path ('' to skip writing)")
+    args = ap.parse_args(argv)
+    from benchmarks.fetch_models import fetch_magika
+    from benchmarks.suite.fetch import fetch_minilm, fetch_ppocr
+
+    ort.set_default_logger_severity(3)
+    fetchers = {"ppocr": fetch_ppocr, "minilm": fetch_minilm, "magika": fetch_magika}
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    model_dirs = {src: fetchers[src](None) for src in sorted({C.BUILDERS[k][0] for k in keys})}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="quantsim-qdq-") as tmp:
+        for key in keys:
+            try:
+                rows.append(bench_case(key, model_dirs, C.QUICK if args.quick else C.FULL, args.repeats, Path(tmp)))
+            except Exception as e:  # noqa: BLE001 - one model's failure is a row, the others still run
+                rows.append({"name": key, "error": f"{type(e).__name__}: {e}"[:200]})
+            print(f"[bench_qdq] {rows[-1]}", file=sys.stderr)
+    table = render(rows, "quick" if args.quick else "full", args.repeats)
+    print(table)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
