@@ -1,8 +1,14 @@
 """Mixed precision built on quantsim's public API: precision presets and per-layer overrides (by exact node
-name, regular expression, op type or default), as a Python API and as a JSON file."""
+name, regular expression, op type or default), as a Python API and as a JSON file; per-group sensitivity and
+tensor health; automatic mixed precision (AIMET's ``choose_mixed_precision``) and its lite form
+(``flip_layers_to_higher_precision``)."""
+from mixed_precision.amp import AMPSearchAlgo, CallbackFunc, choose_mixed_precision
+from mixed_precision.amp_result import AmpResult, ParetoPoint
 from mixed_precision.analysis import GroupScore, TensorHealth, group_sensitivity, report_dict, tensor_health
+from mixed_precision.bitops import FLOAT_BITS_FACTOR, LayerCost, bit_operations, layer_costs
+from mixed_precision.lite import flip_layers_to_higher_precision
 from mixed_precision.overrides import OverrideConflictError, PrecisionOverrides, apply_precision_overrides, load_overrides
-from mixed_precision.presets import PRESETS, Precision, preset
+from mixed_precision.presets import PRESETS, Precision, candidate, preset
 
 __all__ = [
     "Precision",
@@ -17,4 +23,15 @@ __all__ = [
     "group_sensitivity",
     "tensor_health",
     "report_dict",
+    "candidate",
+    "choose_mixed_precision",
+    "AMPSearchAlgo",
+    "CallbackFunc",
+    "AmpResult",
+    "ParetoPoint",
+    "flip_layers_to_higher_precision",
+    "FLOAT_BITS_FACTOR",
+    "LayerCost",
+    "layer_costs",
+    "bit_operations",
 ]
