@@ -147,7 +147,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
     sim, names = space.sim, [p.name for p in space.candidates]
     baseline, cheapest = 0, len(names) - 1
     full = space.bops(space.uniform(baseline)) or 1.0
-    calibrated: list[Config | None] = [None]  # the configuration the sim is calibrated for right now
+    calibrated: list[Config | None] = [None]  # the (canonical) configuration the sim is calibrated for now
 
     def passed() -> None:
         counts.passes += 1
@@ -172,7 +172,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         """Specs and encodings of every controlled quantizer with candidate ``c`` everywhere (one pass)."""
         if c not in tables:
             space.calibrated(space.uniform(c), forward, passed)
-            calibrated[0] = space.uniform(c)
+            calibrated[0] = space.canonical(space.uniform(c))
             tables[c] = {n: (space.quantizers[n].spec, space.quantizers[n].encoding)
                          for names_ in space.controlled for n in names_}
         return tables[c]
@@ -187,7 +187,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
 
     def finish(config: Config, points: list[ParetoPoint], chosen: ParetoPoint, met: bool, message: str,
                phase1: dict | None = None) -> AmpResult:
-        if calibrated[0] != config:
+        if calibrated[0] != space.canonical(config):
             space.calibrated(config, forward, passed)
         share, group_share = space.promoted_share(config, cheapest)
         return AmpResult(tuple(names), float_score, target, uniform,
@@ -216,12 +216,12 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
     phase1 = _phase1(space, cache, counts, table, eval1, executor, chunks, show)
     path = _flip_path(space, phase1)
     configs = [c for c, _ in path]
-    known = {space.uniform(c): uniform[names[c]] for c in range(len(names))}
+    known = {space.canonical(space.uniform(c)): uniform[names[c]] for c in range(len(names))}
     scores: dict[int, float] = {}
 
     def evaluate(k: int) -> float:
         if k not in scores:
-            config = configs[k]
+            config = space.canonical(configs[k])
             key = "point:" + ",".join(space.describe(config))
             if config in known:
                 scores[k] = known[config]

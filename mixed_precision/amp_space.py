@@ -59,6 +59,12 @@ class AmpSpace:
     def uniform(self, c: int) -> Config:
         return (c,) * len(self.groups)
 
+    def canonical(self, config: Config) -> Config:
+        """The same configuration with each group's candidate replaced by the first one that means the same
+        for it (W4A8 and W8A8 are one choice for a group without weights)."""
+        return tuple(next(k for k in range(c + 1) if self.group_types(g, k) == self.group_types(g, c))
+                     for g, c in enumerate(config))
+
     def dtype(self, name: str, c: int) -> qtype:
         candidate = self.candidates[c]
         return candidate.param_type if self.quantizers[name].role == "param" else candidate.activation_type

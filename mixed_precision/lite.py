@@ -2,7 +2,8 @@
 
 The least-scoring ``percent_to_flip`` percent of the layers (lowest sensitivity score first, as AIMET's
 ``analyze_per_layer_sensitivity`` scores them: higher is better) move to a higher precision: their weight
-quantizers to the parameter type, the quantizers deciding their inputs and outputs to the activation type.
+quantizers to the parameter type, the quantizers deciding their inputs and outputs to the activation type
+(a layer's output grid may sit after the activation that follows it, as with Conv -> Relu).
 Biases and frozen quantizers keep their spec. Changed quantizers drop their encodings: calibrate afterwards.
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ def flip_layers_to_higher_precision(sim: QuantizationSimModel,
         raise InvalidArgumentError(f"layer_sensitivity_dict names node(s) {unknown[:5]} not in the prepared model")
     ordered = sorted(scores, key=lambda name: (scores[name], name))
     chosen = ordered[:math.ceil(len(ordered) * percent_to_flip / 100)]
+    following = {layer.node: layer.activation.output for layer in sim.weighted_layers() if layer.activation}
     with sim.transaction():
         for name in chosen:
             node = nodes[name]
@@ -69,7 +71,11 @@ def flip_layers_to_higher_precision(sim: QuantizationSimModel,
                         q.set_precision(param_type)
                 elif tensor:
                     activations.append(tensor)
-            for tensor in activations + list(node.output):
+            outputs = list(node.output)
+            q = sim.qc_quantize_op_dict.get(outputs[0]) if outputs else None
+            if name in following and (q is None or not q.enabled):
+                outputs = [following[name]]  # a Relu after the layer carries its output grid
+            for tensor in activations + outputs:
                 try:
                     sim.set_tensor_precision(tensor, activation_type)
                 except InvalidArgumentError:

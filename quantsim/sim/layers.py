@@ -6,7 +6,8 @@ is a constant (`quantsim.graph.op_facts.WEIGHTED_OPS`). Its record names the dat
 output tensors, the weight's quantizer, the quantizer whose grid the data input carries (its own, or the
 closest enabled one upstream through grid-preserving ops, see `quantsim.sim.groups`), and the
 nonlinearity that follows it when the output has exactly one consumer and that consumer is an elementwise
-activation (constant operands such as Clip's bounds are resolved into ``attributes``). Layers come in the graph's topological order.
+activation (constant operands such as Clip's bounds are resolved into ``attributes``). Layers come in the
+graph's topological order.
 
 `write_weight` replaces an initializer's values in place in the prepared model, so every session built
 afterwards sees them; the sim's version moves on so that stale sessions are rebuilt.
