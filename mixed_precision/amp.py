@@ -31,7 +31,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,7 +123,11 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     show = sim.progress if progress is None else bool(progress)
     results = Path(results_dir)
     results.mkdir(parents=True, exist_ok=True)
-    space = AmpSpace.build(sim, precisions)
+    sample = None
+    if isinstance(forward_pass_callback, (list, tuple)) and forward_pass_callback \
+            and isinstance(forward_pass_callback[0], Mapping):
+        sample = forward_pass_callback[0]  # fixes symbolic dimensions for the MAC counts
+    space = AmpSpace.build(sim, precisions, sample)
     space = AmpSpace(sim, space.groups, [precisions[c] for c in space.order_by_cost()], space.controlled,
                      space.quantizers, space.costs, space.base_dtypes)  # costliest candidate first
     names = [p.name for p in space.candidates]

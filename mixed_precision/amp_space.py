@@ -44,7 +44,9 @@ class AmpSpace:
     base_dtypes: dict[str, qtype | None]
 
     @classmethod
-    def build(cls, sim: QuantizationSimModel, candidates: list[Precision]) -> AmpSpace:
+    def build(cls, sim: QuantizationSimModel, candidates: list[Precision], sample: Any = None) -> AmpSpace:
+        """The space of ``sim`` (its groups as they are now); ``sample``: a feed dict fixing symbolic shapes
+        for the MAC counts."""
         groups = sim.quantizer_groups()
         if not groups:
             raise InvalidArgumentError("AMP: the sim has no enabled quantizer, so there is no precision to choose")
@@ -54,7 +56,7 @@ class AmpSpace:
         if not any(controlled):
             raise InvalidArgumentError("AMP: every enabled quantizer is frozen (or a bias): nothing to choose")
         base = {q.name: (q.precision() if q.enabled else None) for q in sim.quantizers}
-        return cls(sim, groups, candidates, controlled, quantizers, layer_costs(sim), base)
+        return cls(sim, groups, candidates, controlled, quantizers, layer_costs(sim, sample), base)
 
     def uniform(self, c: int) -> Config:
         return (c,) * len(self.groups)

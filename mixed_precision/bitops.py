@@ -8,8 +8,9 @@ Every weighted layer of the sim (Conv, ConvTranspose, Gemm, MatMul with a consta
 * ``MACs`` per inference, from the prepared model's inferred shapes: each output element of a Conv, Gemm or
   MatMul is a dot product of length ``weight.size / out_channels`` (out channels on axis 1 for Conv, the last
   axis for Gemm and MatMul), so ``MACs = numel(output) * weight.size / out_channels``; a ConvTranspose
-  spreads each input element over ``weight.size / in_channels`` outputs. Symbolic dimensions (batch,
-  sequence length, image size) count as 1; a layer whose output shape is unknown counts one output position.
+  spreads each input element over ``weight.size / in_channels`` outputs. Given a sample feed, the model's
+  symbolic input dimensions (batch, sequence length, image size) take its shapes and shapes are inferred
+  again; dimensions still unknown count as 1 (a layer whose output shape is unknown counts one position).
 * ``bits``: an integer grid's bitwidth; a float16 operand counts ``16 * FLOAT_BITS_FACTOR`` and an
   unquantized (float32) one ``32 * FLOAT_BITS_FACTOR``, so that a float MAC costs 1.5 times an integer MAC of
   the same width (AIMET's weighting).
@@ -24,6 +25,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 
@@ -57,13 +59,38 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
     return shapes
 
 
+def _sample_shapes(model: onnx.ModelProto, sample: Mapping[str, Any]) -> dict[str, list[int | None]]:
+    """Shapes inferred again with the graph inputs' dimensions taken from a sample feed."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.value_info[:]
+    for graph_input in copy.graph.input:
+        value = sample.get(graph_input.name)
+        if value is None or not hasattr(value, "shape"):
+            continue
+        dims = graph_input.type.tensor_type.shape.dim
+        if len(dims) == len(value.shape):
+            for dim, size in zip(dims, value.shape):
+                dim.Clear()
+                dim.dim_value = int(size)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=False)
+    except Exception as error:  # noqa: BLE001 - any inference failure falls back to the stored shapes
+        _log.debug("BOPs: shape inference with the sample feed failed (%s); symbolic dimensions count as 1", error)
+        return {}
+    return _shapes(inferred)
+
+
 def _numel(shape: list[int | None]) -> int:
-    return math.prod(d if d else 1 for d in shape)
+    return math.prod(d if d and d > 0 else 1 for d in shape)
 
 
-def layer_costs(sim: QuantizationSimModel) -> list[LayerCost]:
-    """MACs and operand quantizers of every weighted layer, in graph order (module docstring)."""
+def layer_costs(sim: QuantizationSimModel, sample: Mapping[str, Any] | None = None) -> list[LayerCost]:
+    """MACs and operand quantizers of every weighted layer, in graph order; ``sample`` (one feed dict) fixes
+    the symbolic input dimensions (module docstring)."""
     shapes = _shapes(sim.model)
+    if sample is not None:
+        shapes.update(_sample_shapes(sim.model, sample))
     costs = []
     for layer in sim.weighted_layers():
         weight_shape = sim.get_weight(layer.weight).shape

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import tiny_cnn
 from amp_models import feeds, new_sim, score
 from tiny_cnn import snapshot
 
@@ -64,6 +65,10 @@ def test_bit_operations_are_counted_by_hand():
     model = helper.make_model(conv, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     (cost,) = layer_costs(QuantizationSimModel(model, progress=False))
     assert cost.macs == 4 * 8 * 8 * 3 * 3 * 3  # out channels x positions x (in channels x kernel)
+    symbolic = tiny_cnn.new_sim()  # x[N, 3, H, W]: a sample feed fixes N, H and W
+    assert [c.macs for c in layer_costs(symbolic)] == [4 * 27, 5 * 4]
+    sample = tiny_cnn.batch(n=2, hw=8)
+    assert [c.macs for c in layer_costs(symbolic, sample)] == [2 * 4 * 8 * 8 * 27, 2 * 5 * 4]
 
 
 def test_the_search_path_is_the_brute_force_pareto_front(tmp_path):
