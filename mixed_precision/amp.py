@@ -184,10 +184,12 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
     uniform: dict[str, float] = {}
     for c in reversed(range(len(names))):  # the baseline last: phase 1 starts from its pass
         key = f"uniform:{names[c]}"
-        if cache.get(key) is None:
+        if key not in cache.scores:
             table(c)
         uniform[names[c]] = phase2_score(key, f"{names[c]} everywhere")
     target = None if drop is None else float_score - drop
+    _log.info("AMP: float score %.6g, target %s; everywhere: %s", float_score,
+              "none" if target is None else f"{target:.6g}", ", ".join(f"{n} {uniform[n]:.6g}" for n in names))
 
     def finish(config: Config, points: list[ParetoPoint], chosen: ParetoPoint, met: bool, message: str,
                phase1: dict | None = None) -> AmpResult:
@@ -218,6 +220,8 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
                       f"{names[cheapest]} everywhere meets the target")
 
     phase1 = _phase1(space, cache, counts, table, eval1, executor, chunks, show)
+    _log.info("AMP phase 1: %d scores (%d evaluated, the rest cached) after %d calibration passes", len(phase1),
+              counts.phase1, counts.passes)
     path = _flip_path(space, phase1)
     configs = [c for c, _ in path]
     known = {space.canonical(space.uniform(c)): uniform[names[c]] for c in range(len(names))}
