@@ -7,6 +7,7 @@ import math
 import pickle
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from mixed_precision import (
 from quantsim import InvalidArgumentError, QuantizationDataType, QuantizationSimModel, float16, int4, int8, int16
 
 W4, W8 = "W4A8", "W8A8"
+SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "schemas" / "amp-pareto.schema.json"
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,6 +86,8 @@ def test_the_search_path_is_the_brute_force_pareto_front(tmp_path):
     assert {_combo(p) for p in result.pareto_front} == true_front
     assert result.chosen.index == 0  # no budget: the sim stays at the baseline
     document = json.loads((tmp_path / "pareto.json").read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
     assert [p["index"] for p in document["points"]] == [0, 1, 2, 3]
     assert document["points"][1]["precisions"] == list(result.points[1].precisions)
     assert {p["index"] for p in document["points"] if p["pareto_optimal"]} == {p.index for p in result.pareto_front}
@@ -118,6 +122,10 @@ def test_a_budget_nothing_meets_leaves_the_highest_candidate_and_says_so(tmp_pat
     assert set(result.chosen.precisions) == {W8}
     assert all(q.precision() == int8 for q in sim.quantizers if q.enabled)
     assert all(q.encoding is not None for q in sim.quantizers if q.enabled)
+    document = json.loads((tmp_path / "pareto.json").read_text())
+    assert document["budget_met"] is False and document["points"][0]["chosen"]
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
 
 
 def test_an_easy_budget_takes_the_cheapest_candidate_everywhere(tmp_path):
@@ -182,9 +190,7 @@ def test_the_sim_pickles_without_its_sessions():
     expected = sim.session.run(None, feeds(1, seed=9)[0])[0]
     copy = pickle.loads(pickle.dumps(sim))
     assert np.array_equal(copy.session.run(None, feeds(1, seed=9)[0])[0], expected)
-    assert [q.encoding for q in copy.quantizers] == [q.encoding for q in sim.quantizers] or all(
-        (a is None and b is None) or np.array_equal(a.scale, b.scale)
-        for a, b in zip((q.encoding for q in copy.quantizers), (q.encoding for q in sim.quantizers)))
+    assert snapshot(copy) == snapshot(sim) and copy.config == sim.config
 
 
 def test_candidates_in_aimet_form_and_by_name():
