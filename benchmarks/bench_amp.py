@@ -1,12 +1,13 @@
 """Automatic mixed precision on the suite's real models where one precision everywhere loses too much.
 
-    python -m benchmarks.bench_amp [--models minilm,cls,rec] [--quick] [--threads N]
+    python -m benchmarks.bench_amp [--models minilm,cls,rec] [--full] [--threads N]
 
-For each model: the candidates everywhere (the cheap one is "plain"), then `choose_mixed_precision` with a
-budget on the suite's metric against FP32 (phase 1 scores the SQNR of the first output on two held-out
-batches, every float output; phase 2 the suite's metric on all held-out batches). Printed: plain score, the costly candidate's
-score, AMP's score, the budget, the share of quantizers promoted, relative bit operations, calibration
-passes, evaluations (and the calibrations AIMET's default phase 1 would run: one per evaluation), wall time.
+For each model (the suite's quick splits; ``--full`` for its full ones): the candidates everywhere (the cheap
+one is "plain"), then `choose_mixed_precision` with a budget on the suite's metric against FP32 (phase 1
+scores the SQNR of every float output on two held-out batches; phase 2 the suite's metric on all held-out
+batches). Printed: plain score, the costly candidate's score, AMP's score, the budget, the share of
+quantizers promoted (of those the two candidates set apart), relative bit operations, calibration passes,
+evaluations (and the calibrations AIMET's default would run: one per evaluation), wall and CPU time.
 """
 from __future__ import annotations
 
@@ -91,11 +92,11 @@ def run_model(key: str, model_dirs, size, threads: int, results_root: str | None
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="minilm,cls,rec")
-    ap.add_argument("--quick", action="store_true", help="smaller calibration / evaluation splits")
+    ap.add_argument("--full", action="store_true", help="the suite's full splits (default: its quick ones)")
     ap.add_argument("--threads", type=int, default=1, help="phase-1 worker threads (ThreadPoolExecutor)")
     ap.add_argument("--results", default=None, help="keep each model's pareto.json and score cache under this folder")
     args = ap.parse_args(argv)
-    size = C.QUICK if args.quick else C.FULL
+    size = C.FULL if args.full else C.QUICK
     dirs = fetch_all()
     rows = [run_model(key, dirs, size, args.threads, args.results) for key in args.models.split(",")]
     print("| model | candidates | metric | FP32 | plain (cheap everywhere) | costly everywhere | AMP | budget | met "

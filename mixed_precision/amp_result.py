@@ -69,8 +69,8 @@ class AmpResult:
     chosen: ParetoPoint
     budget_met: bool
     message: str
-    promoted_share: float  # controlled quantizers whose type differs from the cheapest candidate's
-    promoted_group_share: float
+    promoted_share: float  # of the quantizers with a choice, those not at the cheapest candidate's type
+    promoted_group_share: float  # the same for groups
     calibration_passes: int
     phase1_evaluations: int
     phase2_evaluations: int

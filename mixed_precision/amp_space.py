@@ -106,14 +106,17 @@ class AmpSpace:
         return [self.candidates[c].name for c in config]
 
     def promoted_share(self, config: Config, cheapest: int) -> tuple[float, float]:
-        """Shares of controlled quantizers and of groups whose type differs from the cheapest candidate's."""
-        total = promoted = groups = 0
+        """Shares of the quantizers, and of the groups, that have a choice (the cheapest and the costliest
+        candidate give them different types) and are not at the cheapest candidate's type."""
+        total = promoted = groups = choosing = 0
         for names, c in zip(self.controlled, config):
-            changed = [self.dtype(n, c) != self.dtype(n, cheapest) for n in names]
-            total += len(names)
+            choice = [n for n in names if self.dtype(n, 0) != self.dtype(n, cheapest)]
+            changed = [self.dtype(n, c) != self.dtype(n, cheapest) for n in choice]
+            total += len(choice)
             promoted += sum(changed)
+            choosing += bool(choice)
             groups += any(changed)
-        return promoted / max(total, 1), groups / len(self.groups)
+        return promoted / max(total, 1), groups / max(choosing, 1)
 
     def order_by_cost(self) -> list[int]:
         """Candidate indices from the costliest (everywhere) to the cheapest; ties (a model without weighted
