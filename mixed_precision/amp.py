@@ -114,7 +114,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     param_dtype))``. Eval callbacks take the sim's onnxruntime session and return a float, higher is better;
     ``forward_pass_callback`` calibrates (a callable taking the session, or a list of feed dicts).
     ``executor`` runs phase 1 elsewhere, in ``executor_chunks`` tasks that each carry the pickled sim;
-    ``progress`` shows tqdm bars (default: the sim's setting).
+    ``progress`` shows tqdm bars, the calibrations' included (default: the sim's setting).
     """
     start = time.perf_counter()
     precisions, drop = _check_inputs(candidates, eval_callback_for_phase1, eval_callback_for_phase2,
@@ -135,9 +135,13 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
                                                                      eval_callback_for_phase2)),
                        clean_start=clean_start)
     counts = _Counts()
-    with sim.transaction():
-        result = _search(space, cache, counts, drop, algo, eval_callback_for_phase1, eval_callback_for_phase2,
-                         forward_pass_callback, executor, executor_chunks, show, start)
+    previous, sim.progress = sim.progress, show  # the calibrations' bars follow AMP's setting
+    try:
+        with sim.transaction():
+            result = _search(space, cache, counts, drop, algo, eval_callback_for_phase1, eval_callback_for_phase2,
+                             forward_pass_callback, executor, executor_chunks, show, start)
+    finally:
+        sim.progress = previous
     write_pareto_json(result, results, drop)
     _log.info("AMP: %s (score %.6g, relative BOPs %.4f, %.1f%% of quantizers promoted; %d calibration passes, "
               "%d evaluations, %d cached)", result.message, result.score, result.bitops_ratio,

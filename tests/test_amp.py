@@ -230,6 +230,13 @@ def test_bad_callbacks_budgets_and_data(tmp_path):
     with pytest.raises(InvalidArgumentError, match="eval_callback_for_phase1 must be callable"):
         choose_mixed_precision(sim, [W8, W4], None, score, 0.02, tmp_path, True, feeds())
     assert snapshot(sim) == before
+    frozen = new_sim()
+    frozen.compute_encodings(feeds())
+    for q in frozen.quantizers:
+        if q.enabled:
+            q.freeze_encodings()
+    with pytest.raises(InvalidArgumentError, match="every enabled quantizer is frozen"):
+        choose_mixed_precision(frozen, [W8, W4], score, score, 0.02, tmp_path, True, feeds())
     for q in sim.quantizers:
         q.enabled = False
     with pytest.raises(InvalidArgumentError, match="no enabled quantizer"):
