@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['model']} | {r['candidates']} | {r['metric']} | {r['float']:.4f} | {r['plain']:.4f} "
               f"| {r['costly']:.4f} | {r['amp']:.4f} | {r['budget']:.4f} | {'yes' if r['met'] else 'no'} "
-              f"| {100 * r['promoted']:.1f}% | {100 * r['promoted_groups']:.1f}% of {r['groups']} "
+              f"| {100 * r['promoted']:.1f}% | {100 * r['promoted_groups']:.1f}% ({r['groups']} groups in all) "
               f"| {r['bops']:.3f} ({r['bops_plain']:.3f}) | {r['passes']} ({r['aimet_passes']}) "
               f"| {r['evaluations']} | {r['seconds']:.0f} ({r['cpu']:.0f}) |")
     return 0
