@@ -19,13 +19,16 @@ specified at this level" and fall through to the next level.
 """
 from __future__ import annotations
 
+import copyreg
 import difflib
 import functools
+import io
 import json
 import math
 import os
+import pickle
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -112,6 +115,14 @@ class QuantsimConfig:
     model_output_quantized: bool
     source: str
 
+    def __reduce__(self):
+        """Pickle support: the read-only mappings travel as dicts and come back read-only."""
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _reduce_read_only}
+        pickler.dump({f.name: getattr(self, f.name) for f in fields(self)})
+        return _config_from_pickle, (buffer.getvalue(),)
+
     def op_rule(self, op_type: str) -> OpTypeRule:
         """The ``op_type`` entry for `op_type`, or an all-``None`` rule when the config does not list it."""
         return self.op_types.get(op_type, _EMPTY_RULE)
@@ -141,6 +152,18 @@ class QuantsimConfig:
 
 
 # ----------------------------------------------------------------------------------------------- parsing
+def _read_only(values: dict) -> Mapping[str, Any]:
+    return MappingProxyType(values)
+
+
+def _reduce_read_only(mapping: Mapping[str, Any]) -> tuple:
+    return _read_only, (dict(mapping),)
+
+
+def _config_from_pickle(data: bytes) -> QuantsimConfig:
+    return QuantsimConfig(**pickle.loads(data))  # noqa: S301 - our own bytes, from QuantsimConfig.__reduce__
+
+
 class _Parser:
     """Validates one decoded config; every error carries ``source`` and the JSON path."""
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
     from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["QuantizerGroup", "find_quantizer_groups"]
+__all__ = ["QuantizerGroup", "find_quantizer_groups", "reading_quantizer"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class QuantizerGroup:
         return self.activation_quantizers + self.parameter_quantizers
 
 
-def _reading_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp | None:
+def reading_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp | None:
     """The enabled quantizer whose grid ``tensor`` carries, looking back through grid-preserving ops."""
     index = sim._index
     seen = set()
@@ -74,7 +74,7 @@ def find_quantizer_groups(sim: QuantizationSimModel) -> list[QuantizerGroup]:
             continue
         for slot, tensor in enumerate(node.input):
             if tensor and slot not in slots and not index.is_constant(tensor):
-                reader = _reading_quantizer(sim, tensor)
+                reader = reading_quantizer(sim, tensor)
                 if reader is not None and reader.role == "activation":
                     members.append(reader)
         root = find(members[0].name)

@@ -3,9 +3,11 @@ read and write.
 
 A weighted layer is a Conv, ConvTranspose, Gemm or MatMul node of the prepared model whose slot-1 input
 is a constant (`quantsim.graph.op_facts.WEIGHTED_OPS`). Its record names the data input, weight, bias and
-output tensors, the weight's quantizer, and the nonlinearity that follows it when the output has exactly
-one consumer and that consumer is an elementwise activation (constant operands such as Clip's bounds are
-resolved into ``attributes``). Layers come in the graph's topological order.
+output tensors, the weight's quantizer, the quantizer whose grid the data input carries (its own, or the
+closest enabled one upstream through grid-preserving ops, see `quantsim.sim.groups`), and the
+nonlinearity that follows it when the output has exactly one consumer and that consumer is an elementwise
+activation (constant operands such as Clip's bounds are resolved into ``attributes``). Layers come in the
+graph's topological order.
 
 `write_weight` replaces an initializer's values in place in the prepared model, so every session built
 afterwards sees them; the sim's version moves on so that stale sessions are rebuilt.
@@ -21,6 +23,7 @@ from onnx import numpy_helper
 from quantsim.errors import InvalidArgumentError
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.op_facts import WEIGHTED_OPS, facts_of
+from quantsim.sim.groups import reading_quantizer
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
@@ -58,6 +61,7 @@ class WeightedLayer:
     weight_quantizer: QcQuantizeOp | None
     activation: FollowingActivation | None = None
     shared_weight: bool = False  # the weight initializer feeds other nodes too
+    input_quantizer: QcQuantizeOp | None = None  # the enabled quantizer whose grid the data input carries
 
 
 def _resolved_activation(index: GraphIndex, output: str) -> FollowingActivation | None:
@@ -98,6 +102,7 @@ def find_weighted_layers(sim: QuantizationSimModel) -> list[WeightedLayer]:
             weight_quantizer=sim.qc_quantize_op_dict.get(weight),
             activation=_resolved_activation(index, node.output[0]),
             shared_weight=len(index.uses(weight)) > 1,
+            input_quantizer=reading_quantizer(sim, node.input[0]),
         ))
     return layers
 

@@ -414,6 +414,17 @@ class QuantizationSimModel:
         with self._index.cached_constants():
             self._ensure_param_encodings()
 
+    def __getstate__(self) -> dict:
+        """Pickling (``pickle``, ``copy.deepcopy``, shipping a sim to worker processes): the prepared model,
+        the quantizer table and the settings travel; onnxruntime sessions and caches do not, and are rebuilt
+        on first use. Open snapshots stay with the original."""
+        if self._active_calibration is not None:
+            raise InvalidStateError(f"sim {self._label}: cannot be pickled inside a calibration block")
+        state = dict(self.__dict__)
+        state.update(_session=None, _session_version=-1, _fused=None, _calibration_cache=None,
+                     _capture_sessions={}, _open_states=[], _constant_memo={})
+        return state
+
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
                export_int32_bias: bool | None = None, force_activation_as: str = "unsigned",

@@ -1,0 +1,116 @@
+"""Automatic mixed precision on the suite's real models where one precision everywhere loses too much.
+
+    python -m benchmarks.bench_amp [--models minilm,cls,rec] [--full] [--threads N]
+
+For each model (the suite's quick splits; ``--full`` for its full ones): the candidates everywhere (the cheap
+one is "plain"), then `choose_mixed_precision` with a budget on the suite's metric against FP32 (phase 1
+scores the SQNR of every float output on two held-out batches; phase 2 the suite's metric on all held-out
+batches). Printed: plain score, the costly candidate's score, AMP's score, the budget, the share of
+quantizers promoted (of those the two candidates set apart), relative bit operations, calibration passes,
+evaluations (and the calibrations AIMET's default would run: one per evaluation), wall and CPU time.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from benchmarks.suite import cases as C
+from benchmarks.suite.fetch import fetch_all
+
+PROVIDERS = ["CPUExecutionProvider"]
+
+#: model -> (candidates, costliest first; allowed drop of the primary metric against FP32)
+SETUPS = {
+    "minilm": (["W8A16", "W8A8"], 0.01),  # cosine mean >= 0.99
+    "cls": (["W8A8", "W4A8"], 0.02),  # top-1 agreement >= 98%
+    "rec": (["W8A8", "W4A8"], 0.02),  # CER vs FP32 <= 2%
+}
+
+
+def _outputs(session, feeds):
+    return [session.run(None, f) for f in feeds]
+
+
+def _sqnr(reference, outputs) -> float:
+    """SQNR (dB) over every float output (MiniLM's first output is its integer input ids)."""
+    floats = [k for k, r in enumerate(reference[0]) if np.issubdtype(np.asarray(r).dtype, np.floating)]
+    ref = np.concatenate([r[k].reshape(-1) for r in reference for k in floats]).astype(np.float64)
+    out = np.concatenate([o[k].reshape(-1) for o in outputs for k in floats]).astype(np.float64)
+    return float(10 * np.log10(np.sum(ref ** 2) / max(np.sum((ref - out) ** 2), 1e-30)))
+
+
+def run_model(key: str, model_dirs, size, threads: int, results_root: str | None = None) -> dict:
+    import quantsim
+    from mixed_precision import choose_mixed_precision
+
+    src, build = C.BUILDERS[key]
+    case = build(model_dirs[src], size)
+    candidates, drop = SETUPS[key]
+    float_session = ort.InferenceSession(str(case.model_path), providers=PROVIDERS)
+    reference = _outputs(float_session, case.eval)
+    sign = 1.0 if case.higher_is_better else -1.0
+    probe = case.eval[:2]
+    probe_reference = reference[:2]
+
+    def phase1(session) -> float:
+        return _sqnr(probe_reference, _outputs(session, probe))
+
+    def phase2(session) -> float:
+        return sign * case.score(reference, _outputs(session, case.eval))[case.primary]
+
+    sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), progress=False)
+    start, cpu = time.perf_counter(), time.process_time()
+    with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+        results = f"{results_root}/{key}" if results_root else scratch
+        result = choose_mixed_precision(sim, candidates, phase1, phase2, drop, results, True, case.calib,
+                                        executor=pool, progress=False)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    row = {
+        "model": case.name, "metric": case.primary, "candidates": "/".join(result.candidates),
+        "float": sign * result.float_score,
+        "plain": sign * result.uniform_scores[result.cheapest], "costly": sign * result.uniform_scores[result.baseline],
+        "amp": sign * result.score, "budget": sign * result.target if result.target is not None else float("nan"),
+        "met": result.budget_met, "promoted": result.promoted_share, "groups": len(result.groups),
+        "promoted_groups": result.promoted_group_share, "bops": result.bitops_ratio,
+        "bops_plain": result.uniform_bitops[result.cheapest], "passes": result.calibration_passes,
+        "evaluations": result.evaluations, "phase1": result.phase1_evaluations,
+        "aimet_passes": result.phase1_evaluations + result.phase2_evaluations, "seconds": wall, "cpu": cpu,
+        "message": result.message,
+    }
+    print(f"[amp] {row}", file=sys.stderr)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="minilm,cls,rec")
+    ap.add_argument("--full", action="store_true", help="the suite's full splits (default: its quick ones)")
+    ap.add_argument("--threads", type=int, default=1, help="phase-1 worker threads (ThreadPoolExecutor)")
+    ap.add_argument("--results", default=None, help="keep each model's pareto.json and score cache under this folder")
+    args = ap.parse_args(argv)
+    size = C.FULL if args.full else C.QUICK
+    dirs = fetch_all()
+    rows = [run_model(key, dirs, size, args.threads, args.results) for key in args.models.split(",")]
+    print("| model | candidates | metric | FP32 | plain (cheap everywhere) | costly everywhere | AMP | budget | met "
+          "| quantizers promoted | groups promoted | relative BOPs (plain) | calibration passes (AIMET phase 1) "
+          "| evaluations | wall s (CPU s) |")
+    print("|" + "---|" * 15)
+    for r in rows:
+        print(f"| {r['model']} | {r['candidates']} | {r['metric']} | {r['float']:.4f} | {r['plain']:.4f} "
+              f"| {r['costly']:.4f} | {r['amp']:.4f} | {r['budget']:.4f} | {'yes' if r['met'] else 'no'} "
+              f"| {100 * r['promoted']:.1f}% | {100 * r['promoted_groups']:.1f}% ({r['groups']} groups in all) "
+              f"| {r['bops']:.3f} ({r['bops_plain']:.3f}) | {r['passes']} ({r['aimet_passes']}) "
+              f"| {r['evaluations']} | {r['seconds']:.0f} ({r['cpu']:.0f}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,329 @@
+"""Automatic mixed precision (AMP): AIMET's ``choose_mixed_precision``, with each candidate calibrated once.
+
+The search, as in aimet-onnx (`reference/aimet_onnx_api.md` §8.2):
+
+0. Candidates are ordered by cost (bit operations with the candidate everywhere, `mixed_precision.bitops`);
+   the costliest is the baseline. Scores: the float model (every quantizer disabled) and each candidate
+   everywhere, with the phase-2 callback; ``target = float score - allowed_accuracy_drop``.
+   If the baseline everywhere misses the target, the sim is left at the baseline everywhere (a warning, and
+   ``budget_met=False``); if the cheapest candidate everywhere meets it, there it is left.
+1. Phase 1, sensitivity: every quantizer group at every other candidate, the rest at the baseline, scored
+   by the phase-1 callback. Statistics are collected once per candidate (a calibration pass with that
+   candidate everywhere) and each group takes its encodings from that pass, so phase 1 costs one pass per
+   candidate plus one evaluation per (group, candidate); AIMET's default recalibrates for every
+   evaluation. The evaluations are independent: with ``executor`` they run in worker threads, processes
+   or on a Dask cluster (`mixed_precision.amp_executor`).
+2. Phase 2, the Pareto search: (group, candidate) flips sorted least harmful first (phase-1 score, then
+   the bit operations saved) are taken one after another from the baseline (a flip applies only when it
+   makes its group cheaper); each prefix of the list is a configuration, cheaper than the one before. A
+   binary search (or, with ``AMPSearchAlgo.BruteForce`` or no budget, every prefix) finds the longest
+   prefix whose score meets the target; each point it evaluates is calibrated for its own configuration.
+   The sim is left in that configuration, calibrated.
+
+``results_dir`` gets ``pareto.json`` (`mixed_precision.amp_result`) and the score cache that
+``clean_start=False`` resumes from (`mixed_precision.amp_cache`). If anything raises (a callback
+included), the sim is restored exactly as it was.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from mixed_precision.amp_cache import ScoreCache, cache_key
+from mixed_precision.amp_executor import checked_score, run_evaluations
+from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_json
+from mixed_precision.amp_space import AmpSpace, Config, distinct, group_label
+from mixed_precision.presets import candidate
+from quantsim import InvalidArgumentError, QuantizationSimModel
+
+__all__ = ["choose_mixed_precision", "AMPSearchAlgo", "CallbackFunc"]
+
+_log = logging.getLogger(__name__)
+
+
+class AMPSearchAlgo(enum.Enum):
+    """How phase 2 walks the sorted flip list (AIMET's names)."""
+
+    BruteForce = "brute_force"  # evaluate every prefix
+    Binary = "binary"  # binary search for the longest prefix meeting the target
+
+
+@dataclass(frozen=True)
+class CallbackFunc:
+    """AIMET's ``CallbackFunc``: ``func`` called as ``func(session, args)``."""
+
+    func: Callable[..., Any]
+    args: Any = None
+
+    def __call__(self, session: Any) -> Any:
+        return self.func(session, self.args)
+
+
+@dataclass
+class _Counts:
+    passes: int = 0
+    phase1: int = 0
+    phase2: int = 0
+
+
+def _check_inputs(candidates, eval1, eval2, drop, forward) -> tuple[list, float | None]:
+    if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Iterable):
+        raise InvalidArgumentError("candidates must be a list of presets or ((act_bw, act_dtype), (param_bw, "
+                                   f"param_dtype)) pairs, got {candidates!r}")
+    parsed = distinct([candidate(c) for c in candidates])
+    if len(parsed) < 2:
+        raise InvalidArgumentError(f"AMP needs at least two distinct candidates, got {[p.name for p in parsed]}")
+    for name, fn in (("eval_callback_for_phase1", eval1), ("eval_callback_for_phase2", eval2)):
+        if not callable(fn):
+            raise InvalidArgumentError(f"{name} must be callable (session -> score), got {type(fn).__name__}")
+    if drop is not None:
+        if isinstance(drop, bool) or not isinstance(drop, (int, float)) or not math.isfinite(drop) or drop < 0:
+            raise InvalidArgumentError(f"allowed_accuracy_drop must be a number >= 0 or None, got {drop!r}")
+        drop = float(drop)
+    if forward is None or not callable(forward) and not isinstance(forward, Iterable):
+        raise InvalidArgumentError("forward_pass_callback must be callable (session -> None) or a list of feed dicts")
+    if not callable(forward) and isinstance(forward, Iterator):
+        raise InvalidArgumentError("forward_pass_callback is a one-shot iterator, but AMP calibrates several times: "
+                                   "pass a list of feed dicts or a callable")
+    return parsed, drop
+
+
+def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any], eval_callback_for_phase1: Callable,
+                           eval_callback_for_phase2: Callable, allowed_accuracy_drop: float | None,
+                           results_dir: str | Path, clean_start: bool, forward_pass_callback: Any,
+                           use_all_amp_candidates: bool = False, phase1_optimize: bool = True,
+                           amp_search_algo: AMPSearchAlgo = AMPSearchAlgo.Binary, *,
+                           executor: Executor | None = None, executor_chunks: int = 16,
+                           progress: bool | None = None) -> AmpResult:
+    """Choose a precision per quantizer group: the cheapest configuration (in bit operations) whose score is
+    within ``allowed_accuracy_drop`` of the float model's (module docstring). AIMET's signature;
+    ``use_all_amp_candidates`` and ``phase1_optimize`` are accepted and have no effect (every candidate is
+    used; statistics are always collected once per candidate).
+
+    ``candidates``: presets ("W8A16", "W8A8", ...) or AIMET's ``((act_bw, act_dtype), (param_bw,
+    param_dtype))``. Eval callbacks take the sim's onnxruntime session and return a float, higher is better;
+    ``forward_pass_callback`` calibrates (a callable taking the session, or a list of feed dicts).
+    ``executor`` runs phase 1 elsewhere, in ``executor_chunks`` tasks that each carry the pickled sim;
+    ``progress`` shows tqdm bars, the calibrations' included (default: the sim's setting).
+    """
+    start = time.perf_counter()
+    precisions, drop = _check_inputs(candidates, eval_callback_for_phase1, eval_callback_for_phase2,
+                                     allowed_accuracy_drop, forward_pass_callback)
+    algo = AMPSearchAlgo(amp_search_algo)
+    show = sim.progress if progress is None else bool(progress)
+    results = Path(results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    sample = None
+    if isinstance(forward_pass_callback, (list, tuple)) and forward_pass_callback \
+            and isinstance(forward_pass_callback[0], Mapping):
+        sample = forward_pass_callback[0]  # fixes symbolic dimensions for the MAC counts
+    space = AmpSpace.build(sim, precisions, sample)
+    space = AmpSpace(sim, space.groups, [precisions[c] for c in space.order_by_cost()], space.controlled,
+                     space.quantizers, space.costs, space.base_dtypes)  # costliest candidate first
+    names = [p.name for p in space.candidates]
+    cache = ScoreCache(results, cache_key(sim, names, space.groups, (eval_callback_for_phase1,
+                                                                     eval_callback_for_phase2)),
+                       clean_start=clean_start)
+    counts = _Counts()
+    previous, sim.progress = sim.progress, show  # the calibrations' bars follow AMP's setting
+    try:
+        with sim.transaction():
+            result = _search(space, cache, counts, drop, algo, eval_callback_for_phase1, eval_callback_for_phase2,
+                             forward_pass_callback, executor, executor_chunks, show, start)
+    finally:
+        sim.progress = previous
+    write_pareto_json(result, results, drop)
+    _log.info("AMP: %s (score %.6g, relative BOPs %.4f, %.1f%% of quantizers promoted; %d calibration passes, "
+              "%d evaluations, %d cached)", result.message, result.score, result.bitops_ratio,
+              100 * result.promoted_share, result.calibration_passes, result.evaluations, result.cached_scores)
+    return result
+
+
+def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | None, algo: AMPSearchAlgo,
+            eval1: Callable, eval2: Callable, forward: Any, executor: Executor | None, chunks: int, show: bool,
+            start: float) -> AmpResult:
+    sim, names = space.sim, [p.name for p in space.candidates]
+    baseline, cheapest = 0, len(names) - 1
+    full = space.bops(space.uniform(baseline)) or 1.0
+    calibrated: list[Config | None] = [None]  # the (canonical) configuration the sim is calibrated for now
+
+    def passed() -> None:
+        counts.passes += 1
+
+    def phase2_score(key: str, what: str) -> float:
+        cached = cache.get(key)
+        if cached is not None:
+            return cached
+        score = checked_score(eval2(sim.session), what)
+        counts.phase2 += 1
+        cache.put(key, score)
+        return score
+
+    with sim.temporary_state():
+        for q in sim.quantizers:
+            q.enabled = False
+        float_score = phase2_score("float", "float model (every quantizer disabled)")
+
+    tables: dict[int, dict] = {}
+
+    def table(c: int) -> dict:
+        """Specs and encodings of every controlled quantizer with candidate ``c`` everywhere (one pass)."""
+        if c not in tables:
+            space.calibrated(space.uniform(c), forward, passed)
+            calibrated[0] = space.canonical(space.uniform(c))
+            tables[c] = {n: (space.quantizers[n].spec, space.quantizers[n].encoding)
+                         for names_ in space.controlled for n in names_}
+        return tables[c]
+
+    uniform: dict[str, float] = {}
+    for c in reversed(range(len(names))):  # the baseline last: phase 1 starts from its pass
+        key = f"uniform:{names[c]}"
+        if key not in cache.scores:
+            table(c)
+        uniform[names[c]] = phase2_score(key, f"{names[c]} everywhere")
+    target = None if drop is None else float_score - drop
+    _log.info("AMP: float score %.6g, target %s; everywhere: %s", float_score,
+              "none" if target is None else f"{target:.6g}", ", ".join(f"{n} {uniform[n]:.6g}" for n in names))
+
+    def finish(config: Config, points: list[ParetoPoint], chosen: ParetoPoint, met: bool, message: str,
+               phase1: dict | None = None) -> AmpResult:
+        if calibrated[0] != space.canonical(config):
+            space.calibrated(config, forward, passed)
+        share, group_share = space.promoted_share(config, cheapest)
+        return AmpResult(tuple(names), float_score, target, uniform,
+                         {n: space.bops(space.uniform(c)) / full for c, n in enumerate(names)},
+                         tuple(space.groups), tuple(points), chosen, met, message, share, group_share,
+                         counts.passes, counts.phase1, counts.phase2, cache.hits, time.perf_counter() - start,
+                         phase1 or {})
+
+    def uniform_point(c: int) -> ParetoPoint:
+        changed = sum(space.group_types(g, c) != space.group_types(g, baseline) for g in range(len(space.groups)))
+        return ParetoPoint(changed, space.bops(space.uniform(c)) / full, uniform[names[c]],
+                           tuple(space.describe(space.uniform(c))))
+
+    base_point = uniform_point(baseline)
+    if target is not None and uniform[names[baseline]] < target:
+        message = (f"no candidate meets the budget: {names[baseline]} everywhere scores {uniform[names[baseline]]:.6g}"
+                   f" < target {target:.6g} (float {float_score:.6g} - allowed drop {drop}); left at "
+                   f"{names[baseline]} everywhere")
+        warnings.warn(f"choose_mixed_precision: {message}", RuntimeWarning, stacklevel=3)
+        return finish(space.uniform(baseline), [base_point], base_point, False, message)
+    if target is not None and uniform[names[cheapest]] >= target:
+        point = uniform_point(cheapest)
+        return finish(space.uniform(cheapest), [base_point, point], point, True,
+                      f"{names[cheapest]} everywhere meets the target")
+
+    phase1 = _phase1(space, cache, counts, table, eval1, executor, chunks, show)
+    _log.info("AMP phase 1: %d scores (%d evaluated, the rest cached) after %d calibration passes", len(phase1),
+              counts.phase1, counts.passes)
+    path = _flip_path(space, phase1)
+    configs = [c for c, _ in path]
+    known = {space.canonical(space.uniform(c)): uniform[names[c]] for c in range(len(names))}
+    scores: dict[int, float] = {}
+
+    def evaluate(k: int) -> float:
+        if k not in scores:
+            config = space.canonical(configs[k])
+            key = "point:" + ",".join(space.describe(config))
+            if config in known:
+                scores[k] = known[config]
+            elif cache.get(key) is not None:
+                scores[k] = cache.scores[key]
+            else:
+                space.calibrated(config, forward, passed)
+                calibrated[0] = config
+                scores[k] = phase2_score(key, f"phase 2 point {k}")
+            bar.update(1)
+        return scores[k]
+
+    n = len(configs) - 1
+    brute = target is None or algo is AMPSearchAlgo.BruteForce
+    with tqdm(total=n if brute else max(1, math.ceil(math.log2(n + 1))), desc="AMP phase 2", unit="point",
+              leave=False, disable=None if show else True) as bar:
+        if brute:
+            for k in range(n + 1):
+                evaluate(k)
+            feasible = [k for k in scores if target is None or scores[k] >= target]
+            best = 0 if target is None else min(feasible, key=lambda k: (space.bops(configs[k]), -k))
+        else:
+            assert target is not None
+            lo, hi = 0, n + 1  # lo meets the target; hi is the first prefix known (or assumed) not to
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if evaluate(mid) >= target else (lo, mid)
+            best = lo
+    points = [ParetoPoint(k, space.bops(configs[k]) / full, scores[k], tuple(space.describe(configs[k])),
+                          path[k][1]) for k in sorted(scores)]
+    chosen = next(p for p in points if p.index == best)
+    if target is None:
+        message = f"no budget: the whole front was evaluated; left at {names[baseline]} everywhere"
+    else:
+        message = f"{best} of {n} flips taken: the cheapest evaluated point meeting the target {target:.6g}"
+    return finish(configs[best], points, chosen, True, message,
+                  {(g, names[c]): s for (g, c), s in phase1.items()})
+
+
+def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable[[int], dict], eval1: Callable,
+            executor: Executor | None, chunks: int, show: bool) -> dict[tuple[int, int], float]:
+    """Score of every group at every other candidate (the rest at the baseline), by the phase-1 callback."""
+    names = [p.name for p in space.candidates]
+    scores: dict[tuple[int, int], float] = {}
+    todo = []
+    for g in range(len(space.groups)):
+        for c in range(1, len(names)):
+            if space.group_types(g, c) == space.group_types(g, 0):
+                continue  # the same types as the baseline: no flip to make
+            cached = cache.get(f"phase1:{g}:{names[c]}")
+            if cached is not None:
+                scores[(g, c)] = cached
+            else:
+                todo.append((g, c))
+    if not todo:
+        return scores
+    base = table(0)
+    by_candidate = {c: table(c) for c in sorted({c for _, c in todo})}
+    with space.sim.transaction():  # the baseline everywhere, with its own pass's encodings
+        for name, (spec, encoding) in base.items():
+            space.quantizers[name].set_qspec(spec)
+            space.quantizers[name].set_encoding(encoding)
+    items = [((g, c), {n: by_candidate[c][n] for n in space.controlled[g]},
+              f"phase 1: group {g} ({group_label(space.groups[g])}) at {names[c]}") for g, c in todo]
+    with tqdm(total=len(items), desc="AMP phase 1", unit="eval", leave=False, disable=None if show else True) as bar:
+        def done(key: Any, score: float) -> None:
+            g, c = key
+            scores[(g, c)] = score
+            counts.phase1 += 1
+            cache.put(f"phase1:{g}:{names[c]}", score)
+            bar.update(1)
+
+        run_evaluations(space.sim, eval1, items, done, executor=executor, chunks=chunks)
+    return scores
+
+
+def _flip_path(space: AmpSpace, phase1: dict[tuple[int, int], float]) -> list[tuple[Config, tuple[int, str] | None]]:
+    """Configurations along the sorted flip list, starting at the baseline everywhere."""
+    base = space.uniform(0)
+    full = space.bops(base)
+
+    def group_cost(g: int, c: int) -> tuple[float, float]:
+        config = base[:g] + (c,) + base[g + 1:]
+        return space.bops(config) - full, sum(b.bits for b in space.group_types(g, c))
+
+    order = sorted(phase1, key=lambda gc: (-phase1[gc], group_cost(*gc), gc))
+    current = list(base)
+    path: list[tuple[Config, tuple[int, str] | None]] = [(base, None)]
+    for g, c in order:
+        if group_cost(g, c) < group_cost(g, current[g]):
+            current[g] = c
+            path.append((tuple(current), (g, space.candidates[c].name)))
+    return path

@@ -1,0 +1,142 @@
+"""What automatic mixed precision returns and writes: `ParetoPoint`, `AmpResult` and ``pareto.json``.
+
+``<results_dir>/pareto.json`` (all scores are the phase-2 callback's, higher is better)::
+
+    {"candidates": ["W8A16", "W8A8"],          # costliest first; "baseline" is the first
+     "baseline": "W8A16", "cheapest": "W8A8",
+     "float_score": 0.91, "allowed_accuracy_drop": 0.01, "target": 0.90,   # target = float - drop (or null)
+     "uniform": {"W8A16": {"bitops_ratio": 1.0, "score": 0.909}, ...},     # each candidate everywhere
+     "groups": [{"nodes": ["conv1"], "quantizers": ["input", "conv1.weight"]}, ...],
+     "points": [                                  # evaluated points of the search path, costliest first
+        {"index": 0, "bitops_ratio": 1.0, "score": 0.909, "pareto_optimal": true, "chosen": false,
+         "flip": null, "precisions": ["W8A16", "W8A16", ...]},        # one candidate per group, in order
+        {"index": 7, "bitops_ratio": 0.62, "score": 0.903, ..., "flip": {"group": 3, "candidate": "W8A8"}}],
+     "chosen": 7, "budget_met": true, "message": "...",
+     "counts": {"calibration_passes": 3, "phase1_evaluations": 40, "phase2_evaluations": 4,
+                "cached_scores": 0, "promoted_share": 0.1, "promoted_group_share": 0.12, "wall_time_s": 9.5}}
+
+``index`` is the number of flips along the path (flips are taken in order of phase-1 sensitivity, least
+harmful first); ``flip`` is the last one taken to reach the point.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mixed_precision.amp_space import group_label
+from quantsim import QuantizerGroup
+
+__all__ = ["ParetoPoint", "AmpResult", "pareto_optimal", "write_pareto_json", "PARETO_FILE"]
+
+PARETO_FILE = "pareto.json"
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    """A configuration on the search path: ``index`` flips taken, its cost and (if evaluated) its score."""
+
+    index: int
+    bitops_ratio: float
+    score: float | None
+    precisions: tuple[str, ...]  # candidate name per quantizer group
+    flip: tuple[int, str] | None = None  # (group index, candidate) of the last flip taken
+
+
+def pareto_optimal(points: list[ParetoPoint]) -> list[ParetoPoint]:
+    """Evaluated points that no other evaluated point beats on both cost and score, costliest first."""
+    scored = [p for p in points if p.score is not None]
+
+    def beaten(p: ParetoPoint) -> bool:
+        return any(q.bitops_ratio <= p.bitops_ratio and q.score >= p.score  # type: ignore[operator]
+                   and (q.bitops_ratio < p.bitops_ratio or q.score > p.score) for q in scored)  # type: ignore[operator]
+
+    return sorted((p for p in scored if not beaten(p)), key=lambda p: (-p.bitops_ratio, p.index))
+
+
+@dataclass(frozen=True)
+class AmpResult:
+    """Outcome of `choose_mixed_precision`; the sim is left in ``chosen``'s configuration, calibrated."""
+
+    candidates: tuple[str, ...]  # costliest first
+    float_score: float
+    target: float | None
+    uniform_scores: dict[str, float]
+    uniform_bitops: dict[str, float]
+    groups: tuple[QuantizerGroup, ...]
+    points: tuple[ParetoPoint, ...]  # evaluated points, in path order
+    chosen: ParetoPoint
+    budget_met: bool
+    message: str
+    promoted_share: float  # of the quantizers with a choice, those not at the cheapest candidate's type
+    promoted_group_share: float  # the same for groups
+    calibration_passes: int
+    phase1_evaluations: int
+    phase2_evaluations: int
+    cached_scores: int
+    wall_time_s: float
+    phase1_scores: dict[tuple[int, str], float] = field(default_factory=dict)  # (group, candidate) -> score
+
+    @property
+    def baseline(self) -> str:
+        return self.candidates[0]
+
+    @property
+    def cheapest(self) -> str:
+        return self.candidates[-1]
+
+    @property
+    def score(self) -> float:
+        assert self.chosen.score is not None
+        return self.chosen.score
+
+    @property
+    def bitops_ratio(self) -> float:
+        return self.chosen.bitops_ratio
+
+    @property
+    def evaluations(self) -> int:
+        return self.phase1_evaluations + self.phase2_evaluations
+
+    @property
+    def configuration(self) -> dict[str, str]:
+        """Chosen candidate per quantizer group, by the group's nodes (or quantizers)."""
+        return {group_label(g): name for g, name in zip(self.groups, self.chosen.precisions)}
+
+    @property
+    def pareto_front(self) -> list[ParetoPoint]:
+        return pareto_optimal(list(self.points))
+
+    @property
+    def pareto_list(self) -> list[tuple[float, float, QuantizerGroup | None, str | None]]:
+        """AIMET's form: ``(relative bit ops, score, quantizer group, candidate)`` of each evaluated point."""
+        return [(p.bitops_ratio, p.score if p.score is not None else float("nan"),
+                 self.groups[p.flip[0]] if p.flip else None, p.flip[1] if p.flip else None) for p in self.points]
+
+    def to_dict(self, allowed_accuracy_drop: float | None = None) -> dict[str, Any]:
+        """The ``pareto.json`` document (module docstring)."""
+        front = {p.index for p in self.pareto_front}
+        return {
+            "candidates": list(self.candidates), "baseline": self.baseline, "cheapest": self.cheapest,
+            "float_score": self.float_score, "allowed_accuracy_drop": allowed_accuracy_drop, "target": self.target,
+            "uniform": {name: {"bitops_ratio": self.uniform_bitops[name], "score": self.uniform_scores.get(name)}
+                        for name in self.candidates},
+            "groups": [{"nodes": list(g.nodes), "quantizers": list(g.quantizers)} for g in self.groups],
+            "points": [{"index": p.index, "bitops_ratio": p.bitops_ratio, "score": p.score,
+                        "pareto_optimal": p.index in front, "chosen": p.index == self.chosen.index,
+                        "flip": {"group": p.flip[0], "candidate": p.flip[1]} if p.flip else None,
+                        "precisions": list(p.precisions)}
+                       for p in sorted(self.points, key=lambda p: (-p.bitops_ratio, p.index))],
+            "chosen": self.chosen.index, "budget_met": self.budget_met, "message": self.message,
+            "counts": {"calibration_passes": self.calibration_passes, "phase1_evaluations": self.phase1_evaluations,
+                       "phase2_evaluations": self.phase2_evaluations, "cached_scores": self.cached_scores,
+                       "promoted_share": self.promoted_share, "promoted_group_share": self.promoted_group_share,
+                       "wall_time_s": self.wall_time_s},
+        }
+
+
+def write_pareto_json(result: AmpResult, results_dir: Path, allowed_accuracy_drop: float | None) -> Path:
+    path = results_dir / PARETO_FILE
+    path.write_text(json.dumps(result.to_dict(allowed_accuracy_drop), indent=1), encoding="utf-8")
+    return path

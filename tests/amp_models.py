@@ -1,0 +1,60 @@
+"""A three-layer MLP whose layers differ in how much 4-bit weights hurt them, and its scoring callback,
+for the AMP tests (module level, so worker processes can unpickle them)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantsim import QuantizationSimModel
+
+WIDTH = 8
+
+
+def mlp(outliers: tuple[float, ...] = (12.0, 4.0, 1.0), seed: int = 0) -> onnx.ModelProto:
+    """x[N,8] -> Gemm(W1) -> Relu -> Gemm(W2) -> Relu -> Gemm(W3) -> y[N,8]; layer i's weights hold one
+    outlier of ``outliers[i]`` times their spread, so a 4-bit grid loses the rest of layer 0 first."""
+    rng = np.random.default_rng(seed)
+    inits, nodes, x = [], [], "x"
+    for i, outlier in enumerate(outliers):
+        w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
+        w[0, 0] = outlier * float(np.abs(w).max())
+        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(np.zeros(WIDTH, np.float32), f"B{i}")]
+        out = f"h{i}" if i < len(outliers) - 1 else "y"
+        nodes.append(helper.make_node("Gemm", [x, f"W{i}", f"B{i}"], [f"g{i}" if out != "y" else "y"], name=f"fc{i}"))
+        if out != "y":
+            nodes.append(helper.make_node("Relu", [f"g{i}"], [out], name=f"relu{i}"))
+        x = out
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", WIDTH])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def feeds(count: int = 3, seed: int = 1) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((16, WIDTH)).astype(np.float32)} for _ in range(count)]
+
+
+def new_sim(**kwargs) -> QuantizationSimModel:
+    kwargs.setdefault("progress", False)
+    return QuantizationSimModel(mlp(), **kwargs)
+
+
+def _expected() -> list[np.ndarray]:
+    reference = QuantizationSimModel(mlp(), progress=False)
+    for q in reference.quantizers:
+        q.enabled = False
+    return [reference.session.run(None, f)[0] for f in feeds(2, seed=7)]
+
+
+_EXPECTED: list[np.ndarray] = []
+
+
+def score(session) -> float:
+    """Negative mean squared error against the float model on held-out batches (higher is better)."""
+    if not _EXPECTED:
+        _EXPECTED.extend(_expected())
+    got = [session.run(None, f)[0] for f in feeds(2, seed=7)]
+    return -float(np.mean([np.mean((e - g) ** 2) for e, g in zip(_EXPECTED, got)]))
