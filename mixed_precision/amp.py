@@ -20,7 +20,7 @@ The search, as in aimet-onnx (`reference/aimet_onnx_api.md` §8.2):
    prefix whose score meets the target; each point it evaluates is calibrated for its own configuration.
    The sim is left in that configuration, calibrated.
 
-``results_dir`` gets ``pareto.json`` (`mixed_precision.amp_result`) and the score cache that
+``results_dir`` gets ``pareto.json`` and ``pareto.html`` (`mixed_precision.amp_result`) and the score cache that
 ``clean_start=False`` resumes from (`mixed_precision.amp_cache`). If anything raises (a callback
 included), the sim is restored exactly as it was.
 """
@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from mixed_precision.amp_cache import ScoreCache, cache_key
 from mixed_precision.amp_executor import checked_score, run_evaluations
-from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_json
+from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_files
 from mixed_precision.amp_space import AmpSpace, Config, distinct, group_label
 from mixed_precision.presets import candidate
 from quantsim import InvalidArgumentError, QuantizationSimModel
@@ -142,7 +142,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
                              forward_pass_callback, executor, executor_chunks, show, start)
     finally:
         sim.progress = previous
-    write_pareto_json(result, results, drop)
+    write_pareto_files(result, results, drop)
     _log.info("AMP: %s (score %.6g, relative BOPs %.4f, %.1f%% of quantizers promoted; %d calibration passes, "
               "%d evaluations, %d cached)", result.message, result.score, result.bitops_ratio,
               100 * result.promoted_share, result.calibration_passes, result.evaluations, result.cached_scores)

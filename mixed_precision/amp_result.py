@@ -1,4 +1,5 @@
-"""What automatic mixed precision returns and writes: `ParetoPoint`, `AmpResult` and ``pareto.json``.
+"""What automatic mixed precision returns and writes: `ParetoPoint`, `AmpResult`, ``pareto.json`` and the
+``pareto.html`` page.
 
 ``<results_dir>/pareto.json`` (all scores are the phase-2 callback's, higher is better)::
 
@@ -26,11 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from mixed_precision.amp_space import group_label
+from mixed_precision.files import write_text_atomic
+from mixed_precision.html_page import write_pareto_html
 from quantsim import QuantizerGroup
 
-__all__ = ["ParetoPoint", "AmpResult", "pareto_optimal", "write_pareto_json", "PARETO_FILE"]
+__all__ = ["ParetoPoint", "AmpResult", "pareto_optimal", "write_pareto_files", "PARETO_FILE", "PARETO_PAGE"]
 
 PARETO_FILE = "pareto.json"
+PARETO_PAGE = "pareto.html"
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,24 @@ class AmpResult:
         }
 
 
-def write_pareto_json(result: AmpResult, results_dir: Path, allowed_accuracy_drop: float | None) -> Path:
-    path = results_dir / PARETO_FILE
-    path.write_text(json.dumps(result.to_dict(allowed_accuracy_drop), indent=1), encoding="utf-8")
+def write_pareto_files(result: AmpResult, results_dir: Path, allowed_accuracy_drop: float | None) -> Path:
+    """Write ``pareto.json`` and ``pareto.html`` (the Pareto curve with the chosen point highlighted, see
+    `mixed_precision.html_page.write_pareto_html`) into ``results_dir``, each atomically; the JSON's path."""
+    document = result.to_dict(allowed_accuracy_drop)
+    path = write_text_atomic(results_dir / PARETO_FILE, json.dumps(document, indent=1))
+    groups = [group_label(g) for g in result.groups]
+    scored = [p for p in document["points"] if p["score"] is not None]
+    points = [{"bitops_ratio": p["bitops_ratio"], "score": p["score"],
+               "label": _point_label(p, groups), "precisions": dict(zip(groups, p["precisions"]))} for p in scored]
+    chosen = next((i for i, p in enumerate(scored) if p["chosen"]), None)
+    target = "" if result.target is None else f", target score {result.target:.6g}"
+    write_pareto_html(results_dir / PARETO_PAGE, points, chosen,
+                      f"Automatic mixed precision: {result.message}{target}")
     return path
+
+
+def _point_label(point: dict[str, Any], groups: list[str]) -> str:
+    flip = point["flip"]
+    if flip is None:
+        return f"{point['precisions'][0] if len(set(point['precisions'])) == 1 else 'start'} everywhere"
+    return f"{point['index']} flips (last: {groups[flip['group']]} to {flip['candidate']})"

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mixed_precision.files import write_text_atomic
 from mixed_precision.svg import bar_chart, escape, format_number, histogram, line_chart
 from quantsim import InvalidArgumentError
 
@@ -75,25 +75,6 @@ def _num(value: float | None, unit: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isinf(value) and value > 0):
         return "\u221e"
     return format_number(value) + unit
-
-
-def _write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder moved into place: a failure
-    leaves no partial file and an existing ``path`` as it was."""
-    target = Path(path)
-    data = text.encode("utf-8")
-    staging = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    handle = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, unlike mkstemp
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(staging, target)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-    return target
 
 
 # ---- the analysis page ---------------------------------------------------------------------------------------
@@ -257,7 +238,7 @@ def write_analysis_html(report: Mapping[str, Any], path: str | os.PathLike, *, t
     Optional keys ``title`` and ``score`` (what the score measures) label the page; tensor rows without the
     range and histogram fields (older reports) render without them.
     """
-    return _write_atomic(path, render_analysis_html(report, title=title))
+    return write_text_atomic(path, render_analysis_html(report, title=title))
 
 
 # ---- the Pareto page -----------------------------------------------------------------------------------------
@@ -315,4 +296,4 @@ def write_pareto_html(path: str | os.PathLike, points: Sequence[Mapping[str, Any
     """Write the Pareto page to ``path`` atomically: score against relative bit-operations for each point
     (mappings with ``bitops_ratio``, ``score``, ``label`` and optionally ``precisions``, group -> precision
     name), joined in bit-operations order, the point at index ``chosen`` highlighted, and the points' table."""
-    return _write_atomic(path, render_pareto_html(points, chosen, title))
+    return write_text_atomic(path, render_pareto_html(points, chosen, title))

@@ -91,6 +91,8 @@ def test_the_search_path_is_the_brute_force_pareto_front(tmp_path):
     assert [p["index"] for p in document["points"]] == [0, 1, 2, 3]
     assert document["points"][1]["precisions"] == list(result.points[1].precisions)
     assert {p["index"] for p in document["points"] if p["pareto_optimal"]} == {p.index for p in result.pareto_front}
+    page = (tmp_path / "pareto.html").read_text()
+    assert page.count("<tr") >= len(document["points"]) and "<svg" in page
 
 
 @pytest.mark.parametrize("algo", [AMPSearchAlgo.Binary, AMPSearchAlgo.BruteForce])
