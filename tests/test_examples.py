@@ -101,3 +101,12 @@ def test_examples_import_only_the_sdk_and_their_folder(path):
         return
     assert "benchmarks" not in imported
     assert imported & local <= SELF_CONTAINED
+
+
+def test_automatic_mixed_precision_example_meets_its_budget(tmp_path):
+    result = _load("automatic_mixed_precision").run(_cnn(), _data(4), _data(2, seed=7), tmp_path, drop=3.0,
+                                                    progress=False)
+    assert result.budget_met and result.score >= result.float_score - 3.0
+    assert result.uniform_scores["W8A8"] >= result.uniform_scores["W4A8"]
+    assert 0.5 <= result.bitops_ratio <= 1.0
+    assert (tmp_path / "pareto.json").exists() and (tmp_path / "pareto.html").exists()
