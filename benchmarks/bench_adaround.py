@@ -105,7 +105,9 @@ def _layer_model(op, x_shape, w_shape, attrs, activation):
     return model, feeds
 
 
-def speed_rows(iterations: int, aimet_python: str | None = None) -> list[tuple[str, float, str]]:
+def speed_rows(iterations: int, aimet_python: str | None = None) -> list[tuple[str, float, float, str]]:
+    """``(layer, wall s, CPU s, aimet-onnx cell)`` per 1,000 iterations; ratios are of CPU time (the machine
+    may be shared: run with ``OMP_NUM_THREADS=1`` for one thread on both sides)."""
     import quantsim
     from adaround import apply_adaround
 
@@ -115,19 +117,20 @@ def speed_rows(iterations: int, aimet_python: str | None = None) -> list[tuple[s
         model, feeds = _layer_model(*spec)
         sim = quantsim.QuantizationSimModel(model, param_type="int4", progress=False)
         sim.compute_encodings(feeds)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         (report,) = apply_adaround(sim, feeds, num_iterations=iterations)
-        ours = (time.perf_counter() - start) * 1000 / iterations
+        wall, cpu = (time.perf_counter() - start) * 1000 / iterations, (time.process_time() - cpu) * 1000 / iterations
         theirs = aimet.get(name)
-        cell = "n/a (aimet-onnx not run)" if theirs is None else f"{theirs:.2f} ({theirs / ours:.1f}x)"
-        rows.append((name, ours, cell))
-        print(f"[adaround] {name}: {ours:.2f} s / 1000 it ({report.mode}); aimet-onnx {cell}", file=sys.stderr)
+        cell = "n/a (aimet-onnx not run)" if theirs is None else f"{theirs[0]:.2f} / {theirs[1]:.2f} ({theirs[1] / cpu:.1f}x)"
+        rows.append((name, wall, cpu, cell))
+        print(f"[adaround] {name}: {wall:.2f} s wall, {cpu:.2f} s CPU / 1000 it ({report.mode}); aimet-onnx {cell}",
+              file=sys.stderr)
     return rows
 
 
-def _aimet_seconds(python: str, iterations: int) -> dict[str, float]:
-    """aimet-onnx's seconds per 1,000 iterations per layer, from a Python that has it (a subprocess: its
-    torch and onnxruntime versions never meet this environment's)."""
+def _aimet_seconds(python: str, iterations: int) -> dict[str, tuple[float, float]]:
+    """aimet-onnx's (wall, CPU) seconds per 1,000 iterations per layer, from a Python that has it (a
+    subprocess: its torch and onnxruntime versions never meet this environment's)."""
     import subprocess
     from pathlib import Path
 
@@ -136,7 +139,8 @@ def _aimet_seconds(python: str, iterations: int) -> dict[str, float]:
                           capture_output=True, text=True, check=False)
     if done.returncode:
         print(f"[adaround] aimet-onnx timing failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-    return {name: float(value) for name, value in (line.split("\t") for line in done.stdout.splitlines() if "\t" in line)}
+    rows = (line.split("\t") for line in done.stdout.splitlines() if line.count("\t") == 2)
+    return {name: (float(wall), float(cpu)) for name, wall, cpu in rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in [] if args.speed_only else args.models.split(","):
         rows, case = _quality_rows(key, model_dirs, size, args.iterations)
         lines += [f"| {m} | {v} | {case.primary} | {val} | {q} | {s:.1f} |" for m, v, val, q, s in rows]
-    lines += ["", "| layer | quantsim s / 1000 it | aimet-onnx s / 1000 it (ratio) |", "|---|--:|--:|"]
-    lines += [f"| {n} | {s:.2f} | {a} |" for n, s, a in speed_rows(args.speed_iterations, args.aimet_python)]
+    lines += ["", "| layer | quantsim s / 1000 it, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
+    lines += [f"| {n} | {w:.2f} / {c:.2f} | {a} |" for n, w, c, a in speed_rows(args.speed_iterations, args.aimet_python)]
     print("\n".join(lines))
     return 0
 
