@@ -143,6 +143,42 @@ def _aimet_seconds(python: str, iterations: int) -> dict[str, tuple[float, float
     return {name: (float(wall), float(cpu)) for name, wall, cpu in rows}
 
 
+def whole_model_row(key: str, model_dirs, size, iterations: int, aimet_python: str | None) -> str:
+    """Whole-model W4A8 AdaRound time, ours and (when ``aimet_python`` is given) aimet-onnx's, on the same
+    model file, calibration feeds and iterations; wall and CPU seconds."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import quantsim
+    from adaround import apply_adaround
+
+    src, build = C.BUILDERS[key]
+    case = build(model_dirs[src], size)
+    sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type="int4", progress=False)
+    sim.compute_encodings(case.calib)
+    start, cpu = time.perf_counter(), time.process_time()
+    apply_adaround(sim, case.calib, num_iterations=iterations)
+    ours = (time.perf_counter() - start, time.process_time() - cpu)
+    theirs = "n/a (aimet-onnx not run)"
+    if aimet_python:
+        with tempfile.TemporaryDirectory() as tmp:
+            feeds = Path(tmp) / "feeds.npz"
+            np.savez(feeds, **{f"batch{i}/{k}": v for i, feed in enumerate(case.calib) for k, v in feed.items()})
+            done = subprocess.run([aimet_python, "-m", "benchmarks.aimet_adaround_timing", str(iterations),
+                                   str(case.model_path), str(feeds)], cwd=Path(__file__).resolve().parents[1],
+                                  capture_output=True, text=True, check=False)
+        rows = [line.split("\t") for line in done.stdout.splitlines() if line.startswith("model\t")]
+        if rows:
+            wall, cpu_s = float(rows[0][1]), float(rows[0][2])
+            theirs = f"{wall:.1f} / {cpu_s:.1f} ({cpu_s / ours[1]:.1f}x)"
+        else:
+            theirs = f"failed: {done.stderr.strip().splitlines()[-1:]}"
+    row = f"| {case.name} W4A8, {iterations} it | {ours[0]:.1f} / {ours[1]:.1f} | {theirs} |"
+    print(f"[adaround] whole model {row}", file=sys.stderr)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="cls,rec")
@@ -151,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the suite's small data split")
     ap.add_argument("--aimet-python", default=None, help="a Python with aimet-onnx installed, for the speed ratio")
     ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--whole-model", default=None, help="also time AdaRound on this whole model (e.g. cls)")
     args = ap.parse_args(argv)
     size = C.QUICK if args.quick else C.FULL
     model_dirs = fetch_all()
@@ -160,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"| {m} | {v} | {case.primary} | {val} | {q} | {s:.1f} |" for m, v, val, q, s in rows]
     lines += ["", "| layer | quantsim s / 1000 it, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
     lines += [f"| {n} | {w:.2f} / {c:.2f} | {a} |" for n, w, c, a in speed_rows(args.speed_iterations, args.aimet_python)]
+    if args.whole_model:
+        lines += ["", "| whole model | quantsim s, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
+        lines.append(whole_model_row(args.whole_model, model_dirs, size, args.speed_iterations, args.aimet_python))
     print("\n".join(lines))
     return 0
 
