@@ -31,6 +31,8 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 
 def _clip(lo: float, hi: float) -> Activation:
+    if hi == math.inf:  # Relu: one comparison in the backward pass
+        return Activation("Clip", lambda z: np.maximum(z, lo), lambda z, y, g: g * (z > lo))
     return Activation("Clip", lambda z: np.clip(z, lo, hi), lambda z, y, g: g * ((z > lo) & (z < hi)))
 
 

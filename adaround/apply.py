@@ -43,7 +43,7 @@ class LayerReport:
     op_type: str
     status: str  # "rounded" (AdaRound), "optimized" (Sequential MSE) or "skipped"
     reason: str = ""
-    mode: str = ""  # "moments" (exact, all the data) or "sampled" (an activation follows)
+    mode: str = ""  # "moments" (exact, all the data), "moments+sampled" (exact at anchors) or "sampled"
     loss_before: float | None = None  # output error of nearest rounding (AdaRound) / the full range (Seq MSE)
     loss_after: float | None = None
     flipped: float | None = None  # share of weights rounded away from nearest
@@ -112,11 +112,15 @@ def _activation(layer: WeightedLayer, form: LinearForm) -> Activation | None:
     return activation_for(follow.op_type, follow.attributes, form.rows, on_channels)
 
 
-def _target_tensor(layer: WeightedLayer, form: LinearForm) -> str:
-    """What the float model contributes: the layer input (moments form) or the activation output."""
-    if layer.activation is None or _activation(layer, form) is None:
-        return layer.input
-    return layer.activation.output
+def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) -> tuple[str, str]:
+    """``(mode, float tensor read)``: ``"sampled"`` (an activation follows: its float output is the
+    target), ``"moments"`` (none follows: exact second moments of the float layer input) or
+    ``"moments+sampled"`` (the same moments, plus sampled sim-side columns for cheaper steps, where
+    `AdaroundSettings.sampled_quadratic` picks it)."""
+    if layer.activation is not None and _activation(layer, form) is not None:
+        return "sampled", layer.activation.output
+    inputs_per_column = int(np.prod(form.weight_shape)) // form.rows
+    return ("moments+sampled" if settings.sampled_quadratic(inputs_per_column) else "moments"), layer.input
 
 
 def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) -> LayerReport:
@@ -126,15 +130,15 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
     bias = form.bias_matrix(sim.get_weight(layer.bias) if layer.bias else None, form.rows)
     activation = _activation(layer, form)
     sim_capturer = sim.capturer([layer.input], quantized=True)
+    mode, target = _plan(layer, form, settings)
     data: SecondMoments | ColumnSample
-    if activation is None:
-        data = second_moments(form, sim_capturer(inputs), float_capturer(inputs), layer.input)
-        mode = "moments"
+    if mode == "sampled":
+        data = column_sample(form, sim_capturer(inputs), float_capturer(inputs), layer.input, target,
+                             num_batches=len(inputs), memory_budget_bytes=settings.memory_budget_bytes, rng=rng)
     else:
-        data = column_sample(form, sim_capturer(inputs), float_capturer(inputs), layer.input,
-                             _target_tensor(layer, form), num_batches=len(inputs),
-                             memory_budget_bytes=settings.memory_budget_bytes, rng=rng)
-        mode = "sampled"
+        data = second_moments(form, sim_capturer(inputs), float_capturer(inputs), target,
+                              sample_bytes=settings.memory_budget_bytes if mode == "moments+sampled" else 0,
+                              num_batches=len(inputs), rng=rng)
     bar = tqdm(total=settings.num_iterations, desc=f"AdaRound {layer.node}", unit="it", leave=False,
                disable=None if progress else True)
     step = max(1, settings.num_iterations // 100)
@@ -155,7 +159,8 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
 def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray]], num_iterations: int = 10000,
                    nodes_to_include: Iterable[str] | None = None, *, node_names_to_optimize: Iterable[str] | None = None,
                    reg_param: float = 0.01, beta_range: tuple[float, float] = (20.0, 2.0), warm_start: float = 0.2,
-                   learning_rate: float = 1e-3, columns_per_iteration: int = 4096,
+                   learning_rate: float = 1e-3, columns_per_iteration: int = 4096, quadratic_form: str = "auto",
+                   quadratic_columns_per_iteration: int = 64, anchor_interval: int = 10,
                    memory_budget_bytes: int = 1 << 30, seed: int = 0, progress: bool | None = None) -> list[LayerReport]:
     """AdaRound the sim's weights in place (aimet-onnx 2.x signature plus documented hyper-parameters).
 
@@ -171,7 +176,8 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
             raise InvalidArgumentError("pass nodes_to_include or node_names_to_optimize, not both")
         nodes_to_include = node_names_to_optimize
     settings = AdaroundSettings(num_iterations, reg_param, (beta_range[0], beta_range[1]), warm_start, learning_rate,
-                                columns_per_iteration, memory_budget_bytes, seed)
+                                columns_per_iteration, quadratic_form, quadratic_columns_per_iteration,
+                                anchor_interval, memory_budget_bytes, seed)
     feeds = list(inputs)
     if not feeds:
         raise InvalidArgumentError("apply_adaround needs at least one calibration batch (inputs is empty)")
@@ -187,9 +193,9 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
                        "quantized inputs")
     rng = np.random.default_rng(seed)
     with sim.transaction():
-        targets = [_target_tensor(layer, linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape))
-                   for layer in layers]
-        float_capturer = sim.capturer(sorted(set(targets)), quantized=False) if layers else None
+        targets = {_plan(layer, linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape),
+                         settings)[1] for layer in layers}
+        float_capturer = sim.capturer(sorted(targets), quantized=False) if layers else None
         for layer in layers:
             reports.append(_round_layer(sim, layer, feeds, float_capturer, settings, rng, progress))
     order = {layer.node: i for i, layer in enumerate(sim.weighted_layers())}

@@ -5,7 +5,10 @@ Two forms (see `adaround.linear_form` for the column layout):
 * `SecondMoments` (no activation follows): the reconstruction loss
   ``sum over columns ||W_s c_q - W c_f||^2 / P`` is quadratic in ``W_s``, so it needs only
   ``S_qq = sum c_q c_q^T`` and ``S_qf = sum c_q c_f^T`` (``K x K`` per group, accumulated in float64) and
-  ``W S_ff W^T``'s trace. Every iteration then sees all the data at ``O(M K^2)`` cost.
+  ``W S_ff W^T``'s trace. Every iteration then sees all the data at ``O(M K^2)`` cost. For long columns
+  (``K`` several times a mini-batch, e.g. a 768-wide Gemm) it can also keep ``sample``, a random subset
+  of the sim-side columns in random order: `adaround.layer_rounding` then takes the exact gradient only
+  at an anchor weight every few steps and corrects it on a window of the sample in between.
 * `ColumnSample` (an activation follows): a uniform random subset of the columns of the sim's layer input
   and the float model's activation output, bounded by a memory budget, in data order; each iteration
   reads a window of consecutive columns at a random offset (neighbouring positions of a few samples,
@@ -35,6 +38,7 @@ class SecondMoments:
     s_qf: np.ndarray  # [groups, K, K]
     s_ff: np.ndarray  # [groups, K, K]
     columns: int
+    sample: np.ndarray | None = None  # [groups, K, S] sim-side columns in random order, or None
 
     def __post_init__(self) -> None:
         # the gradient runs every iteration: float32 is twice as fast and ample for it
@@ -74,11 +78,16 @@ def output_columns(form: LinearForm, y: np.ndarray) -> np.ndarray:
 
 
 def second_moments(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray]],
-                   floating: Iterator[Mapping[str, np.ndarray]] | None, tensor: str) -> SecondMoments:
+                   floating: Iterator[Mapping[str, np.ndarray]] | None, tensor: str, *, sample_bytes: int = 0,
+                   num_batches: int = 1, rng: np.random.Generator | None = None) -> SecondMoments:
     """Accumulate the moments of the sim's and the float model's inputs of one layer, batch by batch
-    (``floating=None``: both sides read ``quantized``, all three moments are equal)."""
+    (``floating=None``: both sides read ``quantized``, all three moments are equal). ``sample_bytes > 0``:
+    also keep a uniform random share of each of the ``num_batches`` batches' sim-side columns, at most
+    that many bytes, shuffled (`SecondMoments.sample`)."""
     s_qq = s_qf = s_ff = None
     count = 0
+    kept: list[np.ndarray] = []
+    rng = np.random.default_rng(0) if rng is None else rng
     pairs = zip(quantized, floating) if floating is not None else ((batch, None) for batch in quantized)
     for q_batch, f_batch in pairs:
         cq, _ = form.columns(q_batch[tensor])
@@ -92,9 +101,17 @@ def second_moments(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray
             ff = np.matmul(cf64, np.swapaxes(cf64, 1, 2))
         s_qq, s_qf, s_ff = (qq, qf, ff) if s_qq is None else (s_qq + qq, s_qf + qf, s_ff + ff)
         count += cq.shape[2]
+        if sample_bytes > 0:
+            per_batch = max(1, sample_bytes // (4 * cq.shape[0] * cq.shape[1] * max(num_batches, 1)))
+            kept.append(cq[:, :, np.sort(rng.choice(cq.shape[2], per_batch, replace=False))]
+                        if cq.shape[2] > per_batch else cq)
     if s_qq is None or s_qf is None or s_ff is None or count == 0:
         raise InvalidArgumentError("the calibration data is empty: no batch reached the layer")
-    return SecondMoments(s_qq, s_qf, s_ff, count)
+    sample = None
+    if kept:
+        joined = np.concatenate(kept, axis=2)
+        sample = np.ascontiguousarray(joined[:, :, rng.permutation(joined.shape[2])])
+    return SecondMoments(s_qq, s_qf, s_ff, count, sample)
 
 
 def column_sample(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray]],

@@ -8,6 +8,7 @@ grid, which the sim's fake quantization maps to themselves.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,54 +87,143 @@ def _sampled(form: LinearForm, ms: np.ndarray, cols: np.ndarray, target: np.ndar
 
 class _SoftRounding:
     """One layer's soft weight ``W(alpha)`` and the chain rule back to ``alpha``, on buffers reused every
-    iteration (the elementwise work dominated small layers' iterations when each step made temporaries).
+    iteration, in few elementwise passes (they dominate wide layers' steps): with ``t = tanh(alpha / 2)``
+    the rectified sigmoid is ``h = clip(c1 t + c0, 0, 1)`` (``c1 = (zeta - gamma) / 2``,
+    ``c0 = c1 + gamma``) and ``dh/dalpha = c1 (1 - t^2) / 2`` where ``t_low < t < t_high`` (the clip is
+    inactive), 0 elsewhere. The weight is ``h scale + floor scale`` except on the few weights whose
+    floor sits at the grid's edge, where the code clip can act: those are computed apart.
     Computes exactly `rectified_sigmoid`, `WeightGrid.weight`, `regularizer_grad` and
     `rectified_sigmoid_grad` (tested against them)."""
 
     def __init__(self, grid: WeightGrid, base: np.ndarray, zeta: float = ZETA, gamma: float = GAMMA):
         shape = base.shape
-        self.scale = np.broadcast_to(grid.scale, shape).astype(np.float32)
-        self.low = np.broadcast_to(grid.qmin - grid.zero_point, shape).astype(np.float32)
-        self.high = np.broadcast_to(grid.qmax - grid.zero_point, shape).astype(np.float32)
-        self.base = base.astype(np.float32)
-        self.stretch, self.gamma = np.float32(zeta - gamma), np.float32(gamma)
-        self.sigmoid, self.h, self.dh = (np.empty(shape, np.float32) for _ in range(3))
-        self.code, self.weight, self.grad, self.work = (np.empty(shape, np.float32) for _ in range(4))
-        self.inside = np.empty(shape, bool)
+        scale = np.broadcast_to(grid.scale, shape).astype(np.float32)
+        low = np.broadcast_to(grid.qmin - grid.zero_point, shape).astype(np.float32)
+        high = np.broadcast_to(grid.qmax - grid.zero_point, shape).astype(np.float32)
+        self.c1 = np.float32(0.5 * (zeta - gamma))
+        self.c0 = np.float32(0.5 * (zeta - gamma) + gamma)
+        self.t_mid = np.float32(((0.0 - self.c0) / self.c1 + (1.0 - self.c0) / self.c1) / 2)
+        self.t_half = np.float32((1.0 / self.c1) / 2)
+        self.scale = scale
+        self.grad_scale = (scale * (0.5 * self.c1)).astype(np.float32)  # dL/dW -> dL/dh times dh/dalpha's constant
+        self.offset = (base * scale).astype(np.float32)
+        edge = np.flatnonzero(~((base >= low) & (base + 1 <= high)))
+        self.edge = edge
+        self.edge_base, self.edge_low, self.edge_high = base.reshape(-1)[edge], low.reshape(-1)[edge], high.reshape(-1)[edge]
+        self.edge_scale = scale.reshape(-1)[edge]
+        self.edge_inside = np.ones(edge.size, bool)
+        self.t, self.h, self.weight, self.grad, self.work, self.work2 = (np.empty(shape, np.float32) for _ in range(6))
+        self.active = np.empty(shape, bool)
 
     def forward(self, alpha: np.ndarray) -> np.ndarray:
         """The soft weight for ``alpha`` (a buffer, valid until the next call)."""
-        s, h = self.sigmoid, self.h
-        np.multiply(alpha, 0.5, out=s)
-        np.tanh(s, out=s)
-        s += 1
-        s *= 0.5
-        np.multiply(s, self.stretch, out=h)
-        h += self.gamma
-        np.subtract(1, s, out=self.dh)  # dh/dalpha = s (1 - s) (zeta - gamma) where the clip is inactive
-        self.dh *= s
-        self.dh *= self.stretch
-        self.dh *= (h > 0) & (h < 1)
+        t, h = self.t, self.h
+        np.multiply(alpha, 0.5, out=t)
+        np.tanh(t, out=t)
+        np.multiply(t, self.c1, out=h)
+        h += self.c0
         np.clip(h, 0, 1, out=h)
-        np.add(self.base, h, out=self.code)
-        np.greater_equal(self.code, self.low, out=self.inside)
-        self.inside &= self.code <= self.high
-        np.clip(self.code, self.low, self.high, out=self.code)
-        return np.multiply(self.code, self.scale, out=self.weight)
+        w = np.multiply(h, self.scale, out=self.weight)
+        w += self.offset
+        if self.edge.size:
+            code = self.edge_base + h.reshape(-1)[self.edge]
+            self.edge_inside = (code >= self.edge_low) & (code <= self.edge_high)
+            w.reshape(-1)[self.edge] = np.clip(code, self.edge_low, self.edge_high) * self.edge_scale
+        return w
 
     def backward(self, grad_weight: np.ndarray, beta: float | None, reg_param: float) -> np.ndarray:
         """``d (loss + reg_param * regularizer) / d alpha`` from ``d loss / d W`` (a buffer)."""
-        g = np.multiply(grad_weight, self.scale, out=self.grad)
-        g *= self.inside
-        if beta is not None and reg_param:
+        g = np.multiply(grad_weight, self.grad_scale, out=self.grad)
+        if self.edge.size:
+            g.reshape(-1)[self.edge] *= self.edge_inside
+        if beta is not None and reg_param:  # - k sign(u) |u|^(beta - 1), u = 2h - 1, as exp((beta - 1) log|u| + log k)
             u = np.multiply(self.h, 2, out=self.work)
             u -= 1
-            magnitude = np.power(np.abs(u), beta - 1)
+            magnitude = np.abs(u, out=self.work2)
+            k = 2.0 * beta * reg_param * 0.5 * float(self.c1)
+            if beta > 1:  # |u| = 0 -> log = -inf -> 0, as 0 ** (beta - 1)
+                with np.errstate(divide="ignore"):
+                    np.log(magnitude, out=magnitude)
+                magnitude *= beta - 1
+                magnitude += math.log(k)
+                np.exp(magnitude, out=magnitude)
+            else:
+                np.power(magnitude, beta - 1, out=magnitude)
+                magnitude *= k
             np.copysign(magnitude, u, out=magnitude)
-            magnitude *= -2.0 * beta * reg_param
-            g += magnitude
-        g *= self.dh
+            g -= magnitude
+        slope = np.multiply(self.t, self.t, out=self.work)
+        np.subtract(1, slope, out=slope)
+        g *= slope
+        distance = np.subtract(self.t, self.t_mid, out=self.work2) if self.t_mid else self.t
+        np.less(np.abs(distance, out=self.work2), self.t_half, out=self.active)
+        g *= self.active
         return g
+
+
+class _WindowSteps:
+    """``d loss / d W`` on a window of consecutive sampled columns at a random offset (a view), as
+    `reconstruction_loss` computes it, into buffers reused every step, the ``2 / B`` folded into the
+    weight-sized gradient."""
+
+    def __init__(self, form: LinearForm, data: ColumnSample, bias: np.ndarray, activation: Activation | None,
+                 batch: int, rng: np.random.Generator):
+        self.form, self.data, self.bias, self.activation, self.rng = form, data, bias, activation, rng
+        self.total = data.cols.shape[2]
+        self.batch = min(batch, self.total)
+        groups, _, _ = data.cols.shape
+        rows = data.target.shape[0]
+        self.z = np.empty((groups, rows // groups, self.batch), np.float32)
+        self.diff = np.empty((rows, self.batch), np.float32)
+
+    def __call__(self, w_soft: np.ndarray) -> np.ndarray:
+        start = int(self.rng.integers(0, self.total - self.batch + 1))
+        cols = self.data.cols[:, :, start:start + self.batch]
+        z = np.matmul(self.form.to_matrix(w_soft), cols, out=self.z)
+        z += self.bias
+        flat = z.reshape(self.diff.shape)
+        if self.activation is None:
+            dz = np.subtract(flat, self.data.target[:, start:start + self.batch], out=self.diff)
+        else:
+            y = self.activation.forward(flat)
+            diff = np.subtract(y, self.data.target[:, start:start + self.batch], out=self.diff)
+            dz = self.activation.backward(flat, y, diff)
+        grad = np.matmul(dz.reshape(z.shape), np.swapaxes(cols, 1, 2))
+        grad *= 2.0 / self.batch
+        return self.form.to_weight(grad)
+
+
+class _AnchoredSteps:
+    """``d loss / d W`` of a quadratic layer as ``G(A) + 2 (W - A) C C^T / B``: the exact gradient at an
+    anchor ``A`` (the soft weight every ``anchor_interval`` steps) plus the change since, on a window ``C``
+    of ``B`` shuffled sim-side columns (its expectation is the change of the exact gradient)."""
+
+    def __init__(self, form: LinearForm, data: SecondMoments, float_matrix: np.ndarray, settings: AdaroundSettings,
+                 rng: np.random.Generator):
+        assert data.sample is not None
+        self.form, self.data, self.float_matrix, self.rng = form, data, float_matrix, rng
+        self.sample = data.sample
+        self.total = self.sample.shape[2]
+        self.batch = min(settings.quadratic_columns_per_iteration, self.total)
+        self.interval = settings.anchor_interval
+        self.calls = 0
+        self.anchor = np.empty(float_matrix.shape, np.float32)
+        self.anchor_grad = np.empty(float_matrix.shape, np.float32)
+        self.change = np.empty(float_matrix.shape, np.float32)
+
+    def __call__(self, w_soft: np.ndarray) -> np.ndarray:
+        matrix = self.form.to_matrix(w_soft)
+        if self.calls % self.interval == 0:
+            self.anchor[...] = matrix
+            self.anchor_grad[...] = self.data.grad(self.anchor, self.float_matrix)
+        self.calls += 1
+        start = int(self.rng.integers(0, self.total - self.batch + 1))
+        window = self.sample[:, :, start:start + self.batch]
+        np.subtract(matrix, self.anchor, out=self.change)
+        grad = np.matmul(np.matmul(self.change, window), np.swapaxes(window, 1, 2))
+        grad *= 2.0 / self.batch
+        grad += self.anchor_grad
+        return self.form.to_weight(grad)
 
 
 def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, data: SecondMoments | ColumnSample,
@@ -145,17 +235,15 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
     adam = Adam(alpha, lr=settings.learning_rate)
     soft = _SoftRounding(grid, base)
     float_matrix = form.to_matrix(weight)
-    total = data.cols.shape[2] if isinstance(data, ColumnSample) else 0
-    batch = min(settings.columns_per_iteration, total) if total else 0
+    step: Callable[[np.ndarray], np.ndarray]
+    if isinstance(data, ColumnSample):
+        step = _WindowSteps(form, data, bias, activation, settings.columns_per_iteration, rng)
+    elif data.sample is not None:
+        step = _AnchoredSteps(form, data, float_matrix, settings, rng)
+    else:
+        step = lambda w_soft: form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))  # noqa: E731
     for iteration in range(settings.num_iterations):
-        w_soft = soft.forward(alpha)
-        if isinstance(data, ColumnSample):  # a window of consecutive columns at a random offset: a view
-            start = int(rng.integers(0, total - batch + 1))
-            window = slice(start, start + batch)
-            _, grad_w = _sampled(form, form.to_matrix(w_soft), data.cols[:, :, window], data.target[:, window], bias,
-                                 activation, with_loss=False)
-        else:
-            grad_w = form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))
+        grad_w = step(soft.forward(alpha))
         beta = beta_at(iteration, settings.num_iterations, settings.beta_range, settings.warm_start)
         adam.step(soft.backward(grad_w, beta, settings.reg_param))
         if on_step is not None:

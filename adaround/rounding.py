@@ -88,10 +88,11 @@ class Adam:
         ``lr_t m / (sqrt(v) + eps_t)`` with the bias corrections folded into two scalars."""
         b1, b2 = self.betas
         self.t += 1
-        self.m *= b1
-        self.m += (1 - b1) * grad
-        self.v *= b2
-        buffer = np.multiply(grad, grad, out=getattr(self, "_buffer", None))
+        buffer = np.subtract(grad, self.m, out=getattr(self, "_buffer", None))  # m += (1 - b1) (g - m)
+        buffer *= 1 - b1
+        self.m += buffer
+        np.multiply(grad, grad, out=buffer)  # v += (1 - b2) (g^2 - v)
+        buffer -= self.v
         buffer *= 1 - b2
         self.v += buffer
         correction = math.sqrt(1 - b2 ** self.t)

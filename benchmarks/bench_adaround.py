@@ -105,7 +105,9 @@ def _layer_model(op, x_shape, w_shape, attrs, activation):
     return model, feeds
 
 
-def speed_rows(iterations: int, aimet_python: str | None = None) -> list[tuple[str, float, str]]:
+def speed_rows(iterations: int, aimet_python: str | None = None) -> list[tuple[str, float, float, str]]:
+    """``(layer, wall s, CPU s, aimet-onnx cell)`` per 1,000 iterations; ratios are of CPU time (the machine
+    may be shared: run with ``OMP_NUM_THREADS=1`` for one thread on both sides)."""
     import quantsim
     from adaround import apply_adaround
 
@@ -115,19 +117,20 @@ def speed_rows(iterations: int, aimet_python: str | None = None) -> list[tuple[s
         model, feeds = _layer_model(*spec)
         sim = quantsim.QuantizationSimModel(model, param_type="int4", progress=False)
         sim.compute_encodings(feeds)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         (report,) = apply_adaround(sim, feeds, num_iterations=iterations)
-        ours = (time.perf_counter() - start) * 1000 / iterations
+        wall, cpu = (time.perf_counter() - start) * 1000 / iterations, (time.process_time() - cpu) * 1000 / iterations
         theirs = aimet.get(name)
-        cell = "n/a (aimet-onnx not run)" if theirs is None else f"{theirs:.2f} ({theirs / ours:.1f}x)"
-        rows.append((name, ours, cell))
-        print(f"[adaround] {name}: {ours:.2f} s / 1000 it ({report.mode}); aimet-onnx {cell}", file=sys.stderr)
+        cell = "n/a (aimet-onnx not run)" if theirs is None else f"{theirs[0]:.2f} / {theirs[1]:.2f} ({theirs[1] / cpu:.1f}x)"
+        rows.append((name, wall, cpu, cell))
+        print(f"[adaround] {name}: {wall:.2f} s wall, {cpu:.2f} s CPU / 1000 it ({report.mode}); aimet-onnx {cell}",
+              file=sys.stderr)
     return rows
 
 
-def _aimet_seconds(python: str, iterations: int) -> dict[str, float]:
-    """aimet-onnx's seconds per 1,000 iterations per layer, from a Python that has it (a subprocess: its
-    torch and onnxruntime versions never meet this environment's)."""
+def _aimet_seconds(python: str, iterations: int) -> dict[str, tuple[float, float]]:
+    """aimet-onnx's (wall, CPU) seconds per 1,000 iterations per layer, from a Python that has it (a
+    subprocess: its torch and onnxruntime versions never meet this environment's)."""
     import subprocess
     from pathlib import Path
 
@@ -136,7 +139,44 @@ def _aimet_seconds(python: str, iterations: int) -> dict[str, float]:
                           capture_output=True, text=True, check=False)
     if done.returncode:
         print(f"[adaround] aimet-onnx timing failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-    return {name: float(value) for name, value in (line.split("\t") for line in done.stdout.splitlines() if "\t" in line)}
+    rows = (line.split("\t") for line in done.stdout.splitlines() if line.count("\t") == 2)
+    return {name: (float(wall), float(cpu)) for name, wall, cpu in rows}
+
+
+def whole_model_row(key: str, model_dirs, size, iterations: int, aimet_python: str | None) -> str:
+    """Whole-model W4A8 AdaRound time, ours and (when ``aimet_python`` is given) aimet-onnx's, on the same
+    model file, calibration feeds and iterations; wall and CPU seconds."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import quantsim
+    from adaround import apply_adaround
+
+    src, build = C.BUILDERS[key]
+    case = build(model_dirs[src], size)
+    sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type="int4", progress=False)
+    sim.compute_encodings(case.calib)
+    start, cpu = time.perf_counter(), time.process_time()
+    apply_adaround(sim, case.calib, num_iterations=iterations)
+    ours = (time.perf_counter() - start, time.process_time() - cpu)
+    theirs = "n/a (aimet-onnx not run)"
+    if aimet_python:
+        with tempfile.TemporaryDirectory() as tmp:
+            feeds = Path(tmp) / "feeds.npz"
+            np.savez(feeds, **{f"batch{i}/{k}": v for i, feed in enumerate(case.calib) for k, v in feed.items()})
+            done = subprocess.run([aimet_python, "-m", "benchmarks.aimet_adaround_timing", str(iterations),
+                                   str(case.model_path), str(feeds)], cwd=Path(__file__).resolve().parents[1],
+                                  capture_output=True, text=True, check=False)
+        rows = [line.split("\t") for line in done.stdout.splitlines() if line.startswith("model\t")]
+        if rows:
+            wall, cpu_s = float(rows[0][1]), float(rows[0][2])
+            theirs = f"{wall:.1f} / {cpu_s:.1f} ({cpu_s / ours[1]:.1f}x)"
+        else:
+            theirs = f"failed: {done.stderr.strip().splitlines()[-1:]}"
+    row = f"| {case.name} W4A8, {iterations} it | {ours[0]:.1f} / {ours[1]:.1f} | {theirs} |"
+    print(f"[adaround] whole model {row}", file=sys.stderr)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the suite's small data split")
     ap.add_argument("--aimet-python", default=None, help="a Python with aimet-onnx installed, for the speed ratio")
     ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--whole-model", default=None, help="also time AdaRound on this whole model (e.g. cls)")
     args = ap.parse_args(argv)
     size = C.QUICK if args.quick else C.FULL
     model_dirs = fetch_all()
@@ -154,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     for key in [] if args.speed_only else args.models.split(","):
         rows, case = _quality_rows(key, model_dirs, size, args.iterations)
         lines += [f"| {m} | {v} | {case.primary} | {val} | {q} | {s:.1f} |" for m, v, val, q, s in rows]
-    lines += ["", "| layer | quantsim s / 1000 it | aimet-onnx s / 1000 it (ratio) |", "|---|--:|--:|"]
-    lines += [f"| {n} | {s:.2f} | {a} |" for n, s, a in speed_rows(args.speed_iterations, args.aimet_python)]
+    lines += ["", "| layer | quantsim s / 1000 it, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
+    lines += [f"| {n} | {w:.2f} / {c:.2f} | {a} |" for n, w, c, a in speed_rows(args.speed_iterations, args.aimet_python)]
+    if args.whole_model:
+        lines += ["", "| whole model | quantsim s, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
+        lines.append(whole_model_row(args.whole_model, model_dirs, size, args.speed_iterations, args.aimet_python))
     print("\n".join(lines))
     return 0
 
