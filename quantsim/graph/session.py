@@ -72,10 +72,10 @@ def make_session(
     if sum(array.nbytes for array in external.values()) >= FILE_BACKED_MIN_BYTES and not fuse_qdq:
         source, keepalive = file_backed_source(model, external)
         options.add_session_config_entry("session.disable_prepacking", "1")
-        # the arena grows by doubling and keeps what it took: dequantized weights passing through it would
-        # leave it holding gigabytes (measured: 2.9 GB peak instead of 1.3 on a 0.8 GB MLP)
+        # the arena keeps what it took: with it, dequantized weights passing through raise the peak
+        # (measured on a 0.8 GB MLP: 1.64 GB instead of 1.43, for runs about 1.5x faster)
         options.enable_cpu_mem_arena = False
-        # keep DequantizeLinear of integer weights as written: folding it would make a float copy
+        # keep the dequantization of integer weights as written: folding it would make a float copy
         disabled = [*(disabled or ()), "ConstantFolding"]
     else:
         values = [ort.OrtValue.ortvalue_from_numpy(array) for array in external.values()]

@@ -127,7 +127,11 @@ def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.Mo
         for name, digest in expected.items():
             if _file_digest(entry / name) != digest:
                 return _discard(entry, f"{name} does not match its sha256")
-        return onnx.load(str(entry / _MODEL))  # loads the external data into the tensors, once
+        model = onnx.load(str(entry / _MODEL))  # loads the external data into the tensors, one at a time
+        for tensor in model.graph.initializer:  # as the model was before saving: no explicit default location
+            if tensor.HasField("data_location") and tensor.data_location == onnx.TensorProto.DEFAULT:
+                tensor.ClearField("data_location")
+        return model
     except FileNotFoundError as exc:  # removed as a whole by another process meanwhile, or a file is missing
         return _discard(entry, f"missing {Path(exc.filename or '?').name}") if (entry / _MANIFEST).exists() else None
     except Exception as exc:  # noqa: BLE001 - anything unreadable is a corrupted entry

@@ -13,9 +13,11 @@
   initializer (the fastest exact sim: no runtime weight QDQ); ``weights="qdq"`` stores the integer codes
   as an initializer of the storage type followed by ``DequantizeLinear`` (the standard QDQ form).
   ``integer_weights=True`` (sessions of large models) keeps the fake form's values but holds big float32
-  weights of grids up to 8 bits as int8/uint8 codes behind a ``DequantizeLinear``: a quarter of the
-  memory, and exactly the fake-quantized floats (`numerics.fake_quantize` is ``(code - zero_point) *
-  scale`` in float32, which is what DequantizeLinear computes).
+  weights of grids up to 8 bits as int8/uint8 codes, computed back as ``Mul(Cast(codes) - zero_point,
+  scale)`` just before their layer: a quarter of the memory, and exactly the fake-quantized floats
+  (`numerics.fake_quantize` is ``(code - zero_point) * scale`` in float32). Not a DequantizeLinear:
+  onnxruntime's per-channel DequantizeLinear over the last axis runs element by element (10x slower
+  than Cast and a broadcast Mul on a 4096x4096 weight).
 
 A quantized tensor keeps its name: its producer writes a fresh ``<name>/float`` tensor and the last
 quantizer node writes ``<name>``, so consumers and graph outputs need no rewiring. Model inputs keep their
@@ -39,7 +41,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.dtypes import int8, int16, qtype
-from quantsim.core.numerics import Encoding, fake_quantize, fp16_round_trip, grid_bounds, quantize
+from quantsim.core.numerics import Encoding, broadcast_param, fake_quantize, fp16_round_trip, grid_bounds, quantize
 from quantsim.errors import InvalidArgumentError, InvalidStateError
 from quantsim.graph.edit import default_opset
 from quantsim.graph.index import GraphIndex, node_attributes
@@ -283,50 +285,59 @@ class _SimBuilder:
 
     def _integer_weight(self, name: str, q: QcQuantizeOp, enc: Encoding) -> bool:
         """With ``integer_weights``: put a big float32 weight of a grid up to 8 bits into the graph as int8/uint8
-        codes (an ``external`` placeholder) behind a DequantizeLinear writing ``name``; False if it does not
-        qualify (module docstring)."""
+        codes (an ``external`` placeholder) and compute ``name`` as ``(float(codes) - zero_point) * scale``
+        (module docstring); False if it does not qualify."""
         tensor = self.initializers[name]
         if (not self.integer_weights or self.weights != "fake" or q.role != "param" or self.external is None
                 or q.spec.dtype.bits > 8 or enc.block_size is not None or tensor.data_type != TensorProto.FLOAT
                 or name in self.declared_inputs or not is_external_candidate(tensor)):
             return False
-        storage = int8.storage_type(enc.signed)
-        dtype = helper.tensor_dtype_to_np_dtype(storage)
-        codes = self._remembered(name, ("codes", *_constant_key(q)),
-                                 lambda: quantize(self.values(name), enc, dtype))
+        dtype = helper.tensor_dtype_to_np_dtype(int8.storage_type(enc.signed))
+        codes = self._remembered(name, ("codes", *_constant_key(q)), lambda: quantize(self.values(name), enc, dtype))
         codes_name = self.index.fresh_name(f"{name}/codes")
         placeholder = self._placeholder(codes_name, codes)
         if placeholder is None:
             return False
-        scale, zero_point, attrs = _qdq_parameters(enc, q, tuple(tensor.dims))
-        self.new_initializers += [placeholder, numpy_helper.from_array(scale, f"{codes_name}/scale"),
-                                  _integer_tensor(f"{codes_name}/zero_point", zero_point, storage)]
+        shape = tuple(tensor.dims)
+        scale_name, zero_point_name = f"{codes_name}/scale", f"{codes_name}/zero_point"
+        scale = broadcast_param(enc, enc.scale.astype(np.float32), shape)
+        if scale.size == 1:  # a scalar Mul would be folded into a MatMul's alpha (another rounding)
+            scale = np.full(shape[-1:], scale.reshape(()), dtype=np.float32)
+        self.new_initializers += [placeholder, numpy_helper.from_array(scale, scale_name)]
         self.replaced[name] = None
         readers = [use.node for use in self.index.uses(name)]
-        nodes = self._after_reader_input(readers[0], f"{codes_name}/scale") if readers else []
-        scale_name = nodes[-1].output[0] if nodes else f"{codes_name}/scale"
-        nodes.append(helper.make_node("DequantizeLinear", [codes_name, scale_name, f"{codes_name}/zero_point"],
-                                      [name], name=f"{name}/dequantize", **attrs))
+        nodes = self._after_reader_input(readers[0], codes_name, shape) if readers else []
+        as_float = self.index.fresh_name(f"{codes_name}/as_float")
+        nodes.append(helper.make_node("Cast", [nodes[-1].output[0] if nodes else codes_name], [as_float],
+                                      name=as_float, to=TensorProto.FLOAT))
+        if np.any(enc.zero_point != 0):
+            self.new_initializers.append(numpy_helper.from_array(
+                broadcast_param(enc, enc.zero_point.astype(np.float32), shape), zero_point_name))
+            centered = self.index.fresh_name(f"{codes_name}/centered")
+            nodes.append(helper.make_node("Sub", [as_float, zero_point_name], [centered], name=centered))
+            as_float = centered
+        nodes.append(helper.make_node("Mul", [as_float, scale_name], [name], name=f"{name}/dequantize"))
         self.before.setdefault(readers[0].name if readers else "", []).extend(nodes)
         return True
 
-    def _after_reader_input(self, reader: onnx.NodeProto, scale: str) -> list[onnx.NodeProto]:
-        """Nodes computing ``scale + 0`` (the same float32 values: scales are positive) from the shape of
-        ``reader``'s first computed input, so that the weight's DequantizeLinear waits for its layer.
-        onnxruntime would otherwise run every DequantizeLinear first (they read only initializers; its
-        fusions renumber the layers after them) and hold all dequantized weights at once."""
+    def _after_reader_input(self, reader: onnx.NodeProto, codes: str, shape: tuple) -> list[onnx.NodeProto]:
+        """Nodes reshaping ``codes`` to their own ``shape`` computed as ``shape + 0 * (a dimension of reader's
+        first computed input)``, so that the weight's dequantization waits for its layer (a copy of the
+        codes, a quarter of the float weight). onnxruntime would otherwise dequantize every weight first
+        (they read only initializers; its fusions renumber the layers after them) and hold them all at once."""
         anchor = next((i for i in reader.input if i and i not in self.initializers), None)
         if anchor is None:
             return []
-        names = [self.index.fresh_name(f"{scale}/{part}") for part in ("shape", "dim", "as_float", "zero", "after")]
-        first, nothing = self.index.fresh_name(f"{scale}/first"), self.index.fresh_name(f"{scale}/nothing")
+        names = [self.index.fresh_name(f"{codes}/{part}") for part in ("shape", "dim", "zero", "dims", "after")]
+        first, nothing, dims = (self.index.fresh_name(f"{codes}/{part}") for part in ("first", "nothing", "own_dims"))
         self.new_initializers += [numpy_helper.from_array(np.array(0, dtype=np.int64), first),
-                                  numpy_helper.from_array(np.array(0, dtype=np.float32), nothing)]
+                                  numpy_helper.from_array(np.array(0, dtype=np.int64), nothing),
+                                  numpy_helper.from_array(np.array(shape, dtype=np.int64), dims)]
         return [helper.make_node("Shape", [anchor], [names[0]], name=names[0]),
                 helper.make_node("Gather", [names[0], first], [names[1]], name=names[1], axis=0),
-                helper.make_node("Cast", [names[1]], [names[2]], name=names[2], to=TensorProto.FLOAT),
-                helper.make_node("Mul", [names[2], nothing], [names[3]], name=names[3]),
-                helper.make_node("Add", [scale, names[3]], [names[4]], name=names[4])]
+                helper.make_node("Mul", [names[1], nothing], [names[2]], name=names[2]),
+                helper.make_node("Add", [dims, names[2]], [names[3]], name=names[3]),
+                helper.make_node("Reshape", [codes, names[3]], [names[4]], name=names[4])]
 
     def _remembered(self, name: str, key: tuple, compute: Callable[[], np.ndarray]) -> np.ndarray:
         """``compute()``, or the array an earlier build made for ``name`` under the same ``key`` (with
@@ -420,11 +431,11 @@ class _SimBuilder:
     def finish(self) -> onnx.ModelProto:
         ordered = [*self.front, *self.before.pop("", ())]
         for node in self.graph.node:
-            for position, name in enumerate(node.input):
-                if name in self.rewire:
-                    node.input[position] = self.rewire[name]
-            ordered.extend(self.before.get(node.name, ()))
-            ordered.append(node)
+            for before_or_node in (*self.before.get(node.name, ()), node):
+                for position, name in enumerate(before_or_node.input):
+                    if name in self.rewire:
+                        before_or_node.input[position] = self.rewire[name]
+                ordered.append(before_or_node)
             ordered.extend(self.after.get(node.name, ()))
         del self.graph.node[:]
         self.graph.node.extend(ordered)
@@ -466,8 +477,8 @@ def build_sim_model(
     the name to the values. Such a model is complete only with them: `session.make_session` takes them as
     ``external_initializers``, which spares copying, serialising and parsing the weights. ``memo`` (a dict
     the caller keeps, cleared whenever a weight's values change) lets builds share those arrays.
-    ``integer_weights`` (with ``external``) holds big 8-bit weights as integer codes behind DequantizeLinear
-    (module docstring): the same outputs in a quarter of the memory.
+    ``integer_weights`` (with ``external``) holds big 8-bit weights as integer codes dequantized just before
+    their layer (module docstring): the same outputs in a quarter of the memory.
     """
     if weights not in ("fake", "qdq"):
         raise InvalidArgumentError(f"weights must be 'fake' or 'qdq', got {weights!r}")
