@@ -37,12 +37,14 @@ def make_session(
     fuse_qdq: bool = False,
     session_options_kwargs: dict | None = None,
     external_initializers: Mapping[str, np.ndarray] | None = None,
+    file_backed: bool | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession over ``model``.
 
     ``external_initializers`` (name -> contiguous array) supply the values of initializers that ``model``
     holds as external-data placeholders (see `build_sim_model`); big sets go to onnxruntime as one
-    memory-mapped file (module docstring), others as arrays it copies. The session keeps what it needs alive.
+    memory-mapped file (module docstring), others as arrays it copies; ``file_backed`` decides instead of
+    their size when given. The session keeps what it needs alive.
 
     ``fuse_qdq=False`` (the exact sim) sets ``session.disable_quant_qdq`` so onnxruntime runs every
     QuantizeLinear/DequantizeLinear as written: the outputs are the float fake-quantization the sim
@@ -69,7 +71,9 @@ def make_session(
     values: list = []
     source: bytes | str
     keepalive: tempfile.TemporaryDirectory | None
-    if sum(array.nbytes for array in external.values()) >= FILE_BACKED_MIN_BYTES and not fuse_qdq:
+    if file_backed is None:
+        file_backed = sum(array.nbytes for array in external.values()) >= FILE_BACKED_MIN_BYTES
+    if file_backed and external and not fuse_qdq:
         source, keepalive = file_backed_source(model, external)
         options.add_session_config_entry("session.disable_prepacking", "1")
         # the arena keeps what it took: with it, dequantized weights passing through raise the peak

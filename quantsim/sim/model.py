@@ -251,15 +251,17 @@ class QuantizationSimModel:
                 elem_types={t: self._index.elem_type[t] for t in groups if t in self._index.elem_type},
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
-            session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights)
+            session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights,
+                                   file_backed=self._integer_weights())
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
         return CalibrationSession(session, outputs, groups)
 
     # the simulation ------------------------------------------------------------------------------
     def _integer_weights(self) -> bool:
-        """Whether sessions hold big 8-bit weights as integer codes behind DequantizeLinear (same outputs, a
-        quarter of the memory): for models whose weights reach onnxruntime as a memory-mapped file."""
+        """Whether sessions hold big 8-bit weights as integer codes dequantized just before their layer (same
+        outputs, a quarter of the memory; see `build_sim_model`): for models whose weights reach onnxruntime
+        as a memory-mapped file."""
         return self._index.initializer_bytes() >= session_module.FILE_BACKED_MIN_BYTES
 
     def _ensure_param_encodings(self) -> None:
@@ -292,7 +294,7 @@ class QuantizationSimModel:
                                             memo=self._constant_memo, integer_weights=self._integer_weights())
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,
-                                         external_initializers=weights)
+                                         external_initializers=weights, file_backed=self._integer_weights())
             self._session_version = self._version
             _log.debug("sim %s: session rebuilt in %.3f s (version %d)", self._label, time.perf_counter() - start,
                        self._version)
