@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import quantsim
 import quantsim.graph.index as index_module
 import quantsim.graph.session as session_module
+import quantsim.sim.model as sim_model_module
 from quantsim.core.numerics import fake_quantize
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.session import file_backed_source, make_session
@@ -58,6 +59,7 @@ def test_large_model_path_gives_the_same_encodings_and_output_bits(monkeypatch, 
     small.compute_encodings(feeds)
     expected = _outputs(small, feeds)
     monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)  # every model counts as large
+    monkeypatch.setattr(sim_model_module, "INTEGER_WEIGHTS_MIN_BYTES", 1)
     monkeypatch.setattr(index_module, "CONSTANT_CACHE_BYTES", 0)
     large = quantsim.QuantizationSimModel(model, param_type=param_type, progress=False)
     assert large._integer_weights()
@@ -121,6 +123,7 @@ def test_integer_weights_of_an_asymmetric_grid_subtract_the_zero_point(monkeypat
     assert any(np.any(q.encoding.zero_point != 0) for q in small.quantizers if q.role == "param" and q.encoding)
     expected = _outputs(small, feeds)
     monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
+    monkeypatch.setattr(sim_model_module, "INTEGER_WEIGHTS_MIN_BYTES", 1)
     large = quantsim.QuantizationSimModel(model, config_file=str(path), param_type="int8", progress=False)
     large.compute_encodings(feeds)
     assert _outputs(large, feeds) == expected
@@ -223,3 +226,16 @@ def test_sim_from_a_file_is_the_same_as_from_a_proto(monkeypatch, tmp_path):
         sim.compute_encodings(feeds)
         results.append(_outputs(sim, feeds))
     assert results[0] == results[1] == results[2]
+
+
+def test_mid_sized_models_keep_float_weights_in_a_mapped_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path))
+    model, feeds = _mlp()
+    small = quantsim.QuantizationSimModel(model, progress=False)
+    small.compute_encodings(feeds)
+    monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
+    mid = quantsim.QuantizationSimModel(model, progress=False)
+    mid.compute_encodings(feeds)
+    assert mid._file_backed() and not mid._integer_weights()
+    assert _outputs(mid, feeds) == _outputs(small, feeds)
+    assert mid.session._quantsim_external_data[0] is not None  # read from the file

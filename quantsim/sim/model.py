@@ -45,6 +45,12 @@ _log = logging.getLogger(__name__)
 
 __all__ = ["QuantizationSimModel"]
 
+INTEGER_WEIGHTS_MIN_BYTES = 256 << 20
+"""Models with at least this many bytes of initializers run their sessions with 8-bit weights as integer
+codes (`build_sim_model`'s ``integer_weights``): a quarter of the memory, paid for with a dequantization per
+run. Smaller models keep fake-quantized float weights (from a memory-mapped file from
+`session.FILE_BACKED_MIN_BYTES` on)."""
+
 _NOT_SPECIFIED = object()  # compute_encodings: no forward_pass_callback_args given (None is a valid value)
 
 
@@ -252,7 +258,7 @@ class QuantizationSimModel:
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
             session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights,
-                                   file_backed=self._integer_weights())
+                                   file_backed=self._file_backed())
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
         return CalibrationSession(session, outputs, groups)
@@ -260,8 +266,11 @@ class QuantizationSimModel:
     # the simulation ------------------------------------------------------------------------------
     def _integer_weights(self) -> bool:
         """Whether sessions hold big 8-bit weights as integer codes dequantized just before their layer (same
-        outputs, a quarter of the memory; see `build_sim_model`): for models whose weights reach onnxruntime
-        as a memory-mapped file."""
+        outputs, a quarter of the memory; see `build_sim_model`): models of `INTEGER_WEIGHTS_MIN_BYTES`."""
+        return self._index.initializer_bytes() >= INTEGER_WEIGHTS_MIN_BYTES
+
+    def _file_backed(self) -> bool:
+        """Whether sessions get the weights as a memory-mapped file (`session.make_session`)."""
         return self._index.initializer_bytes() >= session_module.FILE_BACKED_MIN_BYTES
 
     def _ensure_param_encodings(self) -> None:
@@ -294,7 +303,7 @@ class QuantizationSimModel:
                                             memo=self._constant_memo, integer_weights=self._integer_weights())
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,
-                                         external_initializers=weights, file_backed=self._integer_weights())
+                                         external_initializers=weights, file_backed=self._file_backed())
             self._session_version = self._version
             _log.debug("sim %s: session rebuilt in %.3f s (version %d)", self._label, time.perf_counter() - start,
                        self._version)
