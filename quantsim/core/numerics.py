@@ -292,10 +292,11 @@ def _float_codes(x: np.ndarray, enc: Encoding) -> np.ndarray:
     return codes
 
 
-def quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
+def quantize(x: np.ndarray, enc: Encoding, dtype=np.int64) -> np.ndarray:
     """ONNX QuantizeLinear on the grid: float32 division, ties to even, saturation (+-inf to the ends,
-    NaN to ``qmin`` like onnxruntime's CPU kernel). Returns int64 (a numpy scalar for a 0-d ``x``)."""
-    return _float_codes(x, enc).astype(np.int64)[()]
+    NaN to ``qmin`` like onnxruntime's CPU kernel). Returns ``dtype`` codes, int64 unless said otherwise
+    (a numpy scalar for a 0-d ``x``); a narrower ``dtype`` must hold ``[qmin, qmax]``."""
+    return _float_codes(x, enc).astype(dtype)[()]
 
 
 def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:

@@ -19,8 +19,11 @@ from onnx import TensorProto, numpy_helper
 
 from quantsim.graph.large_models import payload_bytes
 
-__all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "subgraph_references", "node_attributes"]
+__all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "CONSTANT_CACHE_BYTES", "subgraph_references", "node_attributes"]
 
+CONSTANT_CACHE_BYTES = 64 << 20
+"""At most this many bytes of converted constants are kept by `GraphIndex.cached_constants`: the others are
+converted on each use, so a large model's weights are never held twice (read at call time)."""
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
 
 
@@ -68,6 +71,7 @@ class GraphIndex:
             t.name: t for t in (graph.initializer if initializers is None else initializers)
         }
         self._constant_cache: dict[str, np.ndarray] | None = None
+        self._cached_bytes = 0
         self._initializer_bytes: int | None = None
         self.graph_inputs: list[str] = [i.name for i in graph.input if i.name not in self.initializers]
         self.graph_outputs: list[str] = [o.name for o in graph.output]
@@ -129,16 +133,19 @@ class GraphIndex:
         value = cache.get(name)
         if value is None:
             value = _read_only_array(self.initializers[name])
-            cache[name] = value
+            if self._cached_bytes + value.nbytes <= CONSTANT_CACHE_BYTES:
+                cache[name] = value
+                self._cached_bytes += value.nbytes
         return value
 
     @contextmanager
     def cached_constants(self) -> Iterator[GraphIndex]:
         """Within this block `constant_value` converts each initializer once (the values must not change
-        meanwhile) and returns read-only arrays; they are dropped when the outermost block ends."""
+        meanwhile; up to `CONSTANT_CACHE_BYTES` in all, larger sets are converted again on each use) and
+        returns read-only arrays; they are dropped when the outermost block ends."""
         outermost = self._constant_cache is None
         if outermost:
-            self._constant_cache = {}
+            self._constant_cache, self._cached_bytes = {}, 0
         try:
             yield self
         finally:

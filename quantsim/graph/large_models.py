@@ -118,16 +118,19 @@ def _copy_field(target, field, value) -> None:
         setattr(target, field.name, value)
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[str, str] | None = None) -> list[Path]:
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[str, str] | None = None,
+               external: bool | None = None) -> list[Path]:
     """Write ``model`` to ``path`` and return the files written.
 
-    A large model's big initializers go to ``<path>.data`` beside it as ONNX external data (see
-    ``skeleton``). Unlike ``onnx.save(save_as_external_data=True)`` the in-memory model keeps its weights.
+    A large model's big initializers (any model's with ``external=True``) go to ``<path>.data`` beside it
+    as ONNX external data (see ``skeleton``): ``onnx.load`` then reads them one at a time, where a single
+    file is read whole and parsed, two copies at once. Unlike ``onnx.save(save_as_external_data=True)``
+    the in-memory model keeps its weights.
     With ``digests`` (a dict), each file's sha256 (hex) is recorded under its name as it is written, so a
     caller that needs them never reads the files back.
     """
     path = Path(path)
-    if not is_large(model):
+    if not (is_large(model) if external is None else external):
         with open(path, "wb") as raw_file:
             file = _HashingWriter(raw_file)
             _write_streamed(model, file)

@@ -28,13 +28,15 @@ __all__ = ["save_model_atomic", "session_model_source",
 IN_MEMORY_LOCATION = "quantsim-in-memory"  # external-data location of the placeholders (never a file)
 IN_MEMORY_MIN_BYTES = 1024  # smaller values stay in the model
 IN_MEMORY_ELEM_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE})
-_IN_MEMORY_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in IN_MEMORY_ELEM_TYPES)
+_IN_MEMORY_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t))
+                              for t in (*IN_MEMORY_ELEM_TYPES, TensorProto.INT8, TensorProto.UINT8))
 
 
 def in_memory_placeholder(name: str, values: np.ndarray) -> TensorProto | None:
     """An initializer standing in for ``values``, which onnxruntime gets separately: name, type and dims,
     external data at `IN_MEMORY_LOCATION` (never read). None for values that stay in the model: smaller
-    than `IN_MEMORY_MIN_BYTES`, not float32/16/64, or not a native-order contiguous array."""
+    than `IN_MEMORY_MIN_BYTES`, not float32/16/64 (or int8/uint8 weight codes), or not a native-order contiguous
+    array."""
     if (values.nbytes < IN_MEMORY_MIN_BYTES or values.dtype not in _IN_MEMORY_DTYPES or not values.dtype.isnative
             or not values.flags.c_contiguous):
         return None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import onnx
 
@@ -46,6 +47,7 @@ _log = logging.getLogger(__name__)
 
 __all__ = [
     "prepare",
+    "prepare_loaded",
     "default_passes",
     "DEFAULT_PASSES",
     "PrepareError",
@@ -112,9 +114,34 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
         if cached is not None:
             _log.info("prepare: cache hit %s", key[:16])
             return cached
-        _log.info("prepare: cache miss %s, running %d passes", key[:16], len(chosen))
     work = onnx.ModelProto()
     work.CopyFrom(model)
+    return _prepare_work(work, chosen, key, cache_dir)
+
+
+def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True) -> onnx.ModelProto:
+    """``prepare(load(), fold_batchnorm=...)`` for a model nobody else keeps (``load`` reads it, e.g. from
+    its file), with one copy of its weights at a time: on a cache hit the loaded model is let go before the
+    cached one loads, and on a miss the passes run on it in place."""
+    options = {"fold_batchnorm": fold_batchnorm, "fold_constants": True, "optimize": False}
+    chosen = default_passes(**options)
+    model = load()
+    key = cache_key(model, chosen, options)
+    if key is not None and (cache_root() / key).is_dir():  # most likely a hit: let the model go first
+        del model
+        cached = load_cached(key)
+        if cached is not None:
+            _log.info("prepare: cache hit %s", key[:16])
+            return cached
+        model = load()
+    return _prepare_work(model, chosen, key, None)
+
+
+def _prepare_work(work: onnx.ModelProto, chosen: tuple, key: str | None,
+                  cache_dir: str | os.PathLike | None) -> onnx.ModelProto:
+    """Run the passes on ``work`` (modified) and store the result under ``key``."""
+    if key is not None:
+        _log.info("prepare: cache miss %s, running %d passes", key[:16], len(chosen))
     work = _run_passes(work, chosen)
     if key is not None:
         store_cached(key, work, cache_dir)

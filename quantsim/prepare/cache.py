@@ -11,9 +11,10 @@ Location: ``cache_dir`` argument, else ``$QUANTSIM_CACHE_DIR``, else ``$XDG_CACH
 ``~/.cache/quantsim``); entries live in its ``prepared/`` subfolder.
 
 Entry: a folder ``prepared/<key>/`` holding ``model.onnx`` (plus ``model.onnx.data``, ONNX external data,
-for models over 2 GiB), ``KEY`` (the entry's own key: an entry copied or renamed under another key, which
-would run another model, is refused) and ``SHA256SUMS`` (``sha256sum`` format) with the digest of every
-file. The key is itself a digest over the input model, so ``KEY`` binds the entry to that model too.
+for models with at least `EXTERNAL_DATA_BYTES` of initializers: loading reads those one at a time), ``KEY``
+(the entry's own key: an entry copied or renamed under another key, which would run another model, is
+refused) and ``SHA256SUMS`` (``sha256sum`` format) with the digest of every file. The key is itself a
+digest over the input model, so ``KEY`` binds the entry to that model too.
 Writing: the files go to a temporary folder ``prepared/.tmp-*`` beside the entry, are fsynced, and the
 folder is renamed into place in one atomic step (``os.replace``); when another process published the
 same key first, its entry is kept and ours dropped, so concurrent preparations both succeed. Removal
@@ -41,12 +42,14 @@ from typing import NamedTuple
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
-from quantsim.graph.large_models import is_external_candidate, save_model, skeleton
+from quantsim.graph.large_models import is_external_candidate, payload_bytes, save_model, skeleton
 
-__all__ = ["ENV_VAR", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached", "store_cached",
-           "clear_cache", "cache_info", "cache_size"]
+__all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached",
+           "store_cached", "clear_cache", "cache_info", "cache_size"]
 
 ENV_VAR = "QUANTSIM_CACHE_DIR"
+EXTERNAL_DATA_BYTES = 64 << 20
+"""Entries of models with at least this many bytes of initializers keep them in an external-data file."""
 _FORMAT = b"quantsim-prepared-cache-v2"
 _MODEL, _MANIFEST, _KEY_FILE = "model.onnx", "SHA256SUMS", "KEY"
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -124,7 +127,11 @@ def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.Mo
         for name, digest in expected.items():
             if _file_digest(entry / name) != digest:
                 return _discard(entry, f"{name} does not match its sha256")
-        return onnx.load(str(entry / _MODEL))  # loads the external data into the tensors, once
+        model = onnx.load(str(entry / _MODEL))  # loads the external data into the tensors, one at a time
+        for tensor in model.graph.initializer:  # as the model was before saving: no explicit default location
+            if tensor.HasField("data_location") and tensor.data_location == onnx.TensorProto.DEFAULT:
+                tensor.ClearField("data_location")
+        return model
     except FileNotFoundError as exc:  # removed as a whole by another process meanwhile, or a file is missing
         return _discard(entry, f"missing {Path(exc.filename or '?').name}") if (entry / _MANIFEST).exists() else None
     except Exception as exc:  # noqa: BLE001 - anything unreadable is a corrupted entry
@@ -140,7 +147,8 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
         try:
             digests: dict[str, str] = {}
-            files = save_model(model, staging / _MODEL, digests)  # hashed as written, never read back
+            files = save_model(model, staging / _MODEL, digests,  # hashed as written, never read back
+                               external=payload_bytes(model.graph.initializer) >= EXTERNAL_DATA_BYTES or None)
             (staging / _KEY_FILE).write_text(key + "\n")
             digests[_KEY_FILE] = hashlib.sha256((key + "\n").encode()).hexdigest()
             files.append(staging / _KEY_FILE)

@@ -27,11 +27,13 @@ from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.core.numerics import Encoding
 from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
-from quantsim.graph.index import GraphIndex
+from quantsim.graph import session as session_module
+from quantsim.graph.index import CONSTANT_CACHE_BYTES, GraphIndex
+from quantsim.graph.large_models import payload_bytes
 from quantsim.graph.loading import load_model
 from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
-from quantsim.prepare import prepare
+from quantsim.prepare import prepare, prepare_loaded
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
@@ -48,6 +50,12 @@ from quantsim.sim.state import SimState, record_weight, restore, snapshot, tempo
 _log = logging.getLogger(__name__)
 
 __all__ = ["QuantizationSimModel"]
+
+INTEGER_WEIGHTS_MIN_BYTES = 256 << 20
+"""Models with at least this many bytes of initializers run their sessions with 8-bit weights as integer
+codes (`build_sim_model`'s ``integer_weights``): a quarter of the memory, paid for with a dequantization per
+run. Smaller models keep fake-quantized float weights (from a memory-mapped file from
+`session.FILE_BACKED_MIN_BYTES` on)."""
 
 _NOT_SPECIFIED = object()  # compute_encodings: no forward_pass_callback_args given (None is a valid value)
 
@@ -106,6 +114,7 @@ class QuantizationSimModel:
         if options.get("user_onnx_libs"):
             raise InvalidArgumentError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
         proto, self._label = load_model(model)
+        loaded_here = not isinstance(model, onnx.ModelProto)
         self.param_type = qtype.as_qtype(options["param_type"] or int8)
         self.activation_type = qtype.as_qtype(options["activation_type"] or int8)
         self._quant_scheme = get_scheme(options["quant_scheme"])
@@ -125,7 +134,13 @@ class QuantizationSimModel:
         self.progress = bool(progress)
         self.range_health = bool(range_health)
         try:
-            self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
+            if loaded_here:  # the sim's own copy: preparation lets it go before loading the prepared one
+                box = [proto]
+                del proto
+                self.model = prepare_loaded(lambda: box.pop() if box else load_model(model)[0],
+                                            fold_batchnorm=fold_batchnorm)
+            else:
+                self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
         except PrepareError as error:  # name the model too: a script may build several sims
             raise PrepareError(f"{self._label}: {error}") from error
         self._build_quantizers(percentile)
@@ -219,9 +234,16 @@ class QuantizationSimModel:
         todo = [q for q in self._quantizers
                 if q.enabled and not q.spec.is_float and not q.is_encoding_frozen() and self._is_constant_quantizer(q)
                 and not (only_missing and q.encoding is not None)]
-        items = [(q.calibration_scheme, q.encoding_request(), self._constant_values(q)) for q in todo]
-        for q, encoding in zip(todo, encodings_for_values(items)):
-            q.set_encoding(encoding)
+        # in batches of bounded size: a large model's weights are never all converted at once
+        start, size = 0, 0
+        for end, q in enumerate(todo, 1):
+            size += payload_bytes(self._index.initializers[t] for t in q.tensors)
+            if size >= CONSTANT_CACHE_BYTES or end == len(todo):
+                batch = todo[start:end]
+                items = [(q.calibration_scheme, q.encoding_request(), self._constant_values(q)) for q in batch]
+                for q, encoding in zip(batch, encodings_for_values(items)):
+                    q.set_encoding(encoding)
+                start, size = end, 0
 
     def compute_encodings(self, inputs=None, forward_pass_callback_args=_NOT_SPECIFIED, *, forward_pass_callback=None):
         """Calibrate: weight encodings from the initializers, activation encodings from streamed data.
@@ -252,7 +274,8 @@ class QuantizationSimModel:
         if self._calibration_cache is None or self._calibration_cache[0] != key:
             weights: dict[str, np.ndarray] = {}
             model = build_sim_model(self.model, [q for q in constants if q.enabled], source=self._index,
-                                    external=weights, memo=self._constant_memo)
+                                    external=weights, memo=self._constant_memo,
+                                    integer_weights=self._integer_weights())
             shapes = self._index.shape
             model, outputs = add_statistics_outputs(
                 model, list(groups), list(groups) if sampled else [], nonnegative=find_nonnegative_tensors(self._index),
@@ -261,13 +284,23 @@ class QuantizationSimModel:
                 sample_sizes=dict.fromkeys(small, RANGE_SAMPLE),
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
-            session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights)
+            session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights,
+                                   file_backed=self._file_backed())
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
         samples = frozenset(q.name for q in observed) if self.range_health else frozenset()
         return CalibrationSession(session, outputs, groups, histograms=histograms, range_samples=samples)
 
     # the simulation ------------------------------------------------------------------------------
+    def _integer_weights(self) -> bool:
+        """Whether sessions hold big 8-bit weights as integer codes dequantized just before their layer (same
+        outputs, a quarter of the memory; see `build_sim_model`): models of `INTEGER_WEIGHTS_MIN_BYTES`."""
+        return self._index.initializer_bytes() >= INTEGER_WEIGHTS_MIN_BYTES
+
+    def _file_backed(self) -> bool:
+        """Whether sessions get the weights as a memory-mapped file (`session.make_session`)."""
+        return self._index.initializer_bytes() >= session_module.FILE_BACKED_MIN_BYTES
+
     def _ensure_param_encodings(self) -> None:
         self._compute_constant_encodings(only_missing=True)
 
@@ -295,10 +328,10 @@ class QuantizationSimModel:
                     model = self.to_onnx_qdq()
                 else:
                     model = build_sim_model(self.model, self._quantizers, source=self._index, external=weights,
-                                            memo=self._constant_memo)
+                                            memo=self._constant_memo, integer_weights=self._integer_weights())
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,
-                                         external_initializers=weights)
+                                         external_initializers=weights, file_backed=self._file_backed())
             self._session_version = self._version
             _log.debug("sim %s: session rebuilt in %.3f s (version %d)", self._label, time.perf_counter() - start,
                        self._version)
