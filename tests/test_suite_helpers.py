@@ -352,6 +352,7 @@ def test_utterance_is_deterministic_bounded_and_has_speech_and_pauses():
 
 # ------------------------------------------------------------------------------------------ images
 def test_square_input_pads_right_and_bottom():
+    pytest.importorskip("PIL")  # the bench extra's image resizing
     rgb = np.full((2, 4, 3), 255, np.uint8)
     x = scenes.square_input(rgb, size=4)
     assert x.shape == (1, 3, 4, 4) and x.dtype == np.float32
@@ -359,6 +360,7 @@ def test_square_input_pads_right_and_bottom():
 
 
 def test_orientation_input_is_bgr_imagenet_normalised_centre_crop():
+    pytest.importorskip("PIL")  # the bench extra's image resizing
     rgb = np.zeros((300, 600, 3), np.uint8)
     rgb[..., 0] = 255  # red
     rgb[:, :150] = 0  # a black band the 256-short-side centre crop cuts away
@@ -370,6 +372,7 @@ def test_orientation_input_is_bgr_imagenet_normalised_centre_crop():
 
 
 def test_layout_input_and_rotation():
+    pytest.importorskip("PIL")  # the bench extra's image resizing
     x = scenes.layout_input(np.full((100, 80, 3), 255, np.uint8))
     assert x.shape == (1, 3, 800, 608)
     np.testing.assert_allclose(x[0, :, 0, 0], (1 - scenes.IMAGENET_MEAN) / scenes.IMAGENET_STD, rtol=1e-5)
@@ -385,6 +388,7 @@ def test_photo_views_are_seeded_crops():
 
 
 def test_ddddocr_input_and_alnum():
+    pytest.importorskip("PIL")  # the bench extra's image resizing
     x = wide_cases.ddddocr_input(np.full((32, 100, 3), 255, np.uint8))
     assert x.shape == (1, 1, 64, 200) and np.allclose(x, 1.0)
     assert wide_cases.alnum("Tel. +2 848, Ünï") == "tel2848ünï"
