@@ -35,7 +35,7 @@ from quantsim.export.reference import compare_with_onnxruntime
 INTEGER_OPS = frozenset(
     """QLinearConv QLinearMatMul QGemm QLinearAdd QLinearMul QLinearConcat QLinearAveragePool
     QLinearGlobalAveragePool QLinearSigmoid QLinearLeakyRelu QLinearSoftmax MaxPool Reshape Flatten Transpose
-    Squeeze Unsqueeze Slice Split Pad Resize Concat Clip Cast Gather GatherElements Identity Shape""".split()
+    Squeeze Unsqueeze Slice Split Pad Resize Concat Clip Cast Gather GatherElements Identity Shape DepthToSpace""".split()
 )
 FLOAT_COMPUTE = frozenset({"Conv", "MatMul", "Gemm", "Add", "Mul", "Sub", "Div", "Relu", "Sigmoid", "Softmax",
                            "AveragePool", "GlobalAveragePool", "Tanh", "Erf", "HardSwish", "HardSigmoid"})

@@ -12,8 +12,19 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper, numpy_helper
-from test_export_integer import _assert_integer_only, _export_checked, _feeds, _model, _sim, _steps, _vi, _w
+from test_export_integer import (
+    _assert_integer_only,
+    _export_checked,
+    _feeds,
+    _model,
+    _named,
+    _sim,
+    _steps,
+    _vi,
+    _w,
+)
 
 from quantsim.export.reference import compare_with_onnxruntime
 
@@ -95,5 +106,37 @@ def test_activation_difference_is_qlinear_add_of_negated_codes():
     assert negate.name == "difference/negate"
     feed = _feeds((8, 3, 8, 8), 2)
     assert _steps(sim, exported, feed)["y"].max() <= 1
+    result = compare_with_onnxruntime(exported.model, feed)["y"]
+    assert result["max_lsb_diff"] <= 1 and result["frac_within_1_lsb"] == 1.0, result
+
+
+@pytest.mark.parametrize("kernel, stride, pads, output_padding, bias", [
+    (2, 2, [0, 0, 0, 0], [0, 0], True),  # PP-OCR det's DB head upsampling
+    (3, 2, [1, 1, 1, 1], [1, 1], True),
+    (3, 1, [1, 0, 1, 0], [0, 0], False),
+])
+def test_conv_transpose_is_zero_insertion_and_qlinear_conv(kernel, stride, pads, output_padding, bias):
+    """ConvTranspose -> Pad + DepthToSpace on codes + QLinearConv: equal to the sim bit for bit without a bias
+    (the same sums), within one step with one, and equal to the reference executor within one LSB."""
+    rng = np.random.default_rng(kernel + stride)
+    inits = [_named(_w(rng, 4, 3, 3, 3), "c.w"), _named(_w(rng, 4, 5, kernel, kernel), "t.w")]
+    inputs, conv_inputs = ["c", "t.w"], ["x", "c.w"]
+    if bias:
+        inits += [_named(_w(rng, 4, scale=0.1), "c.b"), _named(_w(rng, 5, scale=0.1), "t.b")]
+        inputs.append("t.b")
+        conv_inputs.append("c.b")
+    nodes = [helper.make_node("Conv", conv_inputs, ["c"], name="c", pads=[1, 1, 1, 1]),
+             helper.make_node("ConvTranspose", inputs, ["y"], name="up", kernel_shape=[kernel, kernel],
+                              strides=[stride, stride], pads=pads, output_padding=output_padding)]
+    size = (6 - 1) * stride + kernel - pads[0] - pads[2] + output_padding[0]
+    width = (6 - 1) * stride + kernel - pads[1] - pads[3] + output_padding[1]
+    sim = _sim(_model(nodes, [_vi("x", "N", 3, 6, 6)], [_vi("y", "N", 5, size, width)], inits), (4, 3, 6, 6))
+    exported = _export_checked(sim)
+    assert exported.report == []
+    _assert_integer_only(exported.model)
+    assert [n.op_type for n in exported.model.graph.node].count("QLinearConv") == 2
+    feed = _feeds((8, 3, 6, 6), 5)
+    steps = _steps(sim, exported, feed)["y"]
+    assert steps.max() <= (1 if bias else 0) and np.mean(steps > 0) <= 0.02, (steps.max(), np.mean(steps > 0))
     result = compare_with_onnxruntime(exported.model, feed)["y"]
     assert result["max_lsb_diff"] <= 1 and result["frac_within_1_lsb"] == 1.0, result
