@@ -242,7 +242,8 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
             "rel_err": float(np.abs(out - fp32).max() / np.abs(fp32).max()),
             "nodes": len(variants[key].graph.node),
         })
-    tables = sum(n.op_type in ("Gather", "GatherElements") for n in exported.model.graph.node)
+    constants = {t.name for t in exported.model.graph.initializer}  # lookup tables: Gather from a constant
+    tables = sum(n.op_type in ("Gather", "GatherElements") and n.input[0] in constants for n in exported.model.graph.node)
     compute = Counter(e.op_type for e in exported.report if e.op_type not in _MOVEMENT)
     rows[2]["note"] = (f"{len(exported.report)} float nodes ({sum(compute.values())} compute: "
                        f"{' '.join(f'{op} {n}' for op, n in sorted(compute.items())) or 'none'}), {tables} tables; vs QOperator "
