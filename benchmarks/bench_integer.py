@@ -3,7 +3,7 @@
     python -m benchmarks.bench_integer [--size 224] [--repeats 30] [--threads 0] [--models cls rec ...]
 
 Three conv nets built here with seeded He-initialised weights (BN already folded into the convs), and
-the suite's real PP-OCR cls / rec / det models (`benchmarks.suite`, QUICK calibration split, one
+the suite's real PP-OCR cls / rec / det models and nudenet's YOLOv8n detector (`benchmarks.suite`, QUICK calibration split, one
 evaluation item as the timed input):
 
 * ``resnet_style``: 7x7/2 stem + Relu, 3x3/2 MaxPool, four stages of one basic block (3x3 Conv+Relu,
@@ -34,6 +34,7 @@ import os
 import platform
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,10 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# report entries that move or reshape data or compute shapes (not arithmetic on activations)
+_MOVEMENT = frozenset({"Reshape", "Concat", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Split", "Slice", "Gather",
+                       "Shape", "Cast", "ConstantOfShape", "Range", "Flatten", "Identity", "graph input",
+                       "graph output"})
 
 
 class _Net:
@@ -185,12 +190,17 @@ def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx
         return onnx.load(target)
 
 
-def _ppocr(name: str):
-    """(model, calibration feeds, one test feed) of a suite model (benchmarks.suite, QUICK sizes)."""
+def _suite_model(name: str):
+    """(model, calibration feeds, two test feeds) of a suite model (benchmarks.suite, QUICK sizes): PP-OCR
+    cls / rec / det or nudenet's YOLOv8n detector."""
     from benchmarks.suite.cases import QUICK, cls_case, det_case, rec_case
     from benchmarks.suite.fetch import cache_dir
+    from benchmarks.suite.wide_cases import nudenet_case
 
-    case = {"cls": cls_case, "det": det_case, "rec": rec_case}[name](cache_dir() / "models" / "ppocr", QUICK)
+    if name == "nudenet":
+        case = nudenet_case(cache_dir() / "models" / "nudenet", QUICK)
+    else:
+        case = {"cls": cls_case, "det": det_case, "rec": rec_case}[name](cache_dir() / "models" / "ppocr", QUICK)
     return onnx.load(case.model_path), case.calib, [{k: v[:1] for k, v in f.items()} for f in case.eval[:2]]
 
 
@@ -228,15 +238,23 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
         rows.append({
             "model": name, "variant": key, "ms": best[key] * 1e3, "ratio": best["FP32"] / best[key],
             "median_ms": float(np.median(times[key])) * 1e3,
-            "steps": f"{np.abs(out - sim_out).max() / scale:.0f}" if ours else "",
+            "steps": _deviation(np.abs(out - sim_out).max(), scale) if ours else "",
             "rel_err": float(np.abs(out - fp32).max() / np.abs(fp32).max()),
             "nodes": len(variants[key].graph.node),
         })
-    tables = sum(n.op_type in ("Gather", "GatherElements") for n in exported.model.graph.node)
-    rows[2]["note"] = (f"{len(exported.report)} float nodes, {tables} tables; vs QOperator "
+    constants = {t.name for t in exported.model.graph.initializer}  # lookup tables: Gather from a constant
+    tables = sum(n.op_type in ("Gather", "GatherElements") and n.input[0] in constants for n in exported.model.graph.node)
+    compute = Counter(e.op_type for e in exported.report if e.op_type not in _MOVEMENT)
+    rows[2]["note"] = (f"{len(exported.report)} float nodes ({sum(compute.values())} compute: "
+                       f"{' '.join(f'{op} {n}' for op, n in sorted(compute.items())) or 'none'}), {tables} tables; vs QOperator "
                        f"{best['ORT quantize_static QOperator'] / best[rows[2]['variant']]:.2f}x; "
                        f"sim+export {prepare_s:.1f} s")
     return rows
+
+
+def _deviation(largest: float, scale: float) -> str:
+    """Largest |export - sim| in output steps, or absolute when the output has no quantizer (a float Concat)."""
+    return f"{largest / scale:.0f}" if np.isfinite(scale) else f"{largest:.3g} (float output)"
 
 
 def render(rows: list[dict], args) -> str:
@@ -262,8 +280,9 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="intra_op_num_threads (0: onnxruntime default)")
     parser.add_argument("--models", nargs="+", default=["resnet_style", "mobilenet_style", "pplcnet_style", "cls",
-                                                         "rec", "det"],
-                        help="built nets and/or real PP-OCR models (cls, rec, det; fetched by benchmarks.suite.fetch)")
+                                                         "rec", "det", "nudenet"],
+                        help="built nets and/or real suite models (PP-OCR cls, rec, det; nudenet's YOLOv8n; "
+                             "fetched by benchmarks.suite.fetch)")
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)
     ort.set_default_logger_severity(3)
@@ -277,8 +296,9 @@ def main(argv=None) -> None:
         if name in built:
             rows += bench_model(name, built[name](size), args.repeats, args.threads, calibration, tests)
         else:
-            model, real_calibration, real_tests = _ppocr(name)
-            rows += bench_model(f"ppocr {name}", model, args.repeats, args.threads, real_calibration, real_tests)
+            model, real_calibration, real_tests = _suite_model(name)
+            label = name if name == "nudenet" else f"ppocr {name}"
+            rows += bench_model(label, model, args.repeats, args.threads, real_calibration, real_tests)
     table = render(rows, args)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ from quantsim.export.reference import compare_with_onnxruntime
 INTEGER_OPS = frozenset(
     """QLinearConv QLinearMatMul QGemm QLinearAdd QLinearMul QLinearConcat QLinearAveragePool
     QLinearGlobalAveragePool QLinearSigmoid QLinearLeakyRelu QLinearSoftmax MaxPool Reshape Flatten Transpose
-    Squeeze Unsqueeze Slice Split Pad Resize Concat Clip Cast Gather GatherElements Identity Shape""".split()
+    Squeeze Unsqueeze Slice Split Pad Resize Concat Clip Cast Gather GatherElements Identity Shape DepthToSpace""".split()
 )
 FLOAT_COMPUTE = frozenset({"Conv", "MatMul", "Gemm", "Add", "Mul", "Sub", "Div", "Relu", "Sigmoid", "Softmax",
                            "AveragePool", "GlobalAveragePool", "Tanh", "Erf", "HardSwish", "HardSigmoid"})
@@ -90,7 +90,9 @@ def _steps(sim, exported, feed) -> dict[str, np.ndarray]:
 
 
 def _assert_integer_only(model: onnx.ModelProto) -> None:
-    ops = [n.op_type for n in model.graph.node]
+    uint8_constants = {t.name for t in model.graph.initializer if t.data_type == TensorProto.UINT8}
+    ops = [n.op_type for n in model.graph.node  # uint8 Sub(255, codes) negates codes (Sub of two activations)
+           if not (n.op_type == "Sub" and n.input[0] in uint8_constants)]
     inner = [op for op in ops if op not in ("QuantizeLinear", "DequantizeLinear")]
     assert set(inner) <= INTEGER_OPS, sorted(set(inner) - INTEGER_OPS)
     assert not FLOAT_COMPUTE & set(ops)

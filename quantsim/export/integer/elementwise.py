@@ -9,7 +9,9 @@ All tensors are uint8 per-tensor grids; with ``r = s (q - z)`` on each side:
   A larger constant operand (e.g. a [1, C, 1, 1] scale) is quantized with its own sim quantizer.
 * Sub / Div by a constant tensor (per-channel input normalisation ``(x - mean) / std``): ``QLinearAdd``
   with the negated constant codes (exact: ``s((255 - q) - (255 - z)) = -s(q - z)``) / ``QLinearMul`` by
-  the reciprocal on its own uint8 grid.
+  the reciprocal on its own uint8 grid. Sub of two quantized activations (a detection head's box decode,
+  ``x2y2 - x1y1``): the subtrahend's codes negated at run time by a uint8 ``Sub(255, q)`` (never wraps),
+  then ``QLinearAdd``. Div of two activations has no integer kernel and stays float.
 * Concat: inputs already on the output grid (the sim ties Concat inputs to the output quantizer) are
   copied by a plain uint8 ``Concat``; otherwise ``QLinearConcat`` requantizes each input with
   ``M_i = s_i / s_out`` (onnxruntime: a 256-entry table per input).
@@ -80,6 +82,9 @@ def lower_sub_div(ctx: LoweringContext, node: onnx.NodeProto) -> None:
         lower_scalar_binary(ctx, node)
         return
     c_name = node.input[1]
+    if node.op_type == "Sub" and not ctx.index.is_constant(c_name) and not ctx.index.is_constant(node.input[0]):
+        _lower_activation_difference(ctx, node)
+        return
     if not ctx.index.is_constant(c_name) or ctx.index.is_constant(node.input[0]):
         raise Unsupported(f"{node.op_type} of two activations has no integer kernel")
     x = ctx.int_input(node.input[0])
@@ -101,6 +106,17 @@ def lower_sub_div(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     grid = Grid(scale, int(np.clip(np.rint(-low / scale), 0, 255)))
     name = ctx.add_initializer(grid.quantize(reciprocal).astype(np.uint8), f"{c_name}/reciprocal_codes")
     _binary_kernel(ctx, node, "QLinearMul", x, QTensor(name, grid), f"{c_name}/reciprocal")
+
+
+
+def _lower_activation_difference(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """``a - b`` of two quantized tensors: ``QLinearAdd(a, 255 - q_b)`` on ``b``'s negated grid
+    ``(s_b, 255 - z_b)``, codes ``[255 - high, 255 - low]`` (exact: ``s_b((255 - q) - (255 - z_b)) = -s_b(q - z_b)``)."""
+    a, b = ctx.int_input(node.input[0]), ctx.int_input(node.input[1])
+    negated = Grid(b.grid.scale, 255 - b.grid.zero_point, 255 - b.grid.high, 255 - b.grid.low)
+    codes = ctx.fresh(f"{node.input[1]}/negated_codes")
+    ctx.emit("Sub", [ctx.scalar(255, np.uint8, "uint8/255"), b.name], [codes], name=f"{node.name}/negate")
+    _binary_kernel(ctx, node, "QLinearAdd", a, QTensor(codes, negated), f"{node.input[1]}/negated")
 
 
 def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:

@@ -14,6 +14,13 @@ difference (with zero biases the outputs equal the sim's bit for bit). The fixed
 in the requant table (`fixed_point.multiplier_record`).
 
 * Conv -> ``QLinearConv`` (uint8 x, int8 or uint8 weights, uint8 y, int32 bias), attributes unchanged.
+* ConvTranspose (2-D, group 1, equal strides ``s``; onnxruntime has no QLinearConvTranspose on CPU): with
+  kernel ``s x s`` and no padding (U-Net / DB-head upsampling) a 1x1 ``QLinearConv`` to ``s^2 C_out``
+  channels then ``DepthToSpace(s, DCR)`` on the codes (sub-pixel form, the ConvTranspose's own MACs);
+  otherwise zero insertion on the codes (``Pad`` the channel axis with ``(s^2 - 1) C`` channels of ``z_x``, then
+  ``DepthToSpace(s, DCR)`` puts each input pixel at the top-left of an ``s x s`` block of zero codes) and a
+  stride-1 ``QLinearConv`` with the kernel flipped and its in/out axes swapped, padded ``k - 1 - p`` at the
+  start and ``k - 1 - p + output_padding - (s - 1)`` at the end: the same sums, so the same numerics as Conv.
 * Gemm (constant B) -> ``com.microsoft.QGemm``: ``alpha`` folds into the weight scale, ``beta`` into the
   bias; int32 bias ``C`` on the accumulator grid.
 * MatMul with a constant 2-D weight -> ``QLinearMatMul`` (per-column weight scales allowed); with an
@@ -33,7 +40,7 @@ from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, QTensor,
 from quantsim.export.integer.epilogue import epilogue, finish
 from quantsim.graph.index import node_attributes
 
-__all__ = ["RULES", "lower_conv", "lower_gemm", "lower_matmul"]
+__all__ = ["RULES", "lower_conv", "lower_conv_transpose", "lower_gemm", "lower_matmul"]
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
 
@@ -98,6 +105,75 @@ def lower_conv(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     out = ctx.fresh(f"{ep.tensor}/codes")
     ctx.emit("QLinearConv", inputs, [out], name=node.name, attributes_of=node)
     _record(ctx, node, "QLinearConv", x, w, ep, bias_scale, w_name, {"clamp": [ep.low, ep.high]})
+    finish(ctx, ep, out)
+
+
+def _transpose_conv_geometry(ctx: LoweringContext, node: onnx.NodeProto, kernel: tuple) -> tuple[int, list[int]]:
+    """(stride, QLinearConv pads) of a ConvTranspose the zero-insertion form covers, else Unsupported."""
+    attrs = node_attributes(node)
+    rank = len(kernel)
+    strides = list(attrs.get("strides", [1] * rank))
+    pads = list(attrs.get("pads", [0] * 2 * rank))
+    extra = list(attrs.get("output_padding", [0] * rank))
+    if rank != 2 or int(attrs.get("group", 1)) != 1 or any(d != 1 for d in attrs.get("dilations", [1] * rank)):
+        raise Unsupported("only 2-D ConvTranspose with group 1 and no dilation runs as a QLinearConv")
+    if "output_shape" in attrs or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        raise Unsupported("ConvTranspose with output_shape or auto_pad has no integer lowering")
+    if len(set(strides)) != 1 or ctx.opset < 11:
+        raise Unsupported("ConvTranspose zero insertion needs equal strides and opset >= 11 (DepthToSpace DCR)")
+    stride = int(strides[0])
+    begin = [k - 1 - p for k, p in zip(kernel, pads[:rank])]
+    end = [k - 1 - p + e - (stride - 1) for k, p, e in zip(kernel, pads[rank:], extra)]
+    if min(begin + end) < 0:
+        raise Unsupported("ConvTranspose pads larger than kernel - 1 need a crop; no integer lowering")
+    return stride, begin + end
+
+
+def lower_conv_transpose(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """ConvTranspose -> QLinearConv on uint8 codes (sub-pixel or zero insertion, see the module docstring)."""
+    w_name = node.input[1]
+    w_shape = ctx.index.shape.get(w_name)
+    if not ctx.index.is_constant(w_name) or w_shape is None or len(w_shape) != 4:
+        raise Unsupported(f"ConvTranspose weight {w_name!r} is not a constant 4-D tensor")
+    stride, conv_pads = _transpose_conv_geometry(ctx, node, tuple(w_shape[2:]))
+    x = ctx.int_input(node.input[0])
+    w = _weight(ctx, w_name, axis=1)  # [C_in, C_out, kh, kw]: output channels on axis 1
+    bias = ctx.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    subpixel = stride > 1 and list(w_shape[2:]) == [stride, stride] and conv_pads == [stride - 1] * 2 + [0, 0]
+    codes = x.name
+    if subpixel:  # channel (i s + j) C_out + c of a 1x1 conv is output pixel (i, j) of each s x s block (DCR)
+        blocks = stride * stride
+        w = {**w, "codes": np.ascontiguousarray(w["codes"].transpose(2, 3, 1, 0)).reshape(-1, w_shape[0], 1, 1),
+             "scale": np.tile(w["scale"], blocks) if w["scale"].ndim else w["scale"],
+             "zero_point": np.tile(w["zero_point"], blocks) if w["zero_point"].ndim else w["zero_point"]}
+        bias = None if bias is None else np.tile(np.asarray(bias).reshape(-1), blocks)
+        kernel, conv_pads = [1, 1], [0, 0, 0, 0]
+    else:
+        w = {**w, "codes": np.ascontiguousarray(w["codes"].transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])}
+        kernel = list(w_shape[2:])
+    if stride > 1 and not subpixel:
+        padded = ctx.fresh(f"{node.input[0]}/zero_blocks")
+        pads = ctx.add_initializer(np.array([0, 0, 0, 0, 0, (stride * stride - 1) * int(w_shape[0]), 0, 0], np.int64),
+                                   f"{node.name}/block_pads")
+        ctx.emit("Pad", [codes, pads, ctx.scalar(x.grid.zero_point, np.uint8, f"zero_point/uint8/{x.grid.zero_point}")],
+                 [padded], name=f"{node.name}/zero_blocks")
+        codes = ctx.fresh(f"{node.input[0]}/zero_inserted")
+        ctx.emit("DepthToSpace", [padded], [codes], name=f"{node.name}/zero_insert", blocksize=stride, mode="DCR")
+    ep = epilogue(ctx, node)
+    ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
+    xs, xzp = ctx.grid_inputs(x.grid, node.input[0])
+    inputs = [codes, xs, xzp, *_add_weight(ctx, w_name, w), ys, yzp]
+    bias_scale = None
+    if bias is not None:
+        bias_name, bias_scale = _bias(ctx, bias, x, w, node.input[2])
+        inputs.append(bias_name)
+    out = ctx.fresh(f"{ep.tensor}/codes")
+    ctx.emit("QLinearConv", inputs, [out], name=node.name, kernel_shape=kernel, pads=conv_pads)
+    if subpixel:
+        blocks_out, out = out, ctx.fresh(f"{ep.tensor}/codes")
+        ctx.emit("DepthToSpace", [blocks_out], [out], name=f"{node.name}/subpixel", blocksize=stride, mode="DCR")
+    _record(ctx, node, "QLinearConv", x, w, ep, bias_scale, w_name,
+            {"clamp": [ep.low, ep.high], "transposed": {"stride": stride, "subpixel": subpixel, "pads": conv_pads}})
     finish(ctx, ep, out)
 
 
@@ -195,4 +271,4 @@ def _matmul_activations(ctx: LoweringContext, node: onnx.NodeProto, x: QTensor) 
     finish(ctx, ep, out)
 
 
-RULES = {"Conv": lower_conv, "Gemm": lower_gemm, "MatMul": lower_matmul}
+RULES = {"Conv": lower_conv, "ConvTranspose": lower_conv_transpose, "Gemm": lower_gemm, "MatMul": lower_matmul}
