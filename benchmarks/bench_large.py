@@ -32,27 +32,42 @@ ROWS = 64
 
 
 def build(path: Path, gigabytes: float, width: int = WIDTH) -> int:
-    """Write an MLP of about ``gigabytes`` of float32 weights to ``path`` (external data); returns layers."""
+    """Write an MLP of about ``gigabytes`` of float32 weights to ``path`` (external data); returns layers.
+
+    Each weight is written to the data file as soon as it is drawn and the model only records where it lies,
+    so building needs one layer's memory, not the model's (``onnx.save`` of an in-memory model holds the weights
+    three times over: the initializer list, the graph's copy and the model's copy)."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     layers = max(1, round(gigabytes * 1e9 / (width * width * 4)))
     rng = np.random.default_rng(0)
     nodes, inits = [], []
+    location = path.name + ".data"
+
+    def external(data_file, name: str, array: np.ndarray) -> TensorProto:
+        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=array.shape)
+        offset = data_file.tell()
+        data_file.write(array.tobytes())
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(array.nbytes))):
+            tensor.external_data.add(key=key, value=value)
+        tensor.data_location = TensorProto.EXTERNAL
+        return tensor
+
     x = "x"
-    for i in range(layers):
-        w = (rng.standard_normal((width, width), dtype=np.float32) / math.sqrt(width)).astype(np.float32)
-        b = (0.01 * rng.standard_normal(width)).astype(np.float32)
-        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"matmul{i}"),
-                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
-                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"relu{i}")]
-        x = f"r{i}"
+    with open(path.parent / location, "wb") as data_file:
+        for i in range(layers):
+            w = (rng.standard_normal((width, width), dtype=np.float32) / math.sqrt(width)).astype(np.float32)
+            b = (0.01 * rng.standard_normal(width)).astype(np.float32)
+            inits += [external(data_file, f"w{i}", w), external(data_file, f"b{i}", b)]
+            nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"matmul{i}"),
+                      helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
+                      helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"relu{i}")]
+            x = f"r{i}"
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["N", width])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=path.name + ".data", size_threshold=1024)
+    onnx.save(model, str(path))
     return layers
 
 
@@ -72,6 +87,15 @@ def _peak_gb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kilobytes on Linux
+
+
+def _reset_peak() -> None:
+    """Restart this process's ``VmHWM`` at its current RSS (Linux ``clear_refs``), so a later step's peak is its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pass
 
 
 def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
@@ -103,11 +127,14 @@ def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
         for feed in data:
             sim.session.run(None, feed)
         result["run_s"] = time.perf_counter() - start
+        result["after_run_gb"] = _peak_gb()
         if step == "sim_export":
+            _reset_peak()
             start = time.perf_counter()
             sim.export(out_dir, "mlp", qdq=True)
             result["export_s"] = time.perf_counter() - start
-    result["peak_gb"] = _peak_gb()
+            result["export_peak_gb"] = _peak_gb()
+    result["peak_gb"] = max(_peak_gb(), result.get("after_run_gb", 0.0))
     return result
 
 
@@ -148,7 +175,8 @@ def main() -> None:
                   f"{fp32['peak_gb']:>8.2f}G | {cold['create_s']:>7.2f}s {warm['create_s']:>7.2f}s "
                   f"{warm['calibrate_s']:>5.2f}s {warm['run_s']:>5.2f}s {warm['peak_gb']:>6.2f}G | {ratio:>10.2f} "
                   f"{warm['create_s'] / fp32['create_s']:>9.2f} {warm['calibrate_s'] / fp32['run_s']:>10.2f}"
-                  + (f"  export {warm['export_s']:.1f}s" if "export_s" in warm else ""))
+                  + (f"  export {warm['export_s']:.1f}s {warm['export_peak_gb']:.2f}G" if "export_s" in warm else ""))
+            print("   steps:", json.dumps({"fp32": fp32, "cold": cold, "warm": warm}))
             sys.stdout.flush()
 
 

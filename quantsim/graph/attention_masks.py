@@ -71,8 +71,9 @@ def _holds_fill(values: np.ndarray) -> bool:
     values = np.asarray(values)
     if not values.size or not np.issubdtype(values.dtype, np.floating):
         return False
-    magnitude = np.abs(values.astype(np.float64))
-    return bool(np.any(np.isinf(magnitude)) or np.any(magnitude[np.isfinite(magnitude)] >= MASK_FILL_MAGNITUDE))
+    # in the tensor's own type, no float64 copy (a transformer's large Add operands are scanned at every sim
+    # construction): infinities compare >= the fill magnitude, NaN compares false
+    return bool(np.any(np.abs(values) >= MASK_FILL_MAGNITUDE))
 
 
 def _seeds(index: GraphIndex) -> set[str]:
