@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 
+import onnxruntime as ort
+
 import quantsim
 
 __all__ = ["build_parser", "ARTEFACTS", "TYPES", "SCHEMES", "ENCODING_VERSIONS", "positive_int", "non_negative_int",
-           "artefact_list"]
+           "artefact_list", "provider_list"]
 
 #: what ``quantize --write`` can produce
 ARTEFACTS = ("encodings", "float", "qdq", "integer")
@@ -63,6 +65,24 @@ def artefact_list(text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def provider_list(text: str) -> list[str]:
+    """argparse type: comma-separated onnxruntime execution providers, each available in this installation
+    (``CUDAExecutionProvider`` needs the onnxruntime-gpu package)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    available = ort.get_available_providers()
+    missing = [item for item in items if item not in available]
+    if missing or not items:
+        raise argparse.ArgumentTypeError(f"execution provider(s) {missing or [text]} not available in this "
+                                         f"onnxruntime; available: {', '.join(available)}")
+    return list(dict.fromkeys(items))
+
+
+def _add_providers(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--providers", type=provider_list, default=None, metavar="LIST",
+                        help="comma-separated onnxruntime execution providers, in order of preference "
+                             "(default CPUExecutionProvider), e.g. CUDAExecutionProvider,CPUExecutionProvider")
+
+
 def _add_global(parser: argparse.ArgumentParser, suppress: bool) -> None:
     """The logging options; a subcommand's copy has no defaults, so it never undoes ``quantsim -q COMMAND``."""
     def default(value):
@@ -107,6 +127,7 @@ def _add_sim(parser: argparse.ArgumentParser) -> None:
                        help="do not fold BatchNormalization (to give it its own precision in --overrides)")
     group.add_argument("--overrides", metavar="JSON",
                        help="precision-override file (mixed_precision format: default / op_type / regex / node)")
+    _add_providers(group)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("float_model", metavar="FLOAT_MODEL")
     compare.add_argument("quantized_model", metavar="QUANTIZED_MODEL")
     _add_data(compare)
+    _add_providers(compare)
     compare.add_argument("--runs", type=positive_int, default=10, metavar="N",
                          help="timed runs of the first batch per model (default 10)")
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")

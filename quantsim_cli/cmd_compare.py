@@ -23,10 +23,11 @@ __all__ = ["run_compare", "open_session"]
 _log = logging.getLogger(__name__)
 
 
-def open_session(path: str, option: str) -> ort.InferenceSession:
-    """An onnxruntime CPU session of ``path``; a model onnxruntime refuses is an error naming the file."""
+def open_session(path: str, option: str, providers: list[str] | None = None) -> ort.InferenceSession:
+    """An onnxruntime session of ``path`` on ``providers`` (default CPU); a model onnxruntime refuses is an
+    error naming the file."""
     try:
-        return ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(path, providers=providers or ["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - onnxruntime raises its own exception types
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InvalidArgumentError(f"{option} {path}: onnxruntime cannot load it ({first})") from None
@@ -52,8 +53,8 @@ def run_compare(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"{args.quantized_model}: has no input {missing[0]!r} (it has "
                                    f"{', '.join(sorted(quantized_inputs))})")
     data = open_data(args.data, inputs, args.batch_size, args.max_batches)
-    reference = open_session(args.float_model, "FLOAT_MODEL")
-    test = open_session(args.quantized_model, "QUANTIZED_MODEL")
+    reference = open_session(args.float_model, "FLOAT_MODEL", args.providers)
+    test = open_session(args.quantized_model, "QUANTIZED_MODEL", args.providers)
     pairs = _output_pairs(reference, test, args.quantized_model)
     agreement = AgreementAccumulator()
     first = None

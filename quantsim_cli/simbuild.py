@@ -32,13 +32,14 @@ def config_from_args(args: argparse.Namespace) -> str | None:
 
 def sim_from_args(args: argparse.Namespace, model: str) -> QuantizationSimModel:
     """The sim of ``model`` with ``--param-type``, ``--activation-type``, ``--quant-scheme``, ``--percentile``,
-    the config options and ``--keep-batchnorm`` (not calibrated yet)."""
+    the config options, ``--keep-batchnorm`` and ``--providers`` (not calibrated yet)."""
     config = config_from_args(args)
     _log.info("preparing %s (param %s, activation %s, scheme %s, config %s)", model, args.param_type,
               args.activation_type, args.quant_scheme, config or "default")
     return QuantizationSimModel(model, param_type=args.param_type, activation_type=args.activation_type,
                                 quant_scheme=args.quant_scheme, config_file=config, percentile=args.percentile,
-                                progress=show_progress(args), fold_batchnorm=not args.keep_batchnorm)
+                                progress=show_progress(args), fold_batchnorm=not args.keep_batchnorm,
+                                providers=args.providers)
 
 
 def load_overrides_from_args(args: argparse.Namespace) -> Any | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tiny_cnn import batch, make_model
@@ -115,7 +116,8 @@ def test_inspect_and_compare_an_export(files):
     kinds = {item["file"]: item["kind"] for item in json.loads(inspected.stdout)}
     assert kinds["tiny.encodings"] == "encodings 1.0.0" and kinds["tiny.qdq.onnx"] == "QDQ ONNX model"
     assert kinds["tiny.integer.onnx"] == "integer ONNX model" and kinds["tiny.onnx"] == "float ONNX model"
-    compared = _cli("compare", files["model"], out / "tiny.qdq.onnx", "--data", files["calib"], "--runs", 2, "--json")
+    compared = _cli("compare", files["model"], out / "tiny.qdq.onnx", "--data", files["calib"], "--runs", 2, "--json",
+                    "--providers", "CPUExecutionProvider")
     assert compared.returncode == 0, compared.stderr
     document = json.loads(compared.stdout)
     assert document["batches"] == 3 and document["outputs"][0]["top1_agreement"] == 1.0
@@ -261,6 +263,9 @@ def _bad_cases(f: dict[str, Path]) -> list[tuple[list, int, str]]:
         ([*q, calib, "--encoding-version", "3.0"], 2, "argument --encoding-version: invalid choice"),
         ([*q, calib, "--percentile", "101"], 2, "argument --percentile: expected a number in (0, 100]"),
         ([*q, calib, "--per-channel", "--config", "per_tensor"], 2, "not allowed with argument"),
+        ([*q, calib, "--providers", "NoSuchExecutionProvider"], 2,
+         "argument --providers: execution provider(s) ['NoSuchExecutionProvider'] not available"),
+        (["compare", model, model, "--data", calib, "--providers", ","], 2, "argument --providers:"),
         (["quantize", model, "--data", calib], 2, "the following arguments are required: --out"),
         (["compile", model], 2, "invalid choice: 'compile'"),
         (["cache", "prune"], 2, "invalid choice: 'prune'"),
@@ -342,3 +347,17 @@ def test_data_forms_and_regrouping(files, tmp_path):
     two.mkdir()
     np.savez(two / "b0.npz", a=np.zeros((3, 4), np.float32), b=np.ones((3, 4), np.float32))
     assert list(open_data(str(two), model_inputs(files["two"]), max_batches=1))[0]["b"].shape == (3, 4)
+
+
+def test_providers_reach_the_sim_in_order(files):
+    from quantsim_cli.arguments import build_parser
+    from quantsim_cli.simbuild import sim_from_args
+
+    default = build_parser().parse_args(["inspect", str(files["model"])])
+    assert sim_from_args(default, str(files["model"])).providers == ["CPUExecutionProvider"]
+    chosen = build_parser().parse_args(["inspect", str(files["model"]), "--providers",
+                                        "AzureExecutionProvider,CPUExecutionProvider,AzureExecutionProvider"]
+                                       ) if "AzureExecutionProvider" in ort.get_available_providers() else None
+    if chosen is not None:
+        assert chosen.providers == ["AzureExecutionProvider", "CPUExecutionProvider"]
+        assert sim_from_args(chosen, str(files["model"])).providers == chosen.providers
