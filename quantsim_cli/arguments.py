@@ -77,7 +77,7 @@ def provider_list(text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _add_providers(parser: argparse.ArgumentParser) -> None:
+def _add_providers(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument("--providers", type=provider_list, default=None, metavar="LIST",
                         help="comma-separated onnxruntime execution providers, in order of preference "
                              "(default CPUExecutionProvider), e.g. CUDAExecutionProvider,CPUExecutionProvider")
