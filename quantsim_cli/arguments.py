@@ -77,10 +77,11 @@ def provider_list(text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _add_providers(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    parser.add_argument("--providers", type=provider_list, default=None, metavar="LIST",
-                        help="comma-separated onnxruntime execution providers, in order of preference "
-                             "(default CPUExecutionProvider), e.g. CUDAExecutionProvider,CPUExecutionProvider")
+#: the ``--providers`` option of the commands that run models
+PROVIDERS_OPTION: dict = {
+    "type": provider_list, "default": None, "metavar": "LIST",
+    "help": "comma-separated onnxruntime execution providers, in order of preference (default "
+            "CPUExecutionProvider), e.g. CUDAExecutionProvider,CPUExecutionProvider"}
 
 
 def _add_global(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -127,7 +128,7 @@ def _add_sim(parser: argparse.ArgumentParser) -> None:
                        help="do not fold BatchNormalization (to give it its own precision in --overrides)")
     group.add_argument("--overrides", metavar="JSON",
                        help="precision-override file (mixed_precision format: default / op_type / regex / node)")
-    _add_providers(group)
+    group.add_argument("--providers", **PROVIDERS_OPTION)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("float_model", metavar="FLOAT_MODEL")
     compare.add_argument("quantized_model", metavar="QUANTIZED_MODEL")
     _add_data(compare)
-    _add_providers(compare)
+    compare.add_argument("--providers", **PROVIDERS_OPTION)
     compare.add_argument("--runs", type=positive_int, default=10, metavar="N",
                          help="timed runs of the first batch per model (default 10)")
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
