@@ -119,14 +119,15 @@ class CalibrationSession:
     """What a calibration callback receives as ``session``: runs the model and records statistics.
 
     ``run`` returns only the outputs asked for (all model outputs for ``None``), like onnxruntime.
-    Statistics are kept per quantizer (``stats``) and, for tensors tied to others, also per tensor
-    (``tensor_stats``: what untying them needs). Sampled tensors
+    Statistics are kept per quantizer (``stats``) and, for the tensors in ``per_tensor``, also per tensor
+    (``tensor_stats``: what untying a tied grid needs, `quantsim.sim.decisions`). Sampled tensors
     fold their samples into a histogram when their quantizer is in ``histograms`` (None: all of them) and
     keep a `RANGE_SAMPLE`-value sample when it is in ``range_samples``.
     """
 
     def __init__(self, session: ort.InferenceSession, outputs: StatisticsOutputs, groups: dict[str, str],
-                 histograms: frozenset[str] | None = None, range_samples: frozenset[str] = frozenset()):
+                 histograms: frozenset[str] | None = None, range_samples: frozenset[str] = frozenset(),
+                 per_tensor: frozenset[str] = frozenset()):
         self._session = session
         self._outputs = outputs
         self._groups = groups  # tensor -> quantizer name
@@ -135,11 +136,8 @@ class CalibrationSession:
         self._fetch = list(outputs.model_outputs)
         self._fetch += [n for n in outputs.statistics if n not in self._fetch]
         self.stats: dict[str, TensorStats] = {}  # per quantizer
-        self.tensor_stats: dict[str, TensorStats] = {}  # per tensor, for tensors tied to others
-        counts: dict[str, int] = {}
-        for name in groups.values():
-            counts[name] = counts.get(name, 0) + 1
-        self._tied = frozenset(t for t, name in groups.items() if counts[name] > 1)
+        self.tensor_stats: dict[str, TensorStats] = {}  # per tensor, for the tensors in per_tensor
+        self._per_tensor = per_tensor
         self.batches_used = 0
         self.batches_skipped = 0
         self._nonfinite_tensors: set[str] = set()
@@ -191,7 +189,7 @@ class CalibrationSession:
                 continue
             name = self._groups[tensor]
             targets = [self.stats.setdefault(name, TensorStats())]
-            if tensor in self._tied:
+            if tensor in self._per_tensor:
                 targets.append(self.tensor_stats.setdefault(tensor, TensorStats()))
             sample_name = samples.get(tensor)
             sample = values[sample_name] if sample_name is not None else None
@@ -211,10 +209,9 @@ class CalibrationSession:
 
     def finish(self) -> dict[str, TensorStats]:
         """Warnings for tensors that lost batches; the statistics per quantizer (raises without any batch)."""
-        stats = self.stats
         if self._nonfinite_tensors:
             names = sorted(self._nonfinite_tensors)
-            unusable = sorted(t for t in names if self._groups[t] not in stats)
+            unusable = sorted(t for t in names if self._groups[t] not in self.stats)
             warn_at_caller(
                 f"non-finite values (NaN or Inf) in {len(names)} tensor(s) (e.g. {names[:3]}); those batches were "
                 "ignored for them"
@@ -227,7 +224,7 @@ class CalibrationSession:
                 + (f" ({self.batches_skipped} skipped for NaN/Inf)" if self.batches_skipped else " (empty calibration data)")
                 + "; encodings are unchanged"
             )
-        return stats
+        return self.stats
 
 
 def run_calibration(session: CalibrationSession, data, *, progress: bool = True) -> dict[str, TensorStats]:

@@ -38,7 +38,7 @@ from onnx import numpy_helper
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.op_facts import GRID_MOVEMENT_OPS
 
-__all__ = ["MASK_FILL_MAGNITUDE", "MASK_BUILDING_OPS", "MaskedSoftmax", "find_masked_softmaxes", "find_mask_tensors"]
+__all__ = ["MASK_FILL_MAGNITUDE", "MASK_BUILDING_OPS", "MaskedSoftmax", "find_masked_softmaxes"]
 
 MASK_FILL_MAGNITUDE = -math.log(float(np.finfo(np.float32).tiny))  # 87.34: exp(-fill) leaves float32's range
 
@@ -152,7 +152,3 @@ def find_masked_softmaxes(index: GraphIndex) -> list[MaskedSoftmax]:
                 found.append(MaskedSoftmax(node.name, chain[0], frozenset(chain[1])))
     return found
 
-
-def find_mask_tensors(index: GraphIndex) -> frozenset[str]:
-    """Every tensor some masked Softmax leaves float (`find_masked_softmaxes`)."""
-    return frozenset().union(*(m.tensors for m in find_masked_softmaxes(index)))

@@ -43,7 +43,7 @@ from quantsim.sim.quantizer import QcQuantizeOp
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
 
-__all__ = ["Decision", "apply_calibrated_rules", "untie_ratio"]
+__all__ = ["Decision", "apply_calibrated_rules", "untie_candidates", "untie_ratio"]
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,33 @@ def _new_quantizer(sim: QuantizationSimModel, like: QcQuantizeOp, tensor: str) -
                         notify=sim._invalidate, fixed_range=like.fixed_range)
 
 
+def _concat_outputs(sim: QuantizationSimModel) -> set[str]:
+    return {n.output[0] for n in sim._index.nodes if n.op_type == "Concat" and n.output}
+
+
+def _may_untie(q: QcQuantizeOp, concat_outputs: set[str]) -> bool:
+    """An enabled, calibrated-range integer grid of 8 bits or more tying a Concat output to other tensors."""
+    return (q.enabled and len(q.tensors) > 1 and q.fixed_range is None and not q.spec.is_float
+            and q.spec.dtype.bits >= 8 and any(t in concat_outputs for t in q.tensors))
+
+
+def untie_candidates(sim: QuantizationSimModel, quantizers: list[QcQuantizeOp]) -> frozenset[str]:
+    """The tensors of ``quantizers`` that the Concat rule may give grids of their own: calibration keeps
+    per-tensor statistics for them (and only for them)."""
+    concat_outputs = _concat_outputs(sim)
+    return frozenset(t for q in quantizers if _may_untie(q, concat_outputs) for t in q.tensors)
+
+
 def _untie_concats(sim: QuantizationSimModel, session: CalibrationSession,
                    observed: list[QcQuantizeOp]) -> tuple[list[Decision], list[QcQuantizeOp]]:
     decisions, created = [], []
-    concat_outputs = {n.output[0] for n in sim._index.nodes if n.op_type == "Concat" and n.output}
+    concat_outputs = _concat_outputs(sim)
     for q in observed:
+        if not _may_untie(q, concat_outputs):
+            continue
         outputs = [t for t in q.tensors if t in concat_outputs]
         parts = [t for t in q.tensors if t not in concat_outputs and t in session.tensor_stats]
-        if q.fixed_range is not None or not outputs or len(parts) < 2 or q.spec.is_float or q.spec.dtype.bits < 8:
+        if len(parts) < 2:
             continue
         spans = {t: _span(session.tensor_stats[t]) for t in parts}
         narrow, wide = min(spans.values()), max(spans.values())
@@ -92,13 +111,12 @@ def _untie_concats(sim: QuantizationSimModel, session: CalibrationSession,
         position = sim._quantizers.index(q)
         kept = q.name if q.name in outputs else outputs[0]
         fresh = [_new_quantizer(sim, q, t) for t in q.tensors if t != kept]
-        items = [(p.calibration_scheme, p.encoding_request(), session.tensor_stats[p.name]) for p in fresh
-                 if p.name in session.tensor_stats]
-        for p, encoding in zip([p for p in fresh if p.name in session.tensor_stats], encodings_for_stats(items)):
+        calibrated = [p for p in fresh if p.name in session.tensor_stats]
+        items = [(p.calibration_scheme, p.encoding_request(), session.tensor_stats[p.name]) for p in calibrated]
+        for p, encoding in zip(calibrated, encodings_for_stats(items)):
             p.set_encoding(encoding)
         q.tensors = (kept,)
-        if kept != q.name:  # the quantizer is named after a tensor it covers
-            q.name = kept
+        q.name = kept  # the quantizer is named after a tensor it covers
         q.enabled = False
         for p in fresh:
             if p.name in outputs:
@@ -142,7 +160,7 @@ def apply_calibrated_rules(sim: QuantizationSimModel, session: CalibrationSessio
     """Untie heterogeneous Concats, then fix collapsed grids (module docstring); the decisions taken.
 
     ``observed`` are the quantizers this calibration computed encodings for (already set)."""
-    decisions, created = _untie_concats(sim, session, [q for q in observed if q.enabled and len(q.tensors) > 1])
+    decisions, created = _untie_concats(sim, session, observed)
     index = sim._index
 
     def bounded(q: QcQuantizeOp) -> bool:

@@ -38,7 +38,7 @@ from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
 from quantsim.sim.config import load_config
-from quantsim.sim.decisions import Decision
+from quantsim.sim.decisions import Decision, untie_candidates
 from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
 from quantsim.sim.legacy_args import map_legacy_arguments
@@ -289,7 +289,9 @@ class QuantizationSimModel:
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
         samples = frozenset(q.name for q in observed) if self.range_health else frozenset()
-        return CalibrationSession(session, outputs, groups, histograms=histograms, range_samples=samples)
+        per_tensor = untie_candidates(self, observed) if self.range_health else frozenset()
+        return CalibrationSession(session, outputs, groups, histograms=histograms, range_samples=samples,
+                                  per_tensor=per_tensor)
 
     # the simulation ------------------------------------------------------------------------------
     def _integer_weights(self) -> bool:
