@@ -127,15 +127,15 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
     if uncalibrated:
         warn_at_caller(f"{len(uncalibrated)} enabled quantizer(s) have no encoding and are not exported, "
                       f"e.g. {uncalibrated[:3]}", RuntimeWarning)
-    records = sim_records(sim)
-    if version == "2.0.0":  # AIMET's 2.0.0 export lists the outputs of data movement too
-        records += derived_records(sim._index, records)
+    own = sim_records(sim)
+    derived = derived_records(sim._index, own)
+    records = own + derived if version == "2.0.0" else list(own)  # AIMET's 2.0.0 lists data movement's outputs too
     if export_int32_bias if export_int32_bias is not None else version == "2.0.0":
         known = {r.name for r in records}
-        records += [r for r in int32_bias_records(sim) if r.name not in known]
+        records += [r for r in int32_bias_records(sim, own + derived) if r.name not in known]
     if version == "2.0.0":  # AIMET's order: parameters, then activations, then the derived entries
-        derived = {r.name for r in derived_records(sim._index, sim_records(sim))}
-        records.sort(key=lambda r: 0 if r.kind == "param" else 2 if r.name in derived else 1)
+        derived_set = {r.name for r in derived}
+        records.sort(key=lambda r: 0 if r.kind == "param" else 2 if r.name in derived_set else 1)
     data = encodings_to_dict(records, version, quantizer_args=_quantizer_args(sim), force_activation_as=force)
     if requant is not None:
         data[REQUANT_KEY] = requant

@@ -64,6 +64,12 @@ class Grid:
         return self.low <= 0 and self.high >= 255
 
     @property
+    def negated(self) -> Grid:
+        """The grid of the codes ``255 - q``: ``(s, 255 - z)``, codes ``[255 - high, 255 - low]``; exact, since
+        ``s((255 - q) - (255 - z)) = -s(q - z)``."""
+        return Grid(self.scale, 255 - self.zero_point, 255 - self.high, 255 - self.low)
+
+    @property
     def encoding(self) -> Encoding:
         return Encoding(np.asarray(self.scale, np.float64), np.asarray(self.zero_point, np.int64), 8, False,
                         self.low, self.high)

@@ -92,10 +92,9 @@ def lower_sub_div(ctx: LoweringContext, node: onnx.NodeProto) -> None:
         g = ctx.grid_of(c_name)
         if g is None:
             raise Unsupported(ctx.why_not_8bit(c_name))
-        negated = Grid(g.scale, 255 - g.zero_point, 255 - g.high, 255 - g.low)  # s((255-q) - (255-z)) = -s(q-z)
         codes = 255 - g.quantize(ctx.index.constant_value(c_name))
         name = ctx.add_initializer(codes.astype(np.uint8), f"{c_name}/negated_codes")
-        _binary_kernel(ctx, node, "QLinearAdd", x, QTensor(name, negated), f"{c_name}/negated")
+        _binary_kernel(ctx, node, "QLinearAdd", x, QTensor(name, g.negated), f"{c_name}/negated")
         return
     values = np.asarray(ctx.constant(c_name), np.float64)
     if np.any(values == 0) or not np.all(np.isfinite(values)):
@@ -108,15 +107,12 @@ def lower_sub_div(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     _binary_kernel(ctx, node, "QLinearMul", x, QTensor(name, grid), f"{c_name}/reciprocal")
 
 
-
 def _lower_activation_difference(ctx: LoweringContext, node: onnx.NodeProto) -> None:
-    """``a - b`` of two quantized tensors: ``QLinearAdd(a, 255 - q_b)`` on ``b``'s negated grid
-    ``(s_b, 255 - z_b)``, codes ``[255 - high, 255 - low]`` (exact: ``s_b((255 - q) - (255 - z_b)) = -s_b(q - z_b)``)."""
+    """``a - b`` of two quantized tensors: ``QLinearAdd(a, 255 - q_b)`` on ``b``'s negated grid (`Grid.negated`, exact)."""
     a, b = ctx.int_input(node.input[0]), ctx.int_input(node.input[1])
-    negated = Grid(b.grid.scale, 255 - b.grid.zero_point, 255 - b.grid.high, 255 - b.grid.low)
     codes = ctx.fresh(f"{node.input[1]}/negated_codes")
     ctx.emit("Sub", [ctx.scalar(255, np.uint8, "uint8/255"), b.name], [codes], name=f"{node.name}/negate")
-    _binary_kernel(ctx, node, "QLinearAdd", a, QTensor(codes, negated), f"{node.input[1]}/negated")
+    _binary_kernel(ctx, node, "QLinearAdd", a, QTensor(codes, b.grid.negated), f"{node.input[1]}/negated")
 
 
 def lower_concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
