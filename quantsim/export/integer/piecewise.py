@@ -167,20 +167,22 @@ def _candidates(ctx: LoweringContext, function: onnx.NodeProto | None, data_slot
     return []
 
 
-def _probe(ctx: LoweringContext, chain: Chain) -> np.ndarray | None:
-    """The candidate's output codes for the 256 input codes, as onnxruntime computes them (None: fails)."""
+def _probe(ctx: LoweringContext, chains: list[Chain]) -> list[np.ndarray | None]:
+    """Each candidate's output codes for the 256 input codes, as onnxruntime computes them (None: it fails).
+    All candidates run in one session; only when that fails is each tried alone."""
     em = _Emitter(ctx, "probe", probe=True)
-    out = chain(em, "x")
+    outs = [chain(em, "x") for chain in chains]
     graph = helper.make_graph(em.nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.UINT8, [256])],
-                              [helper.make_tensor_value_info(out, TensorProto.UINT8, [256])], em.initializers)
+                              [helper.make_tensor_value_info(out, TensorProto.UINT8, [256]) for out in outs],
+                              em.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ctx.opset),
                                                     helper.make_opsetid(MS_DOMAIN, 1)])
     model.ir_version = ctx.sim.model.ir_version
     try:
-        (codes,) = make_session(model, fuse_qdq=True).run(None, {"x": np.arange(256, dtype=np.uint8)})
-    except Exception:  # noqa: BLE001 - a kernel onnxruntime lacks here: the table stays
-        return None
-    return np.asarray(codes, np.int64)
+        codes = make_session(model, fuse_qdq=True).run(None, {"x": np.arange(256, dtype=np.uint8)})
+    except Exception:  # noqa: BLE001 - a kernel onnxruntime lacks here: that candidate's table stays
+        return [_probe(ctx, [chain])[0] for chain in chains] if len(chains) > 1 else [None]
+    return [np.asarray(c, np.int64) for c in codes]
 
 
 def fast_form(ctx: LoweringContext, x: QTensor, y: Grid, function: onnx.NodeProto | None, data_slot: int,
@@ -190,8 +192,8 @@ def fast_form(ctx: LoweringContext, x: QTensor, y: Grid, function: onnx.NodeProt
     tolerance = TOLERANCE.get(function.op_type, 0) if function is not None else 0
     exact = np.asarray(table, np.int64)
     best, fewest = None, 257
-    for chain in _candidates(ctx, function, data_slot, x.grid, y):
-        got = _probe(ctx, chain)
+    chains = _candidates(ctx, function, data_slot, x.grid, y)
+    for chain, got in zip(chains, _probe(ctx, chains) if chains else []):
         if got is None:
             continue
         error = np.abs(np.clip(got, low, high) - exact)
