@@ -35,25 +35,34 @@ def _deriving_source(record: TensorEncoding | None) -> bool:
             and record.encoding.scale.ndim == 0 and record.bits <= 16)
 
 
-def derived_records(index: GraphIndex, records: list[TensorEncoding]) -> list[TensorEncoding]:
-    """The derived records of ``records`` (module docstring), in graph order; ``records`` is not changed."""
-    known = {r.name: r for r in records}
-    out: list[TensorEncoding] = []
+def _movement_outputs(index: GraphIndex, by_name: dict[str, TensorEncoding]):
+    """``(output, source record)`` for the outputs of every `GRID_MOVEMENT_OPS` node whose first input has
+    a deriving record in ``by_name``, in graph order; ``by_name`` is read node by node, so records the
+    caller adds meanwhile (a chain of moves) count."""
     for node in index.nodes:
         if node.op_type not in GRID_MOVEMENT_OPS or not node.input:
             continue
-        source = known.get(node.input[0])
+        source = by_name.get(node.input[0])
         if not _deriving_source(source):
             continue
         assert source is not None and source.encoding is not None  # checked by _deriving_source
         for name in node.output:
-            if not name or name in known or not index.is_float(name):
-                continue
-            shape = index.shape.get(name)
-            shape = tuple(shape) if shape and all(isinstance(d, int) for d in shape) else None
-            record = TensorEncoding.from_encoding(name, source.encoding, "activation", shape)
-            known[name] = record
-            out.append(record)
+            if name:
+                yield name, source
+
+
+def derived_records(index: GraphIndex, records: list[TensorEncoding]) -> list[TensorEncoding]:
+    """The derived records of ``records`` (module docstring), in graph order; ``records`` is not changed."""
+    known = {r.name: r for r in records}
+    out: list[TensorEncoding] = []
+    for name, source in _movement_outputs(index, known):
+        if name in known or not index.is_float(name):
+            continue
+        shape = index.shape.get(name)
+        shape = tuple(shape) if shape and all(isinstance(d, int) for d in shape) else None
+        record = TensorEncoding.from_encoding(name, source.encoding, "activation", shape)
+        known[name] = record
+        out.append(record)
     return out
 
 
@@ -61,16 +70,9 @@ def derived_names(index: GraphIndex, records: list[TensorEncoding]) -> set[str]:
     """Names of the entries among ``records`` that are derived from the others (module docstring)."""
     by_name = {r.name: r for r in records}
     found: set[str] = set()
-    for node in index.nodes:
-        if node.op_type not in GRID_MOVEMENT_OPS or not node.input:
-            continue
-        source = by_name.get(node.input[0])
-        if not _deriving_source(source):
-            continue
-        assert source is not None and source.encoding is not None
-        for name in node.output:
-            record = by_name.get(name)
-            if (record is not None and not record.is_float and record.encoding is not None
-                    and record.encoding.same_as(source.encoding)):
-                found.add(name)
+    for name, source in _movement_outputs(index, by_name):
+        record = by_name.get(name)
+        if (record is not None and not record.is_float and record.encoding is not None
+                and record.encoding.same_as(source.encoding)):
+            found.add(name)
     return found
