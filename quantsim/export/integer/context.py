@@ -248,14 +248,18 @@ class LoweringContext:
         if source is None:
             raise Unsupported(f"{tensor!r} is not available")
         if not grid.full:  # saturate to the narrow grid in float: clip(x, min, max) quantizes to [low, high]
-            clipped = self.fresh(f"{tensor}/clipped")
-            self.emit("Clip", [source, self.scalar(grid.min, np.float32, "clip/low"),
-                               self.scalar(grid.max, np.float32, "clip/high")], [clipped], name=f"{tensor}/clip")
-            source = clipped
+            source = self.float_clip(source, grid.min, grid.max, tensor)
         scale, zp = self.grid_inputs(grid, tensor)
         codes = self.fresh(f"{tensor}/codes")
         self.emit("QuantizeLinear", [source, scale, zp], [codes], name=f"{tensor}/quantize")
         return self.set_int(tensor, codes, grid)
+
+    def float_clip(self, source: str, low: float, high: float, base: str) -> str:
+        """``Clip(source, low, high)`` in float32 (a narrow grid's saturation ahead of its QuantizeLinear)."""
+        clipped = self.fresh(f"{base}/clipped")
+        self.emit("Clip", [source, self.scalar(low, np.float32, "clip/low"), self.scalar(high, np.float32, "clip/high")],
+                  [clipped], name=f"{base}/clip")
+        return clipped
 
     def arithmetic_dequantize(self, codes: str, scale: float, zero_point: int, base: str) -> str:
         """``(float(codes) - zero_point) * scale`` as Cast -> Sub -> Mul (bit-identical to DequantizeLinear).

@@ -65,10 +65,7 @@ def apply_quantizer(ctx: LoweringContext, tensor: str, source: str) -> None:
     if not enc.full_storage_range:
         lo = np.float32(np.float32(enc.scale) * np.float32(enc.qmin - int(enc.zero_point)))
         hi = np.float32(np.float32(enc.scale) * np.float32(enc.qmax - int(enc.zero_point)))
-        clipped = ctx.fresh(f"{tensor}/clipped")
-        ctx.emit("Clip", [source, ctx.scalar(lo, np.float32, "clip/low"), ctx.scalar(hi, np.float32, "clip/high")],
-                 [clipped], name=f"{tensor}/clip")
-        source = clipped
+        source = ctx.float_clip(source, float(lo), float(hi), tensor)
     codes = ctx.fresh(f"{tensor}/codes")
     ctx.emit("QuantizeLinear", [source, scale, zp], [codes], name=f"{tensor}/quantize", domain=domain)
     ctx.floats[tensor] = ctx.arithmetic_dequantize(codes, float(np.float32(enc.scale)), int(enc.zero_point), tensor)
