@@ -33,7 +33,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +128,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
             and isinstance(forward_pass_callback[0], Mapping):
         sample = forward_pass_callback[0]  # fixes symbolic dimensions for the MAC counts
     space = AmpSpace.build(sim, precisions, sample)
-    space = AmpSpace(sim, space.groups, [precisions[c] for c in space.order_by_cost()], space.controlled,
-                     space.quantizers, space.costs, space.base_dtypes)  # costliest candidate first
+    space = replace(space, candidates=[precisions[c] for c in space.order_by_cost()])  # costliest first
     names = [p.name for p in space.candidates]
     cache = ScoreCache(results, cache_key(sim, names, space.groups, (eval_callback_for_phase1,
                                                                      eval_callback_for_phase2)),
