@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+from mixed_precision.files import write_text_atomic
 from quantsim import QuantizationSimModel, QuantizerGroup
 
 __all__ = ["ScoreCache", "cache_key", "CACHE_FILE"]
@@ -45,7 +45,7 @@ def cache_key(sim: QuantizationSimModel, candidates: list[str], groups: list[Qua
 
 
 class ScoreCache:
-    """Scores by name, persisted in ``results_dir`` after every `put` (atomically: write, then rename)."""
+    """Scores by name, persisted in ``results_dir`` after every `put` (atomically: `write_text_atomic`)."""
 
     def __init__(self, results_dir: Path, key: str, *, clean_start: bool):
         self.path = results_dir / CACHE_FILE
@@ -77,6 +77,4 @@ class ScoreCache:
     def put(self, name: str, score: float) -> None:
         self.scores[name] = float(score)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".json.partial")
-        partial.write_text(json.dumps({"key": self.key, "scores": self.scores}, indent=1), encoding="utf-8")
-        os.replace(partial, self.path)
+        write_text_atomic(self.path, json.dumps({"key": self.key, "scores": self.scores}, indent=1))
