@@ -178,23 +178,25 @@ def line_chart(points: Sequence[tuple[float, float]], *, title: str, x_label: st
     if connect and len(shown) > 1:
         path = " ".join(f"{_n(x)},{_n(y)}" for x, y in (coords[i] for i in shown))
         body.append(f'<polyline points="{path}" fill="none" stroke="{PALETTE[0]}" stroke-width="1.5"/>')
+
+    def label(i: int) -> str:
+        return point_labels[i] if point_labels is not None else f"point {i}"
+
+    def tip(i: int) -> str:
+        return escape(f"{label(i)}: {x_label} {format_number(points[i][0])}, {y_label} {format_number(points[i][1])}")
+
     for i in shown:
-        x, y = coords[i]
-        name = point_labels[i] if point_labels is not None else f"point {i}"
-        tip = escape(f"{name}: {x_label} {format_number(points[i][0])}, {y_label} {format_number(points[i][1])}")
-        if i == highlight:
-            continue
-        body.append(f'<circle class="point" cx="{_n(x)}" cy="{_n(y)}" r="3.5" fill="{PALETTE[0]}"><title>{tip}</title></circle>')
+        if i != highlight:
+            x, y = coords[i]
+            body.append(f'<circle class="point" cx="{_n(x)}" cy="{_n(y)}" r="3.5" fill="{PALETTE[0]}">'
+                        f"<title>{tip(i)}</title></circle>")
     if highlight is not None and highlight in coords:
         x, y = coords[highlight]
-        name = point_labels[highlight] if point_labels is not None else f"point {highlight}"
-        tip = escape(f"{name}: {x_label} {format_number(points[highlight][0])}, "
-                     f"{y_label} {format_number(points[highlight][1])}")
         body.append(f'<circle class="point highlight" cx="{_n(x)}" cy="{_n(y)}" r="7" fill="none" '
-                    f'stroke="{HIGHLIGHT}" stroke-width="2.5"><title>{tip}</title></circle>')
+                    f'stroke="{HIGHLIGHT}" stroke-width="2.5"><title>{tip(highlight)}</title></circle>')
         body.append(f'<circle cx="{_n(x)}" cy="{_n(y)}" r="3.5" fill="{HIGHLIGHT}"/>')
         anchor = "end" if x > left + plot_w * 0.7 else "start"
-        body.append(_text(x + (-10 if anchor == "end" else 10), y - 10, name, anchor,
+        body.append(_text(x + (-10 if anchor == "end" else 10), y - 10, label(highlight), anchor,
                           f' fill="{HIGHLIGHT}" font-weight="bold"'))
     return _svg(width, height, title, body)
 
