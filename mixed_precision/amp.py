@@ -184,6 +184,14 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
                          for names_ in space.controlled for n in names_}
         return tables[c]
 
+    def at_baseline() -> None:
+        """The baseline everywhere, with its own pass's encodings (no new pass)."""
+        with sim.transaction():
+            for name, (spec, encoding) in table(baseline).items():
+                space.quantizers[name].set_qspec(spec)
+                space.quantizers[name].set_encoding(encoding)
+        calibrated[0] = space.canonical(space.uniform(baseline))
+
     uniform: dict[str, float] = {}
     for c in reversed(range(len(names))):  # the baseline last: phase 1 starts from its pass
         key = f"uniform:{names[c]}"
@@ -222,7 +230,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         return finish(space.uniform(cheapest), [base_point, point], point, True,
                       f"{names[cheapest]} everywhere meets the target")
 
-    phase1 = _phase1(space, cache, counts, table, eval1, executor, chunks, show)
+    phase1 = _phase1(space, cache, counts, table, at_baseline, eval1, executor, chunks, show)
     _log.info("AMP phase 1: %d scores (%d evaluated, the rest cached) after %d calibration passes", len(phase1),
               counts.phase1, counts.passes)
     path = _flip_path(space, phase1)
@@ -272,8 +280,9 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
                   {(g, names[c]): s for (g, c), s in phase1.items()})
 
 
-def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable[[int], dict], eval1: Callable,
-            executor: Executor | None, chunks: int, show: bool) -> dict[tuple[int, int], float]:
+def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable[[int], dict],
+            at_baseline: Callable[[], None], eval1: Callable, executor: Executor | None, chunks: int,
+            show: bool) -> dict[tuple[int, int], float]:
     """Score of every group at every other candidate (the rest at the baseline), by the phase-1 callback."""
     names = [p.name for p in space.candidates]
     scores: dict[tuple[int, int], float] = {}
@@ -289,12 +298,9 @@ def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable
                 todo.append((g, c))
     if not todo:
         return scores
-    base = table(0)
+    table(0)
     by_candidate = {c: table(c) for c in sorted({c for _, c in todo})}
-    with space.sim.transaction():  # the baseline everywhere, with its own pass's encodings
-        for name, (spec, encoding) in base.items():
-            space.quantizers[name].set_qspec(spec)
-            space.quantizers[name].set_encoding(encoding)
+    at_baseline()
     items = [((g, c), {n: by_candidate[c][n] for n in space.controlled[g]},
               f"phase 1: group {g} ({group_label(space.groups[g])}) at {names[c]}") for g, c in todo]
     with tqdm(total=len(items), desc="AMP phase 1", unit="eval", leave=False, disable=None if show else True) as bar:
