@@ -16,7 +16,7 @@ from mixed_precision.bitops import LayerCost, bit_operations, layer_costs, opera
 from mixed_precision.presets import Precision
 from quantsim import InvalidArgumentError, QcQuantizeOp, QuantizationSimModel, QuantizerGroup, qtype
 
-__all__ = ["AmpSpace", "Config", "group_label", "calibrate", "distinct"]
+__all__ = ["AmpSpace", "Config", "group_label", "distinct"]
 
 Config = tuple[int, ...]
 
@@ -24,11 +24,6 @@ Config = tuple[int, ...]
 def group_label(group: QuantizerGroup) -> str:
     """A readable name: the group's nodes, else its quantizers."""
     return ", ".join(group.nodes) if group.nodes else ", ".join(group.quantizers)
-
-
-def calibrate(sim: QuantizationSimModel, forward_pass_callback: Any) -> None:
-    """One calibration pass with the user's forward pass (a callable taking the session, or feed dicts)."""
-    sim.compute_encodings(forward_pass_callback)
 
 
 @dataclass
@@ -97,9 +92,10 @@ class AmpSpace:
                         q.set_precision(dtype)
 
     def calibrated(self, config: Config, forward_pass_callback: Any, on_pass: Callable[[], None]) -> None:
-        """Apply ``config`` and calibrate the sim for it (one pass)."""
+        """Apply ``config`` and calibrate the sim for it (one pass of the user's forward pass: a callable
+        taking the session, or feed dicts)."""
         self.apply(config)
-        calibrate(self.sim, forward_pass_callback)
+        self.sim.compute_encodings(forward_pass_callback)
         on_pass()
 
     def describe(self, config: Config) -> list[str]:
