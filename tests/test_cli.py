@@ -86,6 +86,7 @@ def _run(capsys, *args: object) -> tuple[int, str, str]:
 
 
 # end to end, in subprocesses ------------------------------------------------------------------------------
+@pytest.mark.int8_kernels
 def test_quantize_writes_every_artefact_and_a_report(files):
     out = files["root"] / "out_all"
     result = _cli("quantize", files["model"], "--data", files["calib"], "--out", out, "--write", "all")
@@ -107,6 +108,7 @@ def test_quantize_writes_every_artefact_and_a_report(files):
     assert json.loads((out / "tiny.encodings").read_text())["version"] == "1.0.0"
 
 
+@pytest.mark.int8_kernels
 def test_inspect_and_compare_an_export(files):
     out = files["root"] / "out_all"
     if not (out / "tiny.qdq.onnx").exists():

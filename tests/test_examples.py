@@ -45,6 +45,7 @@ def test_per_channel_vs_per_tensor_example_runs_every_setting():
     assert len({round(r["SQNR dB"], 6) for r in results.values()}) > 1  # the settings really differ
 
 
+@pytest.mark.int8_kernels
 def test_export_example_runs_qdq_and_integer_models_close_to_the_sim(tmp_path):
     results = _load("export_and_run").run(_cnn(), _data(4), _data(2, seed=7), tmp_path, progress=False)
     assert set(results) == {"FP32", "sim", "QDQ", "integer"}

@@ -136,6 +136,7 @@ def _cnn():
 
 
 # the small CNN ---------------------------------------------------------------------------------------------
+@pytest.mark.int8_kernels
 def test_small_cnn_is_fully_integer_and_within_one_step():
     model, _ = _cnn()
     sim = _sim(model, (4, 3, 16, 16))
@@ -159,6 +160,7 @@ def test_small_cnn_is_fully_integer_and_within_one_step():
     assert len(mantissas) >= 3 * 8 + 2 + 2 + 1 + 10 and all(2**30 <= m < 2**31 for m in mantissas)
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("name", sorted(set(BUILDERS) - {"layernorm"}))
 def test_model_zoo_integer(name):
     model, feeds = BUILDERS[name]()
@@ -177,6 +179,7 @@ def test_model_zoo_integer(name):
             assert np.mean(steps > 0) <= 0.03, (output, np.mean(steps > 0))
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("name", ["conv_relu", "conv_relu6", "residual", "concat", "gemm", "matmul", "pool", "resize"])
 def test_without_biases_the_integer_model_equals_the_sim(name):
     """The int32 bias is the only approximation: with zero biases every kernel reproduces the sim exactly."""
@@ -191,6 +194,7 @@ def test_without_biases_the_integer_model_equals_the_sim(name):
         assert steps.max() == 0, (output, np.mean(steps > 0))
 
 
+@pytest.mark.int8_kernels
 def test_unsupported_op_is_reported_and_exact():
     model, feeds = BUILDERS["layernorm"]()
     sim = quantsim.QuantizationSimModel(model, progress=False)
@@ -238,6 +242,7 @@ def test_lookup_tables_are_exact(opset):
 
 
 # elementwise kernels ---------------------------------------------------------------------------------------------
+@pytest.mark.int8_kernels
 def test_elementwise_kernels():
     rng = np.random.default_rng(3)
     inits = [_named(_w(rng, 4, 3, 3, 3), "c.w"), _named(_w(rng, 4, scale=0.1), "c.b"),
@@ -298,6 +303,7 @@ def test_data_movement_is_exact():
         assert steps.max() == 0, output
 
 
+@pytest.mark.int8_kernels
 def test_relu_clip_fold_or_clamp():
     model, feeds = BUILDERS["conv_relu6"]()
     sim = quantsim.QuantizationSimModel(model, progress=False)
@@ -331,6 +337,7 @@ def test_int16_activations_fall_back_exactly():
     assert kept.io == {} and kept.model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
 
 
+@pytest.mark.int8_kernels
 def test_float16_layer_and_disabled_quantizer_are_reported():
     model, _ = _cnn()
     sim = _sim(model, (4, 3, 16, 16))
@@ -381,6 +388,7 @@ def test_w4a4_integer_model_agrees_with_the_reference_executor():
     assert _steps(sim, exported, feed)["y"].max() <= 1
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("weight_bits", range(2, 9))
 def test_every_precision_combination_loads_and_matches_the_sim(weight_bits):
     """W2..W8 x A2..A16 on a CNN with every lowering family: the model loads in onnxruntime (4-bit codes
@@ -419,6 +427,7 @@ def test_export_refuses_a_model_onnxruntime_cannot_load(monkeypatch):
 
 
 # integer I/O, requant table, files, errors ------------------------------------------------------------------------
+@pytest.mark.int8_kernels
 def test_integer_io_gives_uint8_graph_boundaries():
     model, _ = _cnn()
     sim = _sim(model, (4, 3, 16, 16))
@@ -448,6 +457,7 @@ def _one_conv():
     return _model(nodes, [_vi("x", "N", 8, 6, 6)], [_vi("y", "N", 16, 6, 6)], inits)
 
 
+@pytest.mark.int8_kernels
 def test_requant_table_reproduces_onnxruntime_conv():
     from quantsim.core import fixed_point as fp
 
@@ -499,6 +509,7 @@ def test_uncalibrated_and_zero_scale_errors_name_the_tensor():
         export_integer(sim)
 
 
+@pytest.mark.int8_kernels
 def test_gemm_and_matmul_variants():
     rng = np.random.default_rng(5)
     inits = [_named(_w(rng, 6, 5), "g.w"), numpy_helper.from_array(np.float32(0.3), "g.b"),
@@ -536,6 +547,7 @@ def test_signed_int8_activations_become_uint8():
     assert exported.model.graph.input[0].type.tensor_type.elem_type == TensorProto.UINT8
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("opset", [13, 14])
 def test_paddle_hardswish_chain_is_one_hardswish(opset):
     """Paddle's x * clip(x + 3, 0, 6) / 6 after a Conv: preparation fuses it (HardSwish at opset 14,
@@ -617,6 +629,7 @@ def _lcnet_like():
     return _model(nodes, [_vi("x", "N", 3, 12, 12)], outputs, inits)
 
 
+@pytest.mark.int8_kernels
 def test_piecewise_linear_activations_run_on_qlinear_kernels():
     """HardSwish, HardSigmoid, LeakyRelu and scalar Mul become QLinear kernels (no table); the one true
     table (Tanh) is a GatherElements; within one step per op of the sim, and within one LSB of the
@@ -653,6 +666,7 @@ def test_standalone_clip_onto_another_grid_is_a_requantizing_kernel():
     assert _steps(sim, exported, _feeds((64, 4, 6), 8, spread=4.0))["y"].max() == 0
 
 
+@pytest.mark.int8_kernels
 def test_per_channel_input_normalisation_runs_on_integer_kernels():
     """``(x - mean) / std`` with [1, 3, 1, 1] constants in front of the stem: QLinearAdd with the exactly
     negated mean codes and QLinearMul by the reciprocal std (it used to stay float)."""
@@ -678,6 +692,7 @@ def test_per_channel_input_normalisation_runs_on_integer_kernels():
         assert result["max_lsb_diff"] <= 1 and result["frac_within_1_lsb"] == 1.0, (name, result)
 
 
+@pytest.mark.int8_kernels
 def test_decomposed_leaky_relu_runs_as_qlinear_leaky_relu():
     """``Max(x, 0.1 x)`` after a Conv: preparation spells it LeakyRelu, the export a QLinearLeakyRelu."""
     rng = np.random.default_rng(5)

@@ -453,6 +453,7 @@ def _exact_session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("name", ALL_MODELS)
 def test_qdq_export_matches_sim(name):
     """``to_onnx_qdq()`` (int32 biases) in a default onnxruntime session, free to fuse Q/DQ into integer

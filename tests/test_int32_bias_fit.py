@@ -11,6 +11,7 @@ import json
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
@@ -61,6 +62,7 @@ def test_fitting_scale_only_widens_the_overflowing_channels():
     assert per_tensor is not None and np.ndim(per_tensor) == 0 and 5.0 / (1e-4 * per_tensor) <= INT32_MAX
 
 
+@pytest.mark.int8_kernels
 def test_stem_conv_with_a_large_bias_stays_integer_and_all_exports_agree(tmp_path):
     sim = _sim()
     x_scale = float(sim.qc_quantize_op_dict["x"].encoding.scale)

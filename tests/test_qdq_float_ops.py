@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim import QuantizationSimModel
@@ -77,6 +78,7 @@ def _shared_weight_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+@pytest.mark.int8_kernels
 def test_shared_weight_keeps_its_dq_for_the_quantized_use_and_a_float_copy_for_the_other():
     model = _shared_weight_model()
     rng = np.random.default_rng(0)

@@ -223,6 +223,7 @@ CONV_CASES = {
 }
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("case", sorted(CONV_CASES))
 def test_qlinear_conv(case):
     model, feeds = _conv_model(np.random.default_rng(10), **CONV_CASES[case])
@@ -257,11 +258,13 @@ def _matmul_model(rng, per_column, a_shape=(2, 5, 32), n=24):
     return _model([node], {"a": U8}, {"y": U8}, inits), {"a": _codes(rng, a_shape)}
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("per_column", [False, True])
 def test_qlinear_matmul(per_column):
     _agree(*_matmul_model(np.random.default_rng(12), per_column))  # measured: 239/240 exact, 1 off by one (both)
 
 
+@pytest.mark.int8_kernels
 def test_matmul_integer_chain_to_float():
     rng = np.random.default_rng(13)
     inits = {"b": _codes(rng, (32, 16), S8), "az": U8(90), "bz": _codes(rng, (16,), S8), "s": rng.uniform(
@@ -277,6 +280,7 @@ def test_matmul_integer_chain_to_float():
     assert r["y"]["max_abs_diff"] == 0.0
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("float_out", [False, True])
 def test_qgemm(float_out):
     rng = np.random.default_rng(14)
@@ -514,6 +518,7 @@ def _pipeline_model():
     return model, {"x": rng.normal(size=(4, c, 12, 12)).astype(np.float32)}
 
 
+@pytest.mark.int8_kernels
 def test_boundary_pipeline_and_trace():
     model, feeds = _pipeline_model()
     report = _agree(model, feeds)  # measured end to end: 40/40 outputs identical
@@ -557,6 +562,7 @@ def _float_cnn(rng) -> onnx.ModelProto:
     return _model(nodes, {"x": np.float32}, {"y": np.float32}, inits)
 
 
+@pytest.mark.int8_kernels
 @pytest.mark.parametrize("fmt", ["QOperator", "QDQ_fused_by_onnxruntime"])
 def test_models_from_onnxruntime_quantizer(fmt, tmp_path):
     """onnxruntime's own integer graphs: quantize_static QOperator output, and a QDQ model as onnxruntime's
@@ -592,6 +598,7 @@ def test_models_from_onnxruntime_quantizer(fmt, tmp_path):
     _agree(model, feeds, layerwise=True)
 
 
+@pytest.mark.int8_kernels
 def test_dynamic_quantize_matmul_integer_chain():
     rng = np.random.default_rng(23)
     inits = {"b": _codes(rng, (16, 8), S8), "bs": _f32(0.01)}

@@ -328,6 +328,10 @@ def test_sim_batched_encodings_equal_one_quantizer_at_a_time(scheme):
             expected = scheme.from_values(request, sim._constant_values(q))
         else:
             continue
-        assert q.encoding.same_as(expected), q.name
+        # the batched graph's statistics can differ from the single one's by a float32 rounding (onnxruntime picks
+        # kernels per graph and CPU: seen on AVX2-only x86), so the grid is compared to that precision
+        assert (q.encoding.bits, q.encoding.signed, q.encoding.axis) == (expected.bits, expected.signed, expected.axis)
+        np.testing.assert_allclose(q.encoding.scale, expected.scale, rtol=1e-6, err_msg=q.name)
+        np.testing.assert_array_equal(q.encoding.zero_point, expected.zero_point, err_msg=q.name)
         checked += 1
     assert checked >= 4

@@ -29,6 +29,7 @@ from quantsim.core.numerics import Encoding
 from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
 from quantsim.graph import session as session_module
 from quantsim.graph.index import CONSTANT_CACHE_BYTES, GraphIndex
+from quantsim.graph.int8_kernels import warn_if_int8_kernels_saturate
 from quantsim.graph.large_models import payload_bytes
 from quantsim.graph.loading import load_model
 from quantsim.graph.session import make_session
@@ -344,6 +345,7 @@ class QuantizationSimModel:
         makes outputs differ from the exact sim by a few output steps (3 on the benchmark CNNs)."""
         self._ensure_param_encodings()
         if self._fused is None or self._fused[0] != self._version:
+            warn_if_int8_kernels_saturate("fused_session", self.providers)
             session = make_session(self.to_onnx_qdq(), self.providers, fuse_qdq=True,
                                    session_options_kwargs=self._session_options_kwargs)
             self._fused = (self._version, session)
@@ -356,6 +358,7 @@ class QuantizationSimModel:
 
         self._ensure_param_encodings()
         self._check_activations_calibrated("to_onnx_qdq")
+        warn_if_int8_kernels_saturate("to_onnx_qdq", self.providers)
         return to_qdq_model(self, int32_bias=int32_bias)
 
     def _check_activations_calibrated(self, what: str) -> None:
@@ -376,6 +379,7 @@ class QuantizationSimModel:
         from quantsim.export.integer.export import export_integer
 
         self._ensure_param_encodings()
+        warn_if_int8_kernels_saturate("export_integer", self.providers)
         return export_integer(self, integer_io=integer_io, opset=opset)
 
     # extension hooks (what adaround/ and mixed_precision/ build on) -------------------------------
