@@ -12,6 +12,7 @@ import hashlib
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -23,6 +24,7 @@ __all__ = [
     "estimated_bytes",
     "payload_bytes",
     "skeleton",
+    "hash_model",
     "copy_without_initializers",
     "is_external_candidate",
     "save_model",
@@ -61,7 +63,7 @@ def _payload_bytes(tensor: onnx.TensorProto) -> int:
     return itemsize * math.prod(tensor.dims)
 
 
-def skeleton(model: onnx.ModelProto, data_file=None) -> onnx.ModelProto:
+def skeleton(model: onnx.ModelProto, data_file: Any = None) -> onnx.ModelProto:
     """A copy of ``model`` without the payload of its big initializers (raw data of 1 KiB or more).
 
     Their copies become ONNX external-data references. With ``data_file`` (an open binary file) the
@@ -87,6 +89,20 @@ def skeleton(model: onnx.ModelProto, data_file=None) -> onnx.ModelProto:
             entry = copy.external_data.add()
             entry.key, entry.value = key, str(value)
     return result
+
+
+def hash_model(digest: Any, model: onnx.ModelProto) -> None:
+    """Feed ``model`` into ``digest`` (a ``hashlib`` object, or anything with ``update(bytes)``) without a
+    second copy of its weights: first its ``skeleton`` serialised deterministically (graph, attributes, small
+    initializers, and each big initializer's name, type and shape), then each big initializer's raw bytes, one
+    tensor at a time. Protobuf's whole-model ``SerializeToString`` would copy every weight and refuses models
+    over 2 GiB. Equal models give equal digests in any process; a change to a weight's values, a node, an
+    attribute or the opsets changes it. Initializers whose data is external and not loaded are hashed by their
+    reference (file, offset, length), not by their values."""
+    digest.update(skeleton(model).SerializeToString(deterministic=True))
+    for tensor in model.graph.initializer:
+        if is_external_candidate(tensor):
+            digest.update(tensor.raw_data)
 
 
 def is_external_candidate(tensor: onnx.TensorProto) -> bool:
