@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import pickle
 import subprocess
 import sys
 import tracemalloc
@@ -169,3 +170,25 @@ def test_bit_operations_never_hold_a_second_copy_of_the_weights(tmp_path):
 @pytest.mark.parametrize("name", ["skeleton", "hash_model"])
 def test_large_model_helpers_are_public_prepare_names(name):
     assert name in prepare_module.__all__ and (getattr(prepare_module, name).__doc__ or "").strip()
+
+
+def test_a_pickled_sim_carries_each_weight_once_and_stays_one_model(tmp_path):
+    """AMP's executors ship the pickled sim: the model goes as its skeleton plus weight bytes (protobuf pickles
+    a message as one serialisation, refused over 2 GiB) and the graph index is rebuilt on arrival (pickled, its
+    tensors were a second copy of every weight, detached from the model: a weight replaced in the copy did not
+    reach ``copy.model``)."""
+    sim = QuantizationSimModel(str(_saved_with_external_data(tmp_path, _mlp())), progress=False)
+    feed = {"x": np.random.default_rng(0).standard_normal((4, WIDTH)).astype(np.float32)}
+    sim.compute_encodings([feed])
+    weights = LAYERS * WIDTH * WIDTH * 4
+    payload = pickle.dumps(sim, protocol=pickle.HIGHEST_PROTOCOL)
+    assert weights <= len(payload) < 1.1 * weights
+    assert len(prepare_module.skeleton(sim.model).SerializeToString()) < 64 << 10  # what is not weight bytes
+    copy = pickle.loads(payload)
+    assert _digest(copy.model) == _digest(sim.model)
+    assert np.array_equal(copy.session.run(None, feed)[0], sim.session.run(None, feed)[0])
+    changed = copy.get_weight("w1")
+    changed[0, 0] += 1.0
+    copy.replace_weight("w1", changed)
+    (w1,) = [t for t in copy.model.graph.initializer if t.name == "w1"]
+    assert np.array_equal(numpy_helper.to_array(w1), changed)

@@ -25,6 +25,8 @@ __all__ = [
     "payload_bytes",
     "skeleton",
     "hash_model",
+    "model_parts",
+    "model_from_parts",
     "copy_without_initializers",
     "is_external_candidate",
     "save_model",
@@ -103,6 +105,27 @@ def hash_model(digest: Any, model: onnx.ModelProto) -> None:
     for tensor in model.graph.initializer:
         if is_external_candidate(tensor):
             digest.update(tensor.raw_data)
+
+
+def model_parts(model: onnx.ModelProto) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """``model`` as plain bytes of any total size, for pickling: its ``skeleton`` serialised and each big
+    initializer's ``(name, raw bytes)``. Protobuf pickles a message as one serialisation, which fails over
+    2 GiB. `model_from_parts` puts them back together."""
+    payloads = [(tensor.name, tensor.raw_data) for tensor in model.graph.initializer if is_external_candidate(tensor)]
+    return skeleton(model).SerializeToString(), payloads
+
+
+def model_from_parts(graph: bytes, payloads: list[tuple[str, bytes]]) -> onnx.ModelProto:
+    """The model `model_parts` took apart; ``payloads`` is emptied as the weights go back in."""
+    model = onnx.ModelProto.FromString(graph)
+    tensors = {tensor.name: tensor for tensor in model.graph.initializer}
+    while payloads:
+        name, data = payloads.pop()
+        tensor = tensors[name]
+        del tensor.external_data[:]
+        tensor.ClearField("data_location")
+        tensor.raw_data = data
+    return model
 
 
 def is_external_candidate(tensor: onnx.TensorProto) -> bool:
