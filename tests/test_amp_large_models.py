@@ -192,3 +192,27 @@ def test_a_pickled_sim_carries_each_weight_once_and_stays_one_model(tmp_path):
     copy.replace_weight("w1", changed)
     (w1,) = [t for t in copy.model.graph.initializer if t.name == "w1"]
     assert np.array_equal(numpy_helper.to_array(w1), changed)
+
+
+def test_cli_writes_a_large_qdq_model_with_external_data(tmp_path, monkeypatch, capsys):
+    """``quantsim quantize --write qdq`` saves through `quantsim.prepare.save_model` (``onnx.save`` serialises
+    the whole model, refused over 2 GiB); the size threshold is lowered so a small model takes that path."""
+    import onnxruntime as ort
+    from tiny_cnn import batch, make_model
+
+    import quantsim.graph.large_models as large_models
+    from quantsim_cli.main import main
+
+    model_path, data = tmp_path / "tiny.onnx", tmp_path / "calib"
+    onnx.save(make_model(channels=64), str(model_path))  # int8 conv weight of 1.7 KiB: goes to external data
+    data.mkdir()
+    for i in range(2):
+        np.save(data / f"batch{i}.npy", batch(i)["x"])
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1024)
+    out = tmp_path / "out"
+    assert main(["-q", "quantize", str(model_path), "--data", str(data), "--out", str(out), "--write", "qdq",
+                 "--analysis-batches", "0"]) == 0
+    capsys.readouterr()
+    assert (out / "tiny.qdq.onnx.data").stat().st_size > 0 and "tiny.qdq.onnx.data" in (out / "report.md").read_text()
+    session = ort.InferenceSession(str(out / "tiny.qdq.onnx"), providers=["CPUExecutionProvider"])
+    assert session.run(None, batch(5))[0].shape == (2, 5)
