@@ -167,7 +167,7 @@ def test_bit_operations_never_hold_a_second_copy_of_the_weights(tmp_path):
     assert peak <= 256 << 10, peak  # shapes from the initializers' dims: no weight read, no model copied
 
 
-@pytest.mark.parametrize("name", ["skeleton", "hash_model"])
+@pytest.mark.parametrize("name", ["skeleton", "hash_model", "save_model"])
 def test_large_model_helpers_are_public_prepare_names(name):
     assert name in prepare_module.__all__ and (getattr(prepare_module, name).__doc__ or "").strip()
 

@@ -4,7 +4,9 @@ of its weights.
 A model is large when protobuf cannot serialise it in one piece (2 GiB): such a model is written to
 disk as a small graph file plus one external-data file (``save_model``) and read back with
 ``onnx.load``, which loads the external data into the tensors once. ``LARGE_MODEL_BYTES`` is read at
-call time, so tests can lower it to exercise the large-model paths on small models.
+call time, so tests can lower it to exercise the large-model paths on small models. Hashing
+(``hash_model``) and pickling (``model_parts``) take a model apart the same way, as its ``skeleton`` plus
+each big weight's bytes: no step serialises a whole model.
 """
 from __future__ import annotations
 
