@@ -216,3 +216,29 @@ def test_cli_writes_a_large_qdq_model_with_external_data(tmp_path, monkeypatch, 
     assert (out / "tiny.qdq.onnx.data").stat().st_size > 0 and "tiny.qdq.onnx.data" in (out / "report.md").read_text()
     session = ort.InferenceSession(str(out / "tiny.qdq.onnx"), providers=["CPUExecutionProvider"])
     assert session.run(None, batch(5))[0].shape == (2, 5)
+
+
+def test_a_large_sim_needing_a_newer_opset_converts_its_skeleton(tmp_path, monkeypatch):
+    """16-bit activations need opset 21; the version converter serialises its input, which protobuf refuses
+    over 2 GiB, so a large model's skeleton is converted and its weights are used as they are. The size
+    threshold is lowered so a small opset-17 model takes that path; the small-model path is the oracle."""
+    import quantsim.graph.large_models as large_models
+
+    feeds = [{"x": np.random.default_rng(s).standard_normal((4, WIDTH)).astype(np.float32)} for s in range(2)]
+    expected = QuantizationSimModel(_mlp(), activation_type="int16", progress=False)
+    expected.compute_encodings(feeds)
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1024)
+    converted: list[onnx.ModelProto] = []
+    convert = onnx.version_converter.convert_version
+
+    def spy(model, opset):
+        converted.append(model)
+        return convert(model, opset)
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", spy)
+    sim = QuantizationSimModel(_mlp(), activation_type="int16", progress=False)
+    sim.compute_encodings(feeds)
+    for feed in feeds:
+        np.testing.assert_array_equal(sim.session.run(None, feed)[0], expected.session.run(None, feed)[0])
+    assert converted and all(not t.raw_data for model in converted for t in model.graph.initializer
+                             if t.name.startswith("w"))  # the skeleton, never the weights
