@@ -11,6 +11,13 @@ step's own:
 Prints times and the peak-RSS ratio sim / fp32 per model::
 
     python -m benchmarks.bench_large [--sizes 0.1 0.8] [--batches 16] [--export]
+
+``--amp`` measures instead what automatic mixed precision adds on top of a sim of the model, each step's
+time and peak RSS over the sim's resident size: the score cache's key (`mixed_precision.amp_cache.cache_key`),
+the bit-operation costs with a sample feed (`mixed_precision.layer_costs`) and the pickled sim an executor
+ships (``pickle.dumps``); a step that fails (e.g. protobuf's 2 GiB limit) prints its error::
+
+    python -m benchmarks.bench_large --amp --sizes 0.8 2.4
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import resource
 import subprocess
 import sys
@@ -89,6 +97,45 @@ def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kilobytes on Linux
 
 
+def _rss_gb() -> float:
+    """This process's resident size now (``VmRSS``), 0 where /proc is missing."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1e6
+    except OSError:
+        pass
+    return 0.0
+
+
+def _amp_steps(path: str, data: list[dict]) -> dict:
+    """The ``--amp`` measurements (module docstring), each step from the sim's resident size."""
+    from mixed_precision import layer_costs
+    from mixed_precision.amp_cache import cache_key
+    from quantsim import QuantizationSimModel
+
+    sim = QuantizationSimModel(path, progress=False)
+    result: dict = {"step": "amp", "sim_rss_gb": _rss_gb()}
+    steps = {"key": lambda: cache_key(sim, ["W8A8", "W8A16"], sim.quantizer_groups(), (len,)),
+             "bitops": lambda: layer_costs(sim, data[0]),
+             "pickle": lambda: len(pickle.dumps(sim, protocol=pickle.HIGHEST_PROTOCOL))}
+    for name, run in steps.items():
+        _reset_peak()
+        base = _rss_gb()
+        start = time.perf_counter()
+        try:
+            value = run()
+        except Exception as error:  # noqa: BLE001 - a benchmark reports the failure and goes on
+            result[f"{name}_error"] = f"{type(error).__name__}: {str(error)[:80]}"
+            continue
+        result[f"{name}_s"] = time.perf_counter() - start
+        result[f"{name}_extra_gb"] = _peak_gb() - base
+        if name == "pickle":
+            result["pickle_gb"] = value / 1e9
+    return result
+
+
 def _reset_peak() -> None:
     """Restart this process's ``VmHWM`` at its current RSS (Linux ``clear_refs``), so a later step's peak is its own."""
     try:
@@ -102,6 +149,8 @@ def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
     """One measured step, run in a fresh process (see module docstring)."""
     data = _batches(batches, width)
     result: dict = {"step": step}
+    if step == "amp":
+        return _amp_steps(path, data[:1])
     if step == "fp32":
         import onnxruntime as ort
 
@@ -155,7 +204,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--export", action="store_true", help="also export encodings + QDQ model")
+    parser.add_argument("--amp", action="store_true", help="measure AMP's key, bit operations and pickled sim instead")
     args = parser.parse_args()
+    if args.amp:
+        _main_amp(args)
+        return
     print(f"{'model':>10} {'layers':>6} | {'fp32 create':>11} {'fp32 run':>8} {'fp32 peak':>9} | "
           f"{'sim cold':>8} {'sim warm':>8} {'calib':>6} {'run':>6} {'peak':>7} | {'peak ratio':>10} "
           f"{'warm/fp32':>9} {'calib/fp32':>10}")
@@ -177,6 +230,25 @@ def main() -> None:
                   f"{warm['create_s'] / fp32['create_s']:>9.2f} {warm['calibrate_s'] / fp32['run_s']:>10.2f}"
                   + (f"  export {warm['export_s']:.1f}s {warm['export_peak_gb']:.2f}G" if "export_s" in warm else ""))
             print("   steps:", json.dumps({"fp32": fp32, "cold": cold, "warm": warm}))
+            sys.stdout.flush()
+
+
+def _main_amp(args: argparse.Namespace) -> None:
+    print(f"{'model':>10} {'layers':>6} {'sim RSS':>8} | step: time, peak over the sim's RSS")
+    for size in args.sizes:
+        with tempfile.TemporaryDirectory(prefix="quantsim-large-") as folder:
+            path = Path(folder) / "mlp.onnx"
+            layers = build(path, size, args.width)
+            cache, out_dir = str(Path(folder) / "cache"), str(Path(folder) / "export")
+            amp = _run_child("amp", path, 1, args.width, cache, out_dir)
+            if "error" in amp:
+                print(f"{size:>8.1f}GB {layers:>6} | failed: {amp['error']}")
+                continue
+            parts = [f"{name} " + (amp[f"{name}_error"] if f"{name}_error" in amp else
+                                   f"{amp[f'{name}_s']:.2f}s +{amp[f'{name}_extra_gb']:.2f}G")
+                     for name in ("key", "bitops", "pickle")]
+            print(f"{size:>8.1f}GB {layers:>6} {amp['sim_rss_gb']:>7.2f}G | " + " | ".join(parts)
+                  + (f" ({amp['pickle_gb']:.2f} GB pickled)" if "pickle_gb" in amp else ""))
             sys.stdout.flush()
 
 

@@ -3,9 +3,11 @@
 Every score AMP computes before its search (the float score, each candidate applied everywhere, each
 quantizer group at each candidate) is written as soon as it is known, so an interrupted run resumed with
 ``clean_start=False`` only computes what is missing. The file holds a key: a SHA-256 over the prepared
-model, the quantizer table (names, roles, specs, enabled, frozen), the candidates, the quantizer groups and
-the eval callbacks' names. A cache written for anything else is not reused: it is reported with a warning
-and replaced. The eval data behind a callback is not part of the key; start clean after changing it.
+model (`quantsim.prepare.hash_model`: its skeleton, then each weight's bytes one at a time; never the whole
+model serialised, which would copy every weight and fails over 2 GiB), the quantizer table (names, roles,
+specs, enabled, frozen), the candidates, the quantizer groups and the eval callbacks' names. A cache
+written for anything else is not reused: it is reported with a warning and replaced. The eval data behind
+a callback is not part of the key; start clean after changing it.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 
 from mixed_precision.files import write_text_atomic
 from quantsim import QuantizationSimModel, QuantizerGroup
+from quantsim.prepare import hash_model
 
 __all__ = ["ScoreCache", "cache_key", "CACHE_FILE"]
 
@@ -35,7 +38,7 @@ def cache_key(sim: QuantizationSimModel, candidates: list[str], groups: list[Qua
               callbacks: tuple[Any, ...]) -> str:
     """What the cached scores depend on (module docstring), as a hex digest."""
     digest = hashlib.sha256()
-    digest.update(sim.model.SerializeToString(deterministic=True))
+    hash_model(digest, sim.model)
     for q in sim.quantizers:
         digest.update(repr((q.name, q.role, q.spec, q.enabled, q.is_encoding_frozen())).encode())
     digest.update(repr(candidates).encode())

@@ -10,7 +10,8 @@ Every weighted layer of the sim (Conv, ConvTranspose, Gemm, MatMul with a consta
   axis for Gemm and MatMul), so ``MACs = numel(output) * weight.size / out_channels``; a ConvTranspose
   spreads each input element over ``weight.size / in_channels`` outputs. Given a sample feed, the model's
   symbolic input dimensions (batch, sequence length, image size) take its shapes and shapes are inferred
-  again; dimensions still unknown count as 1 (a layer whose output shape is unknown counts one position).
+  again, on the model's skeleton (weights as references: models over 2 GiB too, no copy of the weights);
+  dimensions still unknown count as 1 (a layer whose output shape is unknown counts one position).
 * ``bits``: an integer grid's bitwidth; a float16 operand counts ``16 * FLOAT_BITS_FACTOR`` and an
   unquantized (float32) one ``32 * FLOAT_BITS_FACTOR``, so that a float MAC costs 1.5 times an integer MAC of
   the same width (AIMET's weighting).
@@ -30,6 +31,7 @@ from typing import Any
 import onnx
 
 from quantsim import QuantizationSimModel, qtype
+from quantsim.prepare import skeleton
 
 __all__ = ["FLOAT_BITS_FACTOR", "LayerCost", "layer_costs", "operand_bits", "bit_operations"]
 
@@ -60,11 +62,12 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
 
 
 def _sample_shapes(model: onnx.ModelProto, sample: Mapping[str, Any]) -> dict[str, list[int | None]]:
-    """Shapes inferred again with the graph inputs' dimensions taken from a sample feed."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    del copy.graph.value_info[:]
-    for graph_input in copy.graph.input:
+    """Shapes inferred again with the graph inputs' dimensions taken from a sample feed, on the model's
+    skeleton (`quantsim.prepare.skeleton`: inference needs the weights' shapes, not their values; a copy of
+    the whole model would double its memory and cannot be inferred over 2 GiB)."""
+    source = skeleton(model)
+    del source.graph.value_info[:]
+    for graph_input in source.graph.input:
         value = sample.get(graph_input.name)
         if value is None or not hasattr(value, "shape"):
             continue
@@ -74,7 +77,7 @@ def _sample_shapes(model: onnx.ModelProto, sample: Mapping[str, Any]) -> dict[st
                 dim.Clear()
                 dim.dim_value = int(size)
     try:
-        inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(source, strict_mode=False)
     except Exception as error:  # noqa: BLE001 - any inference failure falls back to the stored shapes
         _log.debug("BOPs: shape inference with the sample feed failed (%s); symbolic dimensions count as 1", error)
         return {}
@@ -91,9 +94,10 @@ def layer_costs(sim: QuantizationSimModel, sample: Mapping[str, Any] | None = No
     shapes = _shapes(sim.model)
     if sample is not None:
         shapes.update(_sample_shapes(sim.model, sample))
+    dims = {t.name: tuple(t.dims) for t in sim.model.graph.initializer}  # shapes only: no weight is read
     costs = []
     for layer in sim.weighted_layers():
-        weight_shape = sim.get_weight(layer.weight).shape
+        weight_shape = dims[layer.weight] if layer.weight in dims else sim.get_weight(layer.weight).shape
         size = math.prod(weight_shape)
         if layer.op_type == "ConvTranspose":
             macs = _numel(shapes.get(layer.input) or [1]) * size // max(weight_shape[0], 1)

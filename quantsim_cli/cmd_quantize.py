@@ -13,9 +13,8 @@ import logging
 import math
 from pathlib import Path
 
-import onnx
-
 from quantsim import InvalidArgumentError
+from quantsim.prepare import save_model
 from quantsim_cli.data import model_inputs, open_data
 from quantsim_cli.metrics import AgreementAccumulator, format_db
 from quantsim_cli.report import QuantizeResult, json_ready, percent, stayed_float, write_quantize_report
@@ -27,17 +26,21 @@ _log = logging.getLogger(__name__)
 
 
 def artefact_paths(out: Path, prefix: str, write: list[str]) -> list[Path]:
-    """The files ``--write`` produces in ``out``."""
+    """The files ``--write`` may produce in ``out`` (a model over 2 GB also has its ``<model>.data``)."""
     paths = []
     if "encodings" in write or "float" in write:
         paths.append(out / f"{prefix}.encodings")
     if "float" in write:
-        paths.append(out / f"{prefix}.onnx")
+        paths += _model_files(out / f"{prefix}.onnx")
     if "qdq" in write:
-        paths.append(out / f"{prefix}.qdq.onnx")
+        paths += _model_files(out / f"{prefix}.qdq.onnx")
     if "integer" in write:
-        paths += [out / f"{prefix}.integer.onnx", out / f"{prefix}.integer.requant.json"]
+        paths += [*_model_files(out / f"{prefix}.integer.onnx"), out / f"{prefix}.integer.requant.json"]
     return paths
+
+
+def _model_files(path: Path) -> list[Path]:
+    return [path, path.with_name(path.name + ".data")]
 
 
 def _check_output(args: argparse.Namespace) -> tuple[Path, str]:
@@ -88,7 +91,7 @@ def _export(args: argparse.Namespace, sim, out: Path, prefix: str, result: Quant
             sim.export(out, prefix, export_model="float" in args.write, encoding_version=args.encoding_version,
                        qdq="qdq" in args.write)
         elif "qdq" in args.write:
-            onnx.save(sim.to_onnx_qdq(), str(out / f"{prefix}.qdq.onnx"))
+            save_model(sim.to_onnx_qdq(), out / f"{prefix}.qdq.onnx")  # onnx.save: one serialisation, none over 2 GiB
         if "integer" in args.write:
             integer = sim.export_integer()
             integer.save(out / f"{prefix}.integer")

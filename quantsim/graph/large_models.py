@@ -4,7 +4,9 @@ of its weights.
 A model is large when protobuf cannot serialise it in one piece (2 GiB): such a model is written to
 disk as a small graph file plus one external-data file (``save_model``) and read back with
 ``onnx.load``, which loads the external data into the tensors once. ``LARGE_MODEL_BYTES`` is read at
-call time, so tests can lower it to exercise the large-model paths on small models.
+call time, so tests can lower it to exercise the large-model paths on small models. Hashing
+(``hash_model``) and pickling (``model_parts``) take a model apart the same way, as its ``skeleton`` plus
+each big weight's bytes: no step serialises a whole model.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import hashlib
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -23,6 +26,9 @@ __all__ = [
     "estimated_bytes",
     "payload_bytes",
     "skeleton",
+    "hash_model",
+    "model_parts",
+    "model_from_parts",
     "copy_without_initializers",
     "is_external_candidate",
     "save_model",
@@ -61,7 +67,7 @@ def _payload_bytes(tensor: onnx.TensorProto) -> int:
     return itemsize * math.prod(tensor.dims)
 
 
-def skeleton(model: onnx.ModelProto, data_file=None) -> onnx.ModelProto:
+def skeleton(model: onnx.ModelProto, data_file: Any = None) -> onnx.ModelProto:
     """A copy of ``model`` without the payload of its big initializers (raw data of 1 KiB or more).
 
     Their copies become ONNX external-data references. With ``data_file`` (an open binary file) the
@@ -87,6 +93,41 @@ def skeleton(model: onnx.ModelProto, data_file=None) -> onnx.ModelProto:
             entry = copy.external_data.add()
             entry.key, entry.value = key, str(value)
     return result
+
+
+def hash_model(digest: Any, model: onnx.ModelProto) -> None:
+    """Feed ``model`` into ``digest`` (a ``hashlib`` object, or anything with ``update(bytes)``) without a
+    second copy of its weights: first its ``skeleton`` serialised deterministically (graph, attributes, small
+    initializers, and each big initializer's name, type and shape), then each big initializer's raw bytes, one
+    tensor at a time. Protobuf's whole-model ``SerializeToString`` would copy every weight and refuses models
+    over 2 GiB. Equal models give equal digests in any process; a change to a weight's values, a node, an
+    attribute or the opsets changes it. Initializers whose data is external and not loaded are hashed by their
+    reference (file, offset, length), not by their values."""
+    digest.update(skeleton(model).SerializeToString(deterministic=True))
+    for tensor in model.graph.initializer:
+        if is_external_candidate(tensor):
+            digest.update(tensor.raw_data)
+
+
+def model_parts(model: onnx.ModelProto) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """``model`` as plain bytes of any total size, for pickling: its ``skeleton`` serialised and each big
+    initializer's ``(name, raw bytes)``. Protobuf pickles a message as one serialisation, which fails over
+    2 GiB. `model_from_parts` puts them back together."""
+    payloads = [(tensor.name, tensor.raw_data) for tensor in model.graph.initializer if is_external_candidate(tensor)]
+    return skeleton(model).SerializeToString(), payloads
+
+
+def model_from_parts(graph: bytes, payloads: list[tuple[str, bytes]]) -> onnx.ModelProto:
+    """The model `model_parts` took apart; ``payloads`` is emptied as the weights go back in."""
+    model = onnx.ModelProto.FromString(graph)
+    tensors = {tensor.name: tensor for tensor in model.graph.initializer}
+    while payloads:
+        name, data = payloads.pop()
+        tensor = tensors[name]
+        del tensor.external_data[:]
+        tensor.ClearField("data_location")
+        tensor.raw_data = data
+    return model
 
 
 def is_external_candidate(tensor: onnx.TensorProto) -> bool:

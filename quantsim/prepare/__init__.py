@@ -18,6 +18,13 @@ and the on-disk cache that makes doing it twice free.
 The caller's ModelProto is never modified; outputs stay numerically the same. The result is cached on
 disk (see ``cache``): a second ``prepare`` of the same model with the same passes and options loads it
 instead of running the passes.
+
+Three helpers for working on models of any size (over protobuf's 2 GiB too) without a second copy of their
+weights, used by the cache and by tools built on quantsim: ``skeleton(model)`` (the model with its big
+initializers as external-data references: enough for shape inference, small enough to serialise),
+``hash_model(digest, model)`` (the cache key's model part: the skeleton, then each weight's bytes) and
+``save_model(model, path)`` (one file streamed an initializer at a time; over 2 GiB, a graph file plus
+``<path>.data``, as cache entries and exports are written).
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from collections.abc import Callable
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
+from quantsim.graph.large_models import hash_model, save_model, skeleton
 from quantsim.prepare.cache import cache_info, cache_key, cache_root, cache_size, clear_cache, load_cached, store_cached
 from quantsim.prepare.passes import (
     check_graph,
@@ -66,6 +74,9 @@ __all__ = [
     "fold_constants",
     "fuse_activations",
     "optimize_with_ort",
+    "skeleton",
+    "hash_model",
+    "save_model",
 ]
 
 

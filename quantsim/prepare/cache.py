@@ -1,11 +1,11 @@
 """Persistent on-disk cache of prepared models.
 
-Key: sha256 over a format tag, the input model (its ``skeleton``, serialised deterministically, then each
-big weight's bytes), each pass's identity (module, qualified name, and a digest of the
-module's source file), a digest of the sources of this package and ``quantsim/graph.py`` (so editing a
-pass or a helper it uses invalidates the entries), the options, and the versions of
-onnx, onnxruntime and quantsim. A pass without a stable identity (a lambda, a closure) makes the call
-uncacheable (``cache_key`` returns None).
+Key: sha256 over a format tag, the input model (``hash_model``: its ``skeleton``, serialised
+deterministically, then each big weight's bytes, never the whole model serialised), each pass's identity
+(module, qualified name, and a digest of the module's source file), a digest of the sources of this
+package and ``quantsim/graph.py`` (so editing a pass or a helper it uses invalidates the entries), the
+options, and the versions of onnx, onnxruntime and quantsim. A pass without a stable identity (a lambda,
+a closure) makes the call uncacheable (``cache_key`` returns None).
 
 Location: ``cache_dir`` argument, else ``$QUANTSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantsim`` (default
 ``~/.cache/quantsim``); entries live in its ``prepared/`` subfolder.
@@ -42,7 +42,7 @@ from typing import NamedTuple
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
-from quantsim.graph.large_models import is_external_candidate, payload_bytes, save_model, skeleton
+from quantsim.graph.large_models import hash_model, payload_bytes, save_model
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached",
            "store_cached", "clear_cache", "cache_info", "cache_size"]
@@ -81,7 +81,7 @@ def cache_key(model: onnx.ModelProto, passes, options: dict) -> str | None:
     import quantsim
 
     digest = hashlib.sha256(_FORMAT)
-    _feed_model(digest, model)
+    hash_model(digest, model)  # never the whole model serialised: see hash_model
     header = {"passes": identities, "options": options, "code": _code_digest(), "onnx": onnx.__version__,
               "onnxruntime": onnxruntime.__version__, "quantsim": quantsim.__version__}
     digest.update(json.dumps(header, sort_keys=True, default=repr).encode())
@@ -209,15 +209,6 @@ def cache_size(cache_dir: str | os.PathLike | None = None) -> int:
 
 
 # helpers ---------------------------------------------------------------------------------------
-def _feed_model(digest, model: onnx.ModelProto) -> None:
-    """Hash a model as its skeleton followed by each big initializer's bytes (never serialising the weights:
-    that cost more than the hashing)."""
-    digest.update(skeleton(model).SerializeToString(deterministic=True))
-    for tensor in model.graph.initializer:
-        if is_external_candidate(tensor):
-            digest.update(tensor.raw_data)
-
-
 @functools.cache
 def _source_digest_cached(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]

@@ -45,7 +45,7 @@ from quantsim.core.numerics import Encoding, broadcast_param, fake_quantize, fp1
 from quantsim.errors import InvalidArgumentError, InvalidStateError
 from quantsim.graph.edit import default_opset
 from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.graph.large_models import copy_without_initializers, is_external_candidate
+from quantsim.graph.large_models import copy_without_initializers, is_external_candidate, is_large, skeleton
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
 from quantsim.sim.quantizer import QcQuantizeOp
 
@@ -89,19 +89,27 @@ def _needs_clip(enc: Encoding, container: qtype) -> bool:
     return (enc.qmin, enc.qmax) != grid_bounds(container.bits, enc.signed)
 
 
-def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+def _with_opset(model: onnx.ModelProto, opset: int) -> tuple[onnx.ModelProto, list[TensorProto] | None]:
+    """``model`` at ``opset`` or later, and the initializers to build from (None: the returned model's own).
+    A large model's skeleton is converted (the converter serialises its input, which protobuf refuses over
+    2 GiB): its weights are then ``model``'s own tensors, neither copied nor serialised."""
     current = default_opset(model) or 0
     if current >= opset:
-        return model
+        return model, None
+    large = is_large(model)
     try:
-        converted = onnx.version_converter.convert_version(model, opset)
+        converted = onnx.version_converter.convert_version(skeleton(model) if large else model, opset)
     except Exception as error:  # noqa: BLE001 - re-raised with context
         raise InvalidStateError(
             f"the sim needs opset {opset} for its quantizers but converting the model from opset {current} "
             f"failed: {error}"
         ) from error
     converted.ir_version = max(converted.ir_version, _ir_version_for(opset))
-    return converted
+    if not large:
+        return converted, None
+    weights = {t.name: t for t in model.graph.initializer if is_external_candidate(t)}
+    return converted, [weights[t.name] if t.name in weights and t.data_location == TensorProto.EXTERNAL else t
+                       for t in converted.graph.initializer]
 
 
 def _scalar(name: str, value, elem_type: int) -> TensorProto:
@@ -485,9 +493,10 @@ def build_sim_model(
     if skip_redundant is None:
         skip_redundant = weights == "fake"
     active = [q for q in quantizers if q.enabled and q.is_initialized()]
-    source_model = _with_opset(model, max(required_opset(active, weights), min_opset))
+    source_model, initializers = _with_opset(model, max(required_opset(active, weights), min_opset))
     values = source.constant_value if source is not None and source_model is model is source.model else None
-    builder = _SimBuilder(copy_without_initializers(source_model), source_model.graph.initializer, weights, values,
+    builder = _SimBuilder(copy_without_initializers(source_model),
+                          source_model.graph.initializer if initializers is None else initializers, weights, values,
                           external, memo if external is not None else None, integer_weights)
     placed: list[tuple[str, QcQuantizeOp]] = []
     planned: dict[str, tuple | None] = {}

@@ -30,7 +30,7 @@ from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidType
 from quantsim.graph import session as session_module
 from quantsim.graph.index import CONSTANT_CACHE_BYTES, GraphIndex
 from quantsim.graph.int8_kernels import warn_if_int8_kernels_saturate
-from quantsim.graph.large_models import payload_bytes
+from quantsim.graph.large_models import model_from_parts, model_parts, payload_bytes
 from quantsim.graph.loading import load_model
 from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
@@ -462,7 +462,18 @@ class QuantizationSimModel:
         state = dict(self.__dict__)
         state.update(_session=None, _session_version=-1, _fused=None, _calibration_cache=None,
                      _capture_sessions={}, _open_states=[], _constant_memo={})
+        # the index is rebuilt from the model (its tensors would pickle as a second copy of every weight), and
+        # the model travels as its skeleton plus weight bytes (protobuf pickles nothing over 2 GiB)
+        del state["_index"]
+        state["model"] = model_parts(self.model)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling: the model put back together and its index rebuilt (see `__getstate__`)."""
+        state = dict(state)
+        state["model"] = model_from_parts(*state["model"])
+        self.__dict__.update(state)
+        self._index = GraphIndex(self.model)
 
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
