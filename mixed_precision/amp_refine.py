@@ -3,7 +3,8 @@
 The phase-2 path takes flips strictly in phase-1 order, so one flip that breaks the budget stops the
 search there: every flip sorted after it stays promoted, however cheap it would be to take. The
 refinement starts from the configuration the prefix search chose and walks the flips it did not take
-(in the same order, least harmful first) by bisection: a chunk of flips is applied together and scored;
+(in the same order, least harmful first; the caller leaves out the one flip the prefix search already saw
+break the budget on top of the chosen prefix) by bisection: a chunk of flips is applied together and scored;
 if the score still meets the target the whole chunk is kept, otherwise the chunk is split in halves and
 each half is tried in turn (on top of whatever the first half kept), down to single flips. Every kept
 configuration was itself evaluated (calibrated for itself, scored by the phase-2 callback), so the result

@@ -133,24 +133,24 @@ def test_refinement_takes_back_the_flips_a_misled_prefix_search_left_out(tmp_pat
     assert _combo(result.chosen) == ("int8", "int4", "int8") == min(
         (c for c in brute if brute[c] >= -0.02), key=lambda c: c.count("int8"))
     assert result.bitops_ratio == pytest.approx(5 / 6) and result.chosen.refinement
-    # rest = [W0, W2, W1]: all three (W4A8 everywhere, known), W0+W2 and W0 (path points, known), W2 (fails),
-    # W1 (kept): five trials, two of them new evaluations, each calibrated for itself
-    assert result.refinement_trials == 5
-    assert result.phase2_evaluations == prefix_only.phase2_evaluations + 2
-    # one per candidate, two path points, two trials; the last trial is the kept one, so no final pass (the
-    # prefix search alone ends with a pass for the baseline it returns to)
-    assert result.calibration_passes == 6 and prefix_only.calibration_passes == 5
+    # W0 alone (path point 1) is known to break the budget, so the flips left are [W2, W1]: both (fail),
+    # W2 (fails), W1 (kept): three trials, each a new evaluation calibrated for itself
+    assert result.refinement_trials == 3
+    assert result.phase2_evaluations == prefix_only.phase2_evaluations + 3
+    # one per candidate, two path points, three trials; the last trial is the kept one, so no final pass
+    # (the prefix search alone ends with a pass for the baseline it returns to)
+    assert result.calibration_passes == 7 and prefix_only.calibration_passes == 5
     assert [sim.qc_quantize_op_dict[f"W{i}"].precision() for i in range(3)] == [int8, int4, int8]
     assert score(sim.session) == pytest.approx(result.score, rel=1e-9)
     document = json.loads((tmp_path / "refined" / "pareto.json").read_text())
-    assert document["counts"]["refinement_trials"] == 5
+    assert document["counts"]["refinement_trials"] == 3
     assert [p["refinement"] for p in document["points"] if p["chosen"]] == [True]
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(document, json.loads(SCHEMA.read_text()))
     resumed = run(new_sim(), results_dir=tmp_path / "refined", clean_start=False)  # same walk, all cached
     assert resumed.chosen == result.chosen and resumed.phase2_evaluations == 0
-    limited = run(new_sim(), results_dir=tmp_path / "refined", clean_start=False, refine=4)
-    assert limited.refinement_trials == 4 and _combo(limited.chosen) == ("int8", "int8", "int8")
+    limited = run(new_sim(), results_dir=tmp_path / "refined", clean_start=False, refine=2)
+    assert limited.refinement_trials == 2 and _combo(limited.chosen) == ("int8", "int8", "int8")
     with pytest.raises(InvalidArgumentError, match="refine"):
         run(new_sim(), results_dir=tmp_path / "bad", clean_start=True, refine=-1)
 
@@ -163,7 +163,7 @@ def test_a_callback_raising_during_the_refinement_restores_the_sim(tmp_path):
 
     def flaky(session):
         calls.append(1)
-        if len(calls) == 6:  # float, two candidates everywhere, two path points: then the refinement
+        if len(calls) == 7:  # float, two candidates everywhere, two path points, a trial: then the next
             raise RuntimeError("evaluation server went away")
         return score(session)
 
