@@ -1,7 +1,7 @@
 """Automatic mixed precision on the suite's real models where one precision everywhere loses too much.
 
     python -m benchmarks.bench_amp [--models minilm,cls,rec] [--full] [--threads N] [--phase1 kl|sqnr]
-                                   [--no-refine] [--results DIR [--resume]]
+                                   [--no-refine | --refine-trials N] [--results DIR [--resume]]
 
 For each model (the suite's quick splits; ``--full`` for its full ones): the candidates everywhere (the cheap
 one is "plain"), then `choose_mixed_precision` with a budget on the suite's metric against FP32 (phase 1
@@ -80,7 +80,7 @@ def phase1_score(reference, outputs, proxy: str = "kl") -> float:
 
 
 def run_model(key: str, model_dirs, size, threads: int, results_root: str | None = None, proxy: str = "kl",
-              refine: bool = True, resume: bool = False) -> dict:
+              refine: bool | int = True, resume: bool = False) -> dict:
     import quantsim
     from mixed_precision import choose_mixed_precision
 
@@ -131,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase1", choices=("kl", "sqnr"), default="kl",
                     help="phase-1 proxy: KL divergence of softmax outputs (SQNR otherwise), or SQNR of all outputs")
     ap.add_argument("--no-refine", action="store_true", help="AIMET's prefix search alone (refine=False)")
+    ap.add_argument("--refine-trials", type=int, default=None, help="cap the refinement's trials (refine=N)")
     ap.add_argument("--resume", action="store_true", help="reuse the score cache under --results (clean_start=False)")
     ap.add_argument("--results", default=None, help="keep each model's pareto.json and score cache under this folder")
     args = ap.parse_args(argv)
     size = C.FULL if args.full else C.QUICK
     dirs = fetch_all()
-    rows = [run_model(key, dirs, size, args.threads, args.results, args.phase1, not args.no_refine,
+    refine = False if args.no_refine else True if args.refine_trials is None else args.refine_trials
+    rows = [run_model(key, dirs, size, args.threads, args.results, args.phase1, refine,
                       args.resume and args.results is not None) for key in args.models.split(",")]
     print("| model | candidates | metric | FP32 | plain (cheap everywhere) | costly everywhere | AMP | budget | met "
           "| quantizers promoted | groups promoted | relative BOPs (plain) | calibration passes (AIMET phase 1) "
