@@ -293,9 +293,9 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
     message = f"{best} of {n} flips taken: the cheapest evaluated point meeting the target {target:.6g}"
     limit = _refine_limit(refine_limit, n - best)
     rest = _flip_order(space, phase1)  # the flips already taken are skipped (not cheaper any more)
-    if best + 1 in scores and path[best + 1][1] is not None:  # the next flip, known to break the budget alone
-        g, c = path[best + 1][1]
-        rest.remove((g, names.index(c)))
+    failed = path[best + 1][1] if best + 1 in scores else None  # the next flip, known to break the budget alone
+    if failed is not None:
+        rest.remove((failed[0], names.index(failed[1])))
 
     def trial_score(config: Config, flips: tuple) -> float:
         counts.refine += 1
