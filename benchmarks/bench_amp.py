@@ -1,11 +1,14 @@
 """Automatic mixed precision on the suite's real models where one precision everywhere loses too much.
 
-    python -m benchmarks.bench_amp [--models minilm,cls,rec] [--full] [--threads N]
+    python -m benchmarks.bench_amp [--models minilm,cls,rec] [--full] [--threads N] [--phase1 kl|sqnr]
+                                   [--no-refine | --refine-trials N] [--results DIR [--resume]]
 
 For each model (the suite's quick splits; ``--full`` for its full ones): the candidates everywhere (the cheap
 one is "plain"), then `choose_mixed_precision` with a budget on the suite's metric against FP32 (phase 1
-scores the SQNR of every float output on two held-out batches; phase 2 the suite's metric on all held-out
-batches). Printed: plain score, the costly candidate's score, AMP's score, the budget, the share of
+scores two held-out batches: minus the mean KL divergence of outputs that are probability distributions
+over their last axis, the SQNR of the float outputs otherwise, or with ``--phase1 sqnr`` the SQNR always;
+phase 2 the suite's metric on all held-out batches; the refinement pass on unless ``--no-refine``).
+Printed: plain score, the costly candidate's score, AMP's score, the budget, the share of
 quantizers promoted (of those the two candidates set apart), relative bit operations, calibration passes,
 evaluations (and the calibrations AIMET's default would run: one per evaluation), wall and CPU time.
 """
@@ -50,7 +53,34 @@ def _sqnr(reference, outputs) -> float:
     return float(10 * np.log10(np.sum(ref ** 2) / max(np.sum((ref - out) ** 2), 1e-30)))
 
 
-def run_model(key: str, model_dirs, size, threads: int, results_root: str | None = None) -> dict:
+def _is_distribution(array: np.ndarray) -> bool:
+    """Probabilities over the last axis (a softmax output): non-negative, each row summing to 1."""
+    a = np.asarray(array)
+    if not np.issubdtype(a.dtype, np.floating) or a.ndim < 1 or a.shape[-1] < 2 or a.min() < 0:
+        return False
+    return bool(np.allclose(a.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def _kl(reference, outputs, k: int) -> float:
+    """Mean KL(FP32 || quantized) over the rows of output ``k`` (natural log, clamped at 1e-12)."""
+    ref = np.concatenate([r[k].reshape(-1, r[k].shape[-1]) for r in reference]).astype(np.float64)
+    out = np.concatenate([o[k].reshape(-1, o[k].shape[-1]) for o in outputs]).astype(np.float64)
+    ref, out = np.maximum(ref, 1e-12), np.maximum(out, 1e-12)
+    return float(np.mean(np.sum(ref * (np.log(ref) - np.log(out)), axis=-1)))
+
+
+def phase1_score(reference, outputs, proxy: str = "kl") -> float:
+    """Phase 1's proxy, higher is better: with ``proxy="kl"``, minus the mean KL divergence of every output
+    that is a probability distribution over its last axis (a softmax: the task reads its argmax, and SQNR
+    of probabilities is dominated by the few near-tied rows that swap), else the SQNR of the float outputs."""
+    dists = [k for k, r in enumerate(reference[0]) if proxy == "kl" and _is_distribution(r)]
+    if dists:
+        return -float(np.mean([_kl(reference, outputs, k) for k in dists]))
+    return _sqnr(reference, outputs)
+
+
+def run_model(key: str, model_dirs, size, threads: int, results_root: str | None = None, proxy: str = "kl",
+              refine: bool | int = True, resume: bool = False) -> dict:
     import quantsim
     from mixed_precision import choose_mixed_precision
 
@@ -64,7 +94,7 @@ def run_model(key: str, model_dirs, size, threads: int, results_root: str | None
     probe_reference = reference[:2]
 
     def phase1(session) -> float:
-        return _sqnr(probe_reference, _outputs(session, probe))
+        return phase1_score(probe_reference, _outputs(session, probe), proxy)
 
     def phase2(session) -> float:
         return sign * case.score(reference, _outputs(session, case.eval))[case.primary]
@@ -73,8 +103,8 @@ def run_model(key: str, model_dirs, size, threads: int, results_root: str | None
     start, cpu = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
         results = f"{results_root}/{key}" if results_root else scratch
-        result = choose_mixed_precision(sim, candidates, phase1, phase2, drop, results, True, case.calib,
-                                        executor=pool, progress=False)
+        result = choose_mixed_precision(sim, candidates, phase1, phase2, drop, results, not resume, case.calib,
+                                        executor=pool, progress=False, refine=refine)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     row = {
         "model": case.name, "metric": case.primary, "candidates": "/".join(result.candidates),
@@ -85,6 +115,7 @@ def run_model(key: str, model_dirs, size, threads: int, results_root: str | None
         "promoted_groups": result.promoted_group_share, "bops": result.bitops_ratio,
         "bops_plain": result.uniform_bitops[result.cheapest], "passes": result.calibration_passes,
         "evaluations": result.evaluations, "phase1": result.phase1_evaluations,
+        "refine_trials": result.refinement_trials, "cached": result.cached_scores,
         "aimet_passes": result.phase1_evaluations + result.phase2_evaluations, "seconds": wall, "cpu": cpu,
         "message": result.message,
     }
@@ -97,21 +128,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="minilm,cls,rec,rec16")
     ap.add_argument("--full", action="store_true", help="the suite's full splits (default: its quick ones)")
     ap.add_argument("--threads", type=int, default=1, help="phase-1 worker threads (ThreadPoolExecutor)")
+    ap.add_argument("--phase1", choices=("kl", "sqnr"), default="kl",
+                    help="phase-1 proxy: KL divergence of softmax outputs (SQNR otherwise), or SQNR of all outputs")
+    ap.add_argument("--no-refine", action="store_true", help="AIMET's prefix search alone (refine=False)")
+    ap.add_argument("--refine-trials", type=int, default=None, help="cap the refinement's trials (refine=N)")
+    ap.add_argument("--resume", action="store_true", help="reuse the score cache under --results (clean_start=False)")
     ap.add_argument("--results", default=None, help="keep each model's pareto.json and score cache under this folder")
     args = ap.parse_args(argv)
     size = C.FULL if args.full else C.QUICK
     dirs = fetch_all()
-    rows = [run_model(key, dirs, size, args.threads, args.results) for key in args.models.split(",")]
+    refine = False if args.no_refine else True if args.refine_trials is None else args.refine_trials
+    rows = [run_model(key, dirs, size, args.threads, args.results, args.phase1, refine,
+                      args.resume and args.results is not None) for key in args.models.split(",")]
     print("| model | candidates | metric | FP32 | plain (cheap everywhere) | costly everywhere | AMP | budget | met "
           "| quantizers promoted | groups promoted | relative BOPs (plain) | calibration passes (AIMET phase 1) "
-          "| evaluations | wall s (CPU s) |")
+          "| evaluations (refinement trials) | wall s (CPU s) |")
     print("|" + "---|" * 15)
     for r in rows:
         print(f"| {r['model']} | {r['candidates']} | {r['metric']} | {r['float']:.4f} | {r['plain']:.4f} "
               f"| {r['costly']:.4f} | {r['amp']:.4f} | {r['budget']:.4f} | {'yes' if r['met'] else 'no'} "
               f"| {100 * r['promoted']:.1f}% | {100 * r['promoted_groups']:.1f}% ({r['groups']} groups in all) "
               f"| {r['bops']:.3f} ({r['bops_plain']:.3f}) | {r['passes']} ({r['aimet_passes']}) "
-              f"| {r['evaluations']} | {r['seconds']:.0f} ({r['cpu']:.0f}) |")
+              f"| {r['evaluations']} ({r['refine_trials']}) | {r['seconds']:.0f} ({r['cpu']:.0f}) |")
     return 0
 
 

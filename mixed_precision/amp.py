@@ -41,6 +41,8 @@ from tqdm.auto import tqdm
 
 from mixed_precision.amp_cache import ScoreCache, cache_key
 from mixed_precision.amp_executor import checked_score, run_evaluations
+from mixed_precision.amp_refine import default_limit
+from mixed_precision.amp_refine import refine as refine_flips
 from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_files
 from mixed_precision.amp_space import AmpSpace, Config, distinct, group_label
 from mixed_precision.presets import candidate
@@ -74,6 +76,7 @@ class _Counts:
     passes: int = 0
     phase1: int = 0
     phase2: int = 0
+    refine: int = 0  # refinement trials (configurations scored, cached ones included)
 
 
 def _check_inputs(candidates, eval1, eval2, drop, forward) -> tuple[list, float | None]:
@@ -104,7 +107,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
                            use_all_amp_candidates: bool = False, phase1_optimize: bool = True,
                            amp_search_algo: AMPSearchAlgo = AMPSearchAlgo.Binary, *,
                            executor: Executor | None = None, executor_chunks: int = 16,
-                           progress: bool | None = None) -> AmpResult:
+                           progress: bool | None = None, refine: bool | int = True) -> AmpResult:
     """Choose a precision per quantizer group: the cheapest configuration (in bit operations) whose score is
     within ``allowed_accuracy_drop`` of the float model's (module docstring). AIMET's signature;
     ``use_all_amp_candidates`` and ``phase1_optimize`` are accepted and have no effect (every candidate is
@@ -115,10 +118,15 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     ``forward_pass_callback`` calibrates (a callable taking the session, or a list of feed dicts).
     ``executor`` runs phase 1 elsewhere, in ``executor_chunks`` tasks that each carry the pickled sim;
     ``progress`` shows tqdm bars, the calibrations' included (default: the sim's setting).
+    ``refine``: after the prefix search, try taking the flips it left out, by bisection
+    (`mixed_precision.amp_refine`); ``True`` spends at most `amp_refine.default_limit` trials, an int at most
+    that many, ``False`` (or 0) keeps AIMET's prefix search alone. Only with a budget and the binary search.
     """
     start = time.perf_counter()
     precisions, drop = _check_inputs(candidates, eval_callback_for_phase1, eval_callback_for_phase2,
                                      allowed_accuracy_drop, forward_pass_callback)
+    if not isinstance(refine, (bool, int)) or not isinstance(refine, bool) and refine < 0:
+        raise InvalidArgumentError(f"refine must be True, False or a number of trials >= 0, got {refine!r}")
     algo = AMPSearchAlgo(amp_search_algo)
     show = sim.progress if progress is None else bool(progress)
     results = Path(results_dir)
@@ -138,7 +146,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     try:
         with sim.transaction():
             result = _search(space, cache, counts, drop, algo, eval_callback_for_phase1, eval_callback_for_phase2,
-                             forward_pass_callback, executor, executor_chunks, show, start)
+                             forward_pass_callback, executor, executor_chunks, show, start, refine)
     finally:
         sim.progress = previous
     write_pareto_files(result, results, drop)
@@ -150,7 +158,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
 
 def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | None, algo: AMPSearchAlgo,
             eval1: Callable, eval2: Callable, forward: Any, executor: Executor | None, chunks: int, show: bool,
-            start: float) -> AmpResult:
+            start: float, refine_limit: bool | int = True) -> AmpResult:
     sim, names = space.sim, [p.name for p in space.candidates]
     baseline, cheapest = 0, len(names) - 1
     full = space.bops(space.uniform(baseline)) or 1.0
@@ -211,7 +219,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
                          {n: space.bops(space.uniform(c)) / full for c, n in enumerate(names)},
                          tuple(space.groups), tuple(points), chosen, met, message, share, group_share,
                          counts.passes, counts.phase1, counts.phase2, cache.hits, time.perf_counter() - start,
-                         phase1 or {})
+                         phase1 or {}, counts.refine)
 
     def uniform_point(c: int) -> ParetoPoint:
         changed = sum(space.group_types(g, c) != space.group_types(g, baseline) for g in range(len(space.groups)))
@@ -238,18 +246,23 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
     known = {space.canonical(space.uniform(c)): uniform[names[c]] for c in range(len(names))}
     scores: dict[int, float] = {}
 
+    def score_config(config: Config, what: str) -> float:
+        """Phase-2 score of a configuration, calibrated for itself (or known: cached, on the path, uniform)."""
+        config = space.canonical(config)
+        key = "point:" + ",".join(space.describe(config))
+        if config in known:
+            return known[config]
+        if cache.get(key) is not None:
+            known[config] = cache.scores[key]
+            return known[config]
+        space.calibrated(config, forward, passed)
+        calibrated[0] = config
+        known[config] = phase2_score(key, what)
+        return known[config]
+
     def evaluate(k: int) -> float:
         if k not in scores:
-            config = space.canonical(configs[k])
-            key = "point:" + ",".join(space.describe(config))
-            if config in known:
-                scores[k] = known[config]
-            elif cache.get(key) is not None:
-                scores[k] = cache.scores[key]
-            else:
-                space.calibrated(config, forward, passed)
-                calibrated[0] = config
-                scores[k] = phase2_score(key, f"phase 2 point {k}")
+            scores[k] = score_config(configs[k], f"phase 2 point {k}")
             bar.update(1)
         return scores[k]
 
@@ -269,15 +282,45 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if evaluate(mid) >= target else (lo, mid)
             best = lo
+            evaluate(best)  # the baseline (known) when no prefix met the target
     points = [ParetoPoint(k, space.bops(configs[k]) / full, scores[k], tuple(space.describe(configs[k])),
                           path[k][1]) for k in sorted(scores)]
     chosen = next(p for p in points if p.index == best)
+    phase1_named = {(g, names[c]): s for (g, c), s in phase1.items()}
     if target is None:
         message = f"no budget: the whole front was evaluated; left at {names[baseline]} everywhere"
-    else:
-        message = f"{best} of {n} flips taken: the cheapest evaluated point meeting the target {target:.6g}"
-    return finish(configs[best], points, chosen, True, message,
-                  {(g, names[c]): s for (g, c), s in phase1.items()})
+        return finish(configs[best], points, chosen, True, message, phase1_named)
+    message = f"{best} of {n} flips taken: the cheapest evaluated point meeting the target {target:.6g}"
+    limit = _refine_limit(refine_limit, n - best)
+    rest = _flip_order(space, phase1)  # the flips already taken are skipped (not cheaper any more)
+    failed = path[best + 1][1] if best + 1 in scores else None  # the next flip, known to break the budget alone
+    if failed is not None:
+        rest.remove((failed[0], names.index(failed[1])))
+
+    def trial_score(config: Config, flips: tuple) -> float:
+        counts.refine += 1
+        return score_config(config, f"refinement trial {counts.refine}")
+
+    config, trials = refine_flips(configs[best], rest, lambda cfg, f: space.group_cost(*f) < space.group_cost(
+        f[0], cfg[f[0]]), trial_score, target, limit) if limit else (configs[best], [])
+    for j, trial in enumerate(trials):
+        point = ParetoPoint(n + 1 + j, space.bops(trial.config) / full, trial.score,
+                            tuple(space.describe(trial.config)), (trial.flips[-1][0], names[trial.flips[-1][1]]),
+                            refinement=True)
+        points.append(point)
+        if trial.kept:
+            chosen = point
+    kept = sum(len(t.flips) for t in trials if t.kept)
+    if trials:
+        message += (f"; refinement: {kept} more flips kept in {len(trials)} trials "
+                    f"({sum(t.kept for t in trials)} kept)")
+    return finish(config, points, chosen, True, message, phase1_named)
+
+
+def _refine_limit(setting: bool | int, remaining: int) -> int:
+    if setting is True:
+        return default_limit(remaining)
+    return int(setting)
 
 
 def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable[[int], dict],
@@ -315,19 +358,18 @@ def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable
     return scores
 
 
+def _flip_order(space: AmpSpace, phase1: dict[tuple[int, int], float]) -> list[tuple[int, int]]:
+    """(group, candidate) flips, least harmful first: phase-1 score, then the group's cost at the candidate."""
+    return sorted(phase1, key=lambda gc: (-phase1[gc], space.group_cost(*gc), gc))
+
+
 def _flip_path(space: AmpSpace, phase1: dict[tuple[int, int], float]) -> list[tuple[Config, tuple[int, str] | None]]:
     """Configurations along the sorted flip list, starting at the baseline everywhere."""
     base = space.uniform(0)
-    full = space.bops(base)
-
-    def group_cost(g: int, c: int) -> tuple[float, float]:
-        config = base[:g] + (c,) + base[g + 1:]
-        return space.bops(config) - full, sum(b.bits for b in space.group_types(g, c))
-
-    order = sorted(phase1, key=lambda gc: (-phase1[gc], group_cost(*gc), gc))
+    group_cost = space.group_cost
     current = list(base)
     path: list[tuple[Config, tuple[int, str] | None]] = [(base, None)]
-    for g, c in order:
+    for g, c in _flip_order(space, phase1):
         if group_cost(g, c) < group_cost(g, current[g]):
             current[g] = c
             path.append((tuple(current), (g, space.candidates[c].name)))

@@ -10,14 +10,18 @@
      "groups": [{"nodes": ["conv1"], "quantizers": ["input", "conv1.weight"]}, ...],
      "points": [                                  # evaluated points of the search path, costliest first
         {"index": 0, "bitops_ratio": 1.0, "score": 0.909, "pareto_optimal": true, "chosen": false,
-         "flip": null, "precisions": ["W8A16", "W8A16", ...]},        # one candidate per group, in order
+         "flip": null, "refinement": false, "precisions": ["W8A16", "W8A16", ...]},        # one candidate per group, in order
         {"index": 7, "bitops_ratio": 0.62, "score": 0.903, ..., "flip": {"group": 3, "candidate": "W8A8"}}],
      "chosen": 7, "budget_met": true, "message": "...",
      "counts": {"calibration_passes": 3, "phase1_evaluations": 40, "phase2_evaluations": 4,
-                "cached_scores": 0, "promoted_share": 0.1, "promoted_group_share": 0.12, "wall_time_s": 9.5}}
+                "cached_scores": 0, "refinement_trials": 0, "promoted_share": 0.1, "promoted_group_share": 0.12,
+                "wall_time_s": 9.5}}
 
 ``index`` is the number of flips along the path (flips are taken in order of phase-1 sensitivity, least
-harmful first); ``flip`` is the last one taken to reach the point.
+harmful first); ``flip`` is the last one taken to reach the point. Trials of the refinement pass
+(`mixed_precision.amp_refine`) have ``"refinement": true`` and continue the numbering after the path's last
+index; their ``flip`` is the last flip of the chunk tried. ``counts.refinement_trials`` counts them (cached
+ones included); their fresh evaluations are part of ``phase2_evaluations``.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ class ParetoPoint:
     score: float | None
     precisions: tuple[str, ...]  # candidate name per quantizer group
     flip: tuple[int, str] | None = None  # (group index, candidate) of the last flip taken
+    refinement: bool = False  # a trial of the refinement pass (`mixed_precision.amp_refine`), not on the path
 
 
 def pareto_optimal(points: list[ParetoPoint]) -> list[ParetoPoint]:
@@ -81,6 +86,7 @@ class AmpResult:
     cached_scores: int
     wall_time_s: float
     phase1_scores: dict[tuple[int, str], float] = field(default_factory=dict)  # (group, candidate) -> score
+    refinement_trials: int = 0  # configurations the refinement pass scored (part of phase2_evaluations)
 
     @property
     def baseline(self) -> str:
@@ -130,11 +136,12 @@ class AmpResult:
             "points": [{"index": p.index, "bitops_ratio": p.bitops_ratio, "score": p.score,
                         "pareto_optimal": p.index in front, "chosen": p.index == self.chosen.index,
                         "flip": {"group": p.flip[0], "candidate": p.flip[1]} if p.flip else None,
-                        "precisions": list(p.precisions)}
+                        "refinement": p.refinement, "precisions": list(p.precisions)}
                        for p in sorted(self.points, key=lambda p: (-p.bitops_ratio, p.index))],
             "chosen": self.chosen.index, "budget_met": self.budget_met, "message": self.message,
             "counts": {"calibration_passes": self.calibration_passes, "phase1_evaluations": self.phase1_evaluations,
                        "phase2_evaluations": self.phase2_evaluations, "cached_scores": self.cached_scores,
+                       "refinement_trials": self.refinement_trials,
                        "promoted_share": self.promoted_share, "promoted_group_share": self.promoted_group_share,
                        "wall_time_s": self.wall_time_s},
         }
@@ -158,6 +165,8 @@ def write_pareto_files(result: AmpResult, results_dir: Path, allowed_accuracy_dr
 
 def _point_label(point: dict[str, Any], groups: list[str]) -> str:
     flip = point["flip"]
+    if point["refinement"]:
+        return f"refinement trial {point['index']} (last flip: {groups[flip['group']]} to {flip['candidate']})"
     if flip is None:
         return f"{point['precisions'][0] if len(set(point['precisions'])) == 1 else 'start'} everywhere"
     return f"{point['index']} flips (last: {groups[flip['group']]} to {flip['candidate']})"

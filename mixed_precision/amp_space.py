@@ -77,6 +77,13 @@ class AmpSpace:
     def bops(self, config: Config) -> float:
         return bit_operations(self.costs, self.dtypes(config))
 
+    def group_cost(self, g: int, c: int) -> tuple[float, float]:
+        """What group ``g`` costs at candidate ``c``, the rest at the baseline: bit operations above the
+        baseline everywhere, then the bits of its controlled quantizers (orders groups without MACs)."""
+        base = self.uniform(0)
+        config = base[:g] + (c,) + base[g + 1:]
+        return self.bops(config) - self.bops(base), sum(b.bits for b in self.group_types(g, c))
+
     def group_types(self, g: int, c: int) -> tuple[qtype, ...]:
         """What candidate ``c`` means for group ``g`` (two candidates can mean the same, e.g. W4A8 and W8A8
         for a group without weights)."""

@@ -58,3 +58,8 @@ def score(session) -> float:
         _EXPECTED.extend(_expected())
     got = [session.run(None, f)[0] for f in feeds(2, seed=7)]
     return -float(np.mean([np.mean((e - g) ** 2) for e, g in zip(_EXPECTED, got)]))
+
+
+def misleading_score(session) -> float:
+    """`score` upside down: a phase-1 callback that ranks the most harmful flips as the least harmful."""
+    return -score(session)

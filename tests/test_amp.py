@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny_cnn
-from amp_models import feeds, new_sim, score
+from amp_models import feeds, misleading_score, new_sim, score
 from tiny_cnn import snapshot
 
 from mixed_precision import (
@@ -102,9 +102,10 @@ def test_budget_is_met_by_the_cheapest_configuration(tmp_path, algo):
     target = -drop  # the float model scores 0
     cheapest = min((c for c in brute if brute[c] >= target), key=lambda c: sum(t == "int8" for t in c))
     sim = new_sim()
-    result = _run(sim, tmp_path, drop=drop, amp_search_algo=algo)
+    result = _run(sim, tmp_path, drop=drop, amp_search_algo=algo, refine=False)  # AIMET's search alone
     assert result.budget_met and result.score >= target
     assert _combo(result.chosen) == cheapest == ("int8", "int4", "int8")
+    assert result.refinement_trials == 0 and not any(p.refinement for p in result.points)
     assert result.bitops_ratio == pytest.approx(5 / 6)
     # one pass per candidate; binary search: point 2 (fails), point 1 (passes, stays); brute force: points
     # 1 and 2 (point 3 is W4A8 everywhere, already scored), then point 1 again
@@ -115,6 +116,60 @@ def test_budget_is_met_by_the_cheapest_configuration(tmp_path, algo):
     assert score(sim.session) == pytest.approx(result.score, rel=1e-9)
     # W4A8 and W8A8 differ only in the weights: W0 and W2 of W0, W1, W2 stay 8-bit, in 2 of 3 groups
     assert result.promoted_share == pytest.approx(2 / 3) and result.promoted_group_share == pytest.approx(2 / 3)
+
+
+def test_refinement_takes_back_the_flips_a_misled_prefix_search_left_out(tmp_path):
+    """Phase 1 ranks the flips the wrong way round, so the first prefix already breaks the budget and the
+    prefix search keeps 8-bit weights everywhere; the refinement bisects the flips it left out and finds the
+    brute-force optimum (W1 at 4 bits)."""
+    brute = _brute_force()
+    run = functools.partial(choose_mixed_precision, candidates=[W8, W4], eval_callback_for_phase1=misleading_score,
+                            eval_callback_for_phase2=score, allowed_accuracy_drop=0.02,
+                            forward_pass_callback=feeds())
+    prefix_only = run(new_sim(), results_dir=tmp_path / "prefix", clean_start=True, refine=False)
+    assert _combo(prefix_only.chosen) == ("int8", "int8", "int8") and prefix_only.bitops_ratio == 1.0
+    sim = new_sim()
+    result = run(sim, results_dir=tmp_path / "refined", clean_start=True)
+    assert _combo(result.chosen) == ("int8", "int4", "int8") == min(
+        (c for c in brute if brute[c] >= -0.02), key=lambda c: c.count("int8"))
+    assert result.bitops_ratio == pytest.approx(5 / 6) and result.chosen.refinement
+    # W0 alone (path point 1) is known to break the budget, so the flips left are [W2, W1]: both (fail),
+    # W2 (fails), W1 (kept): three trials, each a new evaluation calibrated for itself
+    assert result.refinement_trials == 3
+    assert result.phase2_evaluations == prefix_only.phase2_evaluations + 3
+    # one per candidate, two path points, three trials; the last trial is the kept one, so no final pass
+    # (the prefix search alone ends with a pass for the baseline it returns to)
+    assert result.calibration_passes == 7 and prefix_only.calibration_passes == 5
+    assert [sim.qc_quantize_op_dict[f"W{i}"].precision() for i in range(3)] == [int8, int4, int8]
+    assert score(sim.session) == pytest.approx(result.score, rel=1e-9)
+    document = json.loads((tmp_path / "refined" / "pareto.json").read_text())
+    assert document["counts"]["refinement_trials"] == 3
+    assert [p["refinement"] for p in document["points"] if p["chosen"]] == [True]
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(document, json.loads(SCHEMA.read_text()))
+    resumed = run(new_sim(), results_dir=tmp_path / "refined", clean_start=False)  # same walk, all cached
+    assert resumed.chosen == result.chosen and resumed.phase2_evaluations == 0
+    limited = run(new_sim(), results_dir=tmp_path / "refined", clean_start=False, refine=2)
+    assert limited.refinement_trials == 2 and _combo(limited.chosen) == ("int8", "int8", "int8")
+    with pytest.raises(InvalidArgumentError, match="refine"):
+        run(new_sim(), results_dir=tmp_path / "bad", clean_start=True, refine=-1)
+
+
+def test_a_callback_raising_during_the_refinement_restores_the_sim(tmp_path):
+    sim = new_sim()
+    sim.compute_encodings(feeds())
+    before = snapshot(sim)
+    calls = []
+
+    def flaky(session):
+        calls.append(1)
+        if len(calls) == 7:  # float, two candidates everywhere, two path points, a trial: then the next
+            raise RuntimeError("evaluation server went away")
+        return score(session)
+
+    with pytest.raises(RuntimeError, match="went away"):
+        choose_mixed_precision(sim, [W8, W4], misleading_score, flaky, 0.02, tmp_path, True, feeds())
+    assert snapshot(sim) == before
 
 
 def test_a_budget_nothing_meets_leaves_the_highest_candidate_and_says_so(tmp_path):
