@@ -5,7 +5,8 @@ Conv's input float (the sim does not quantize a Pad's output: it is on the input
 in FP32 with a float weight (Silero VAD's STFT Conv: 70% of its QDQ model's time, 4.4x quantize_static's
 latency); an LSTM's quantized weights ran ``DequantizeLinear`` at every inference (ddddocr 1.10-1.44x).
 The export now adds a derived Q/DQ after a Pad whose written values are on the grid, and stores
-recurrent weights as their fake-quantized float values; both forms compute exactly the sim's numbers.
+recurrent weights as their fake-quantized float values, and leaves out Q/DQ pairs on outputs nothing
+reads (the LSTM's unused final states); these forms compute exactly the sim's numbers.
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def _lstm(op_type: str = "LSTM") -> onnx.ModelProto:
     inits = {"W": RNG.standard_normal((1, gates * 5, 6)).astype(np.float32) * 0.3,
              "R": RNG.standard_normal((1, gates * 5, 5)).astype(np.float32) * 0.3,
              "B": RNG.standard_normal((1, 2 * gates * 5)).astype(np.float32) * 0.1}
-    nodes = [helper.make_node(op_type, ["x", "W", "R", "B"], ["Y"], hidden_size=5)]
+    nodes = [helper.make_node(op_type, ["x", "W", "R", "B"], ["Y", "Y_h"], hidden_size=5)]  # Y_h: read by nothing
     f = onnx.TensorProto.FLOAT
     return _model(nodes, [helper.make_tensor_value_info("x", f, [4, 1, 6])],
                   [helper.make_tensor_value_info("Y", f, [4, 1, 1, 5])], inits)
@@ -117,4 +118,7 @@ def test_recurrent_weights_are_stored_fake_quantized_without_dequantize(op_type)
         assert node.input[slot] not in producers and inits[node.input[slot]].dtype == np.float32
     w = sim.qc_quantize_op_dict["W"]
     assert len(np.unique(np.round(inits[node.input[1]][0] / np.reshape(w.encoding.scale, (-1, 1)), 3))) <= 256
+    read = {i for n in qdq.graph.node for i in n.input}
+    assert not [n for n in qdq.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                and n.output[0] not in read and n.output[0] not in {o.name for o in qdq.graph.output}]  # no dead pairs
     _check_exact(sim, _feeds({"x": (4, 1, 6)}, 2, 9))

@@ -45,6 +45,9 @@ integer kernels and other toolchains expect:
   sim keeps a weight in float (its quantizer disabled or float16), that op reads its input through
   ``Cast -> Sub(zero point) -> Mul(scale)`` instead: bit-identical to the DequantizeLinear, invisible
   to the rewrite.
+* **no dead pairs**: a quantizer on an output nothing reads (an LSTM's unused final states) is an
+  identity in the sim; its Q/DQ pair would be run for nothing (and asks onnxruntime for the output), so
+  it is left out.
 * **zero points by type**: at opset >= 21 a zero point that is all zero is dropped; QuantizeLinear then
   names its storage type with the ``output_dtype`` attribute and DequantizeLinear takes the type from its
   input. Below opset 21 (no ``output_dtype``) the zero-point tensors stay.
@@ -71,6 +74,7 @@ __all__ = [
     "protect_float_weights",
     "drop_zero_zero_points",
     "add_derived_qdq",
+    "drop_dead_qdq",
 ]
 
 def _dq_params(index: GraphIndex, name: str):
@@ -352,6 +356,22 @@ def drop_zero_zero_points(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def drop_dead_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove QuantizeLinear/DequantizeLinear nodes whose outputs nothing reads (module docstring)."""
+    outputs = {o.name for o in model.graph.output}
+    while True:
+        read = {i for n in model.graph.node for i in n.input if i}
+        dead = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                and not any(o in read or o in outputs for o in n.output)]
+        if not dead:
+            return model
+        names = {n.name for n in dead}
+        kept = [n for n in model.graph.node if n.name not in names]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        drop_unused_initializers(model.graph, {i for n in dead for i in n.input if i})
+
+
 def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
     """The sim as a standard QDQ ModelProto (module docstring)."""
     from quantsim.sim.build import build_sim_model
@@ -364,5 +384,6 @@ def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
     if int32_bias:
         model = quantize_biases(model)
     model = drop_zero_zero_points(model)
+    model = drop_dead_qdq(model)
     onnx.helper.set_model_props(model, {"producer": "quantsim"})
     return model
