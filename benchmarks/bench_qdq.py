@@ -1,12 +1,14 @@
 """QDQ export benchmark on the real-model suite: latency against ``quantize_static``'s QDQ model, and how
 closely the exported model follows the sim.
 
-    python -m benchmarks.bench_qdq [--quick] [--models det,rec,cls,minilm,magika] [--repeats 5]
+    python -m benchmarks.bench_qdq [--quick] [--models det,rec,...,silero] [--repeats 5]
 
-Per model (the suite's cases, :mod:`benchmarks.suite.cases`): the W8A8 sim of the suite
-(``param_type="int8", activation_type="int8", quant_scheme="min_max"``, default per-channel config)
-calibrated on the calibration split, its ``to_onnx_qdq()`` export, and
-``onnxruntime.quantization.quantize_static`` (QDQ, per-channel, MinMax, QUInt8/QInt8) on the same split.
+Per model (the suite's ten cases, :mod:`benchmarks.suite.cases` and :mod:`benchmarks.suite.wide_cases`):
+the W8A8 sim of the suite (``param_type="int8", activation_type="int8", quant_scheme="min_max"``, default
+per-channel config) calibrated on the calibration split, its ``to_onnx_qdq()`` export, and
+``onnxruntime.quantization.quantize_static`` (QDQ, MinMax, QUInt8/QInt8) on the same split, in the suite's
+best setting (:func:`benchmarks.suite.run.best_baseline`: per-channel, per-channel after
+``quant_pre_process``, or per-tensor weights).
 FP32, our QDQ model and quantize_static's run in default onnxruntime sessions (ORT_ENABLE_ALL, free to fuse
 Q/DQ into integer kernels) over the evaluation split, round-robin (`benchmarks.common.interleaved_best`);
 latency is the best pass.
@@ -30,6 +32,7 @@ import argparse
 import datetime
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -41,7 +44,7 @@ import onnxruntime as ort
 
 from benchmarks.common import interleaved_best
 from benchmarks.suite import cases as C
-from benchmarks.suite.run import quantize_static_baseline, run_all
+from benchmarks.suite.run import BUILDERS, best_baseline, model_fetchers, run_all
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROVIDERS = ["CPUExecutionProvider"]
@@ -81,10 +84,11 @@ def agreement(sim, outs_sim, outs_other) -> dict[str, float]:
     return {"max_abs": max_abs, "max_steps": max_steps, "within_1": within / total if total else float("nan")}
 
 
-def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, workdir: Path) -> dict:
+def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, workdir: Path,
+               keep: Path | None = None) -> dict:
     import quantsim
 
-    src, build = C.BUILDERS[key]
+    src, build = BUILDERS[key]
     case = build(model_dirs[src], size)
     t0 = time.perf_counter()
     sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type="int8", activation_type="int8",
@@ -92,9 +96,16 @@ def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int
     sim.compute_encodings(case.calib)
     qdq = sim.to_onnx_qdq()
     export_s = time.perf_counter() - t0
-    base_path, _ = quantize_static_baseline(case.model_path, case.calib, workdir)
-    sessions = {"fp32": _session(case.model_path), "ours": _session(qdq), "base": _session(base_path)}
-    ref, _ = run_all(sessions["fp32"], case.eval)
+    fp32 = _session(case.model_path)
+    ref, _ = run_all(fp32, case.eval)
+    label, base, _, base_path = best_baseline(case, ref, workdir)
+    if base.error or base_path is None:
+        raise RuntimeError(f"quantize_static: {base.error}")
+    if keep is not None:  # both QDQ models, for onnxruntime's profiler
+        keep.mkdir(parents=True, exist_ok=True)
+        onnx.save(qdq, str(keep / f"{key}.ours.onnx"))
+        shutil.copyfile(base_path, keep / f"{key}.quantize_static.onnx")
+    sessions = {"fp32": fp32, "ours": _session(qdq), "base": _session(base_path)}
     outs = {k: run_all(s, case.eval)[0] for k, s in sessions.items() if k != "fp32"}
     outs_sim, _ = run_all(sim.session, case.eval)
     exact, _ = run_all(_session(sim.to_onnx_qdq(int32_bias=False), fused=False), case.eval)
@@ -108,7 +119,7 @@ def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int
         "fp32_s": best["fp32"], "ours_s": best["ours"], "base_s": best["base"],
         "exact": agreement(sim, outs_sim, exact)["max_abs"],
         "default": agreement(sim, outs_sim, outs["ours"]),
-        "export_s": export_s,
+        "export_s": export_s, "baseline": label,
     }
 
 
@@ -117,18 +128,20 @@ def render(rows: list[dict], mode: str, repeats: int) -> str:
         f"# QDQ export vs quantize_static ({mode})", "",
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, onnxruntime "
         f"{ort.__version__}; default sessions, best of {repeats} interleaved passes over the evaluation split.", "",
-        "| model | metric vs FP32 | sim | our QDQ | quantize_static QDQ | FP32 / our QDQ | FP32 / quantize_static "
+        "| model | metric vs FP32 | quantize_static setting "
+        "| sim | our QDQ | quantize_static QDQ | FP32 / our QDQ | FP32 / quantize_static "
         "| our QDQ / quantize_static | exact export vs sim (max \\|Δ\\|) | default session vs sim: max \\|Δ\\| "
         "| max steps | share ≤ 1 step |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | error: {r['error']} |" + " |" * 10)
+            lines.append(f"| {r['name']} | error: {r['error']} |" + " |" * 11)
             continue
         d = r["default"]
         lines.append(
-            f"| {r['name']} | {r['primary']} | {r['metric_sim']:.4f} | {r['metric_ours']:.4f} | {r['metric_base']:.4f} "
+            f"| {r['name']} | {r['primary']} | {r['baseline']} "
+            f"| {r['metric_sim']:.4f} | {r['metric_ours']:.4f} | {r['metric_base']:.4f} "
             f"| {r['fp32_s'] / r['ours_s']:.2f}x | {r['fp32_s'] / r['base_s']:.2f}x | {r['ours_s'] / r['base_s']:.2f}x "
             f"| {r['exact']:.3g} | {d['max_abs']:.3g} | {d['max_steps']:.0f} | {100 * d['within_1']:.2f}% |")
     return "\n".join(lines) + "\n"
@@ -137,22 +150,21 @@ def render(rows: list[dict], mode: str, repeats: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small splits")
-    ap.add_argument("--models", default=",".join(C.BUILDERS))
+    ap.add_argument("--models", default=",".join(BUILDERS))
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--keep", default="", help="folder to save both QDQ models of each case in ('' not to)")
     ap.add_argument("--output", default=str(RESULTS / "qdq.md"), help="Markdown path ('' to skip writing)")
     args = ap.parse_args(argv)
-    from benchmarks.fetch_models import fetch_magika
-    from benchmarks.suite.fetch import fetch_minilm, fetch_ppocr
-
     ort.set_default_logger_severity(3)
-    fetchers = {"ppocr": fetch_ppocr, "minilm": fetch_minilm, "magika": fetch_magika}
+    fetchers = model_fetchers()
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
-    model_dirs = {src: fetchers[src](None) for src in sorted({C.BUILDERS[k][0] for k in keys})}
+    model_dirs = {src: fetchers[src](None) for src in sorted({BUILDERS[k][0] for k in keys})}
     rows = []
     with tempfile.TemporaryDirectory(prefix="quantsim-qdq-") as tmp:
         for key in keys:
             try:
-                rows.append(bench_case(key, model_dirs, C.QUICK if args.quick else C.FULL, args.repeats, Path(tmp)))
+                rows.append(bench_case(key, model_dirs, C.QUICK if args.quick else C.FULL, args.repeats, Path(tmp),
+                                       Path(args.keep) if args.keep else None))
             except Exception as e:  # noqa: BLE001 - one model's failure is a row, the others still run
                 rows.append({"name": key, "error": f"{type(e).__name__}: {e}"[:200]})
             print(f"[bench_qdq] {rows[-1]}", file=sys.stderr)

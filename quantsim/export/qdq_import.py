@@ -171,11 +171,11 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
 
 
 def _is_derived(index: GraphIndex, q: onnx.NodeProto, source: str) -> bool:
-    """True for a Q/DQ pair after a data-movement op that repeats its input's Q/DQ parameters."""
+    """True for a Q/DQ pair after a data-movement op (or a Pad) that repeats its input's Q/DQ parameters."""
     from quantsim.graph.op_facts import GRID_MOVEMENT_OPS
 
     producer = index.producer_of(source)
-    if producer is None or producer.op_type not in GRID_MOVEMENT_OPS or not producer.input:
+    if producer is None or (producer.op_type not in GRID_MOVEMENT_OPS and producer.op_type != "Pad") or not producer.input:
         return False
     upstream = index.producer_of(producer.input[0])
     if upstream is None or upstream.op_type != "DequantizeLinear" or len(upstream.input) != len(q.input):
