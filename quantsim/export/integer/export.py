@@ -58,6 +58,7 @@ from quantsim.export.integer import lut as lowering_lut
 from quantsim.export.integer import movement as lowering_movement
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
+from quantsim.export.integer.shapes import fold_shape_arithmetic, shape_derived, static_input_shapes
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.session import make_session
@@ -179,7 +180,7 @@ def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, int]:
     return model, target
 
 
-def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportEntry]) -> None:
+def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportEntry], from_shapes: set[str]) -> None:
     index = ctx.index
     if not any(index.is_float(n) for n in node.input if n) and not any(index.is_float(n) for n in node.output if n):
         ctx.emit(node.op_type, [ctx.float_input(n) for n in node.input], list(node.output), name=node.name,
@@ -196,6 +197,8 @@ def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportE
             ctx.restore(state)
             reason = str(error)
     lower_in_float(ctx, node)
+    if any(n in from_shapes for n in node.input):
+        reason += " (computed from the input shape: export_integer(input_shapes=...) folds it into constants)"
     report.append(ReportEntry(node.name, node.op_type, reason))
 
 
@@ -209,11 +212,19 @@ def _value_info(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem_type, dims)
 
 
-def export_integer(sim, *, integer_io: bool = False, opset: int | None = None) -> IntegerExport:
-    """Lower a calibrated sim to an integer ONNX model (see the module docstring)."""
+def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
+                   input_shapes: dict[str, list[int]] | None = None) -> IntegerExport:
+    """Lower a calibrated sim to an integer ONNX model (see the module docstring). ``input_shapes``
+    (``{input: dims}``) fixes dynamic input dims: the model is exported for those shapes only, with its
+    shape arithmetic folded into constants (`shapes`); models whose inputs are all static get that fold
+    without it."""
     _check_sim(sim)
     model, opset = _prepared_model(sim, opset)
+    shapes = static_input_shapes(model, input_shapes)
+    if shapes is not None:
+        model, _ = fold_shape_arithmetic(model, shapes)
     index = GraphIndex(model)
+    from_shapes = shape_derived(index)
     ctx = LoweringContext(sim, index, opset)
     report: list[ReportEntry] = []
     io: dict = {}
@@ -235,7 +246,7 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None) -
                 report.append(ReportEntry(name, "graph input", f"kept float: {ctx.why_not_8bit(name)}"))
     for node in index.nodes:
         if node.name not in ctx.absorbed:
-            _lower_node(ctx, node, report)
+            _lower_node(ctx, node, report, from_shapes)
     outputs, renames = [], {}
     graph_inputs = {i.name for i in inputs}
     for info in model.graph.output:
