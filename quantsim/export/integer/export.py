@@ -27,6 +27,11 @@ same integer kernels and match the sim like 8-bit ones. Before returning, the mo
 onnxruntime (no graph optimizations): a model onnxruntime refuses raises `IntegerExportError`, so nothing
 unloadable is ever written.
 
+With ``input_shapes`` (or when every graph input is declared with static dims) the model is exported for
+those shapes: its shape arithmetic (a detector's anchors and strides, computed from ``Shape``) is folded
+into constants first (`shapes`), the graph inputs declare the static dims, and onnxruntime refuses other
+sizes. Without static shapes such values stay float and their report entries say ``input_shapes`` folds them.
+
 Nodes no rule can lower (unsupported op types, 16-bit / float16 quantizers, float weights, a
 quantizer disabled in the middle of the graph) run in float exactly as in the sim (`fallback`) and are
 listed in ``report`` as ``(node, op_type, reason)``. The export never silently changes numerics: an
