@@ -179,6 +179,9 @@ def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx
         def get_next(self):
             return next(self.items, None)
 
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset < 13:  # per-channel DequantizeLinear (its axis attribute) needs opset 13 (ddddocr is opset 12)
+        model = onnx.version_converter.convert_version(model, 13)
     with tempfile.TemporaryDirectory() as tmp:
         source, target = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "quant.onnx")
         onnx.save(model, source)
@@ -230,7 +233,7 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
     sim.compute_encodings(calibration)
     exported = export_integer(sim)
     fixed = ""
-    if any("input_shapes" in e.reason for e in exported.report):  # shape arithmetic left float: fix the shape
+    if any("input_shapes" in e.reason and e.op_type not in _MOVEMENT for e in exported.report):  # float arithmetic
         exported = export_integer(sim, input_shapes={k: list(v.shape) for k, v in tests[0].items()})
         fixed = f"input_shapes {'x'.join(str(d) for v in tests[0].values() for d in v.shape)}; "
     prepare_s = time.perf_counter() - t0

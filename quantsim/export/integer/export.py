@@ -202,7 +202,9 @@ def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportE
             ctx.restore(state)
             reason = str(error)
     lower_in_float(ctx, node)
-    if any(n in from_shapes for n in node.input):
+    inputs = [n for n in node.input if n]
+    if any(f"'{n}'" in reason for n in inputs if n in from_shapes) or (  # why: an input computed from shapes
+            inputs and all(n in from_shapes or ctx.index.is_constant(n) for n in inputs)):  # shape arithmetic itself
         reason += " (computed from the input shape: export_integer(input_shapes=...) folds it into constants)"
     report.append(ReportEntry(node.name, node.op_type, reason))
 
