@@ -22,7 +22,10 @@ intra_op_num_threads, default 1 for stable numbers on a shared machine; 0 = onnx
 round-robin so they share the machine's background load.
 Columns: latency, FP32 / variant ratio, the largest deviation from the exact sim in output steps (our
 exports) and the relative error of the first output vs FP32; the integer row notes the nodes left in
-float, the lookup tables, and its speed relative to the QOperator model (> 1: faster). The Markdown
+float, the lookup tables, and its speed relative to the QOperator model (> 1: faster). Suite models also get
+their case's primary score vs FP32 on the QUICK evaluation split (quality column); a model whose dynamic
+export leaves shape arithmetic float (nudenet's anchors) is exported with ``input_shapes`` = the timed
+input's shape (noted in the row). The Markdown
 table is printed and written to benchmarks/results/integer.md.
 """
 from __future__ import annotations
@@ -176,6 +179,9 @@ def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx
         def get_next(self):
             return next(self.items, None)
 
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset < 13:  # per-channel DequantizeLinear (its axis attribute) needs opset 13 (ddddocr is opset 12)
+        model = onnx.version_converter.convert_version(model, 13)
     with tempfile.TemporaryDirectory() as tmp:
         source, target = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "quant.onnx")
         onnx.save(model, source)
@@ -191,21 +197,32 @@ def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx
 
 
 def _suite_model(name: str):
-    """(model, calibration feeds, two test feeds) of a suite model (benchmarks.suite, QUICK sizes): PP-OCR
-    cls / rec / det or nudenet's YOLOv8n detector."""
+    """(model, calibration feeds, two test feeds, case) of a suite model (benchmarks.suite, QUICK sizes): PP-OCR
+    cls / rec / det, nudenet's YOLOv8n detector, the PicoDet layout detector, the PP-LCNet orientation
+    classifier or ddddocr's CRNN."""
     from benchmarks.suite.cases import QUICK, cls_case, det_case, rec_case
     from benchmarks.suite.fetch import cache_dir
-    from benchmarks.suite.wide_cases import nudenet_case
+    from benchmarks.suite.wide_cases import BUILDERS
 
-    if name == "nudenet":
-        case = nudenet_case(cache_dir() / "models" / "nudenet", QUICK)
+    if name in BUILDERS:
+        folder, build = BUILDERS[name]
+        case = build(cache_dir() / "models" / folder, QUICK)
     else:
         case = {"cls": cls_case, "det": det_case, "rec": rec_case}[name](cache_dir() / "models" / "ppocr", QUICK)
-    return onnx.load(case.model_path), case.calib, [{k: v[:1] for k, v in f.items()} for f in case.eval[:2]]
+    return onnx.load(case.model_path), case.calib, [{k: v[:1] for k, v in f.items()} for f in case.eval[:2]], case
+
+
+def _quality(case, sessions: dict) -> dict[str, str]:
+    """The suite's primary score (vs FP32, on the case's evaluation feeds) of each session but FP32."""
+    if case is None:
+        return {}
+    outputs = {k: [s.run(None, feed) for feed in case.eval] for k, s in sessions.items()}
+    return {k: f"{case.primary} {case.score(outputs['FP32'], outs)[case.primary]:.3f}"
+            for k, outs in outputs.items() if k != "FP32"}
 
 
 def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, calibration: list[dict],
-                tests: list[dict]) -> list[dict]:
+                tests: list[dict], case=None) -> list[dict]:
     from onnxruntime.quantization import QuantFormat
 
     import quantsim
@@ -215,6 +232,10 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
     sim = quantsim.QuantizationSimModel(model, progress=False)
     sim.compute_encodings(calibration)
     exported = export_integer(sim)
+    fixed = ""
+    if any("input_shapes" in e.reason and e.op_type not in _MOVEMENT for e in exported.report):  # float arithmetic
+        exported = export_integer(sim, input_shapes={k: list(v.shape) for k, v in tests[0].items()})
+        fixed = f"input_shapes {'x'.join(str(d) for v in tests[0].values() for d in v.shape)}; "
     prepare_s = time.perf_counter() - t0
     variants = {
         "FP32": model,
@@ -242,10 +263,13 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
             "rel_err": float(np.abs(out - fp32).max() / np.abs(fp32).max()),
             "nodes": len(variants[key].graph.node),
         })
+    quality = _quality(case, sessions)
+    for row in rows:
+        row["quality"] = quality.get(row["variant"], "")
     constants = {t.name for t in exported.model.graph.initializer}  # lookup tables: Gather from a constant
     tables = sum(n.op_type in ("Gather", "GatherElements") and n.input[0] in constants for n in exported.model.graph.node)
     compute = Counter(e.op_type for e in exported.report if e.op_type not in _MOVEMENT)
-    rows[2]["note"] = (f"{len(exported.report)} float nodes ({sum(compute.values())} compute: "
+    rows[2]["note"] = (f"{fixed}{len(exported.report)} float nodes ({sum(compute.values())} compute: "
                        f"{' '.join(f'{op} {n}' for op, n in sorted(compute.items())) or 'none'}), {tables} tables; vs QOperator "
                        f"{best['ORT quantize_static QOperator'] / best[rows[2]['variant']]:.2f}x; "
                        f"sim+export {prepare_s:.1f} s")
@@ -264,13 +288,13 @@ def render(rows: list[dict], args) -> str:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, intra_op threads "
         f"{args.threads or 'default'}; input 1x3x{args.size}x{args.size}; best of {args.repeats} interleaved runs.",
         "", "| model | variant | nodes | best ms | median ms | FP32 / variant (best) | max \\|Δ\\| vs sim (out steps) | "
-        "max \\|Δ\\| / max\\|FP32\\| | note |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "max \\|Δ\\| / max\\|FP32\\| | quality vs FP32 | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['model']} | {r['variant']} | {r['nodes']} | {r['ms']:.2f} | {r['median_ms']:.2f} | "
                      f"{r['ratio']:.2f}x | "
-                     f"{r['steps']} | {r['rel_err']:.4f} | {r.get('note', '')} |")
+                     f"{r['steps']} | {r['rel_err']:.4f} | {r.get('quality', '')} | {r.get('note', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -281,8 +305,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra_op_num_threads (0: onnxruntime default)")
     parser.add_argument("--models", nargs="+", default=["resnet_style", "mobilenet_style", "pplcnet_style", "cls",
                                                          "rec", "det", "nudenet"],
-                        help="built nets and/or real suite models (PP-OCR cls, rec, det; nudenet's YOLOv8n; "
-                             "fetched by benchmarks.suite.fetch)")
+                        help="built nets and/or real suite models (PP-OCR cls, rec, det; nudenet's YOLOv8n; layout "
+                             "(PicoDet), orientation (PP-LCNet), ddddocr; fetched by benchmarks.suite.fetch)")
     args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)
     ort.set_default_logger_severity(3)
@@ -296,9 +320,9 @@ def main(argv=None) -> None:
         if name in built:
             rows += bench_model(name, built[name](size), args.repeats, args.threads, calibration, tests)
         else:
-            model, real_calibration, real_tests = _suite_model(name)
-            label = name if name == "nudenet" else f"ppocr {name}"
-            rows += bench_model(label, model, args.repeats, args.threads, real_calibration, real_tests)
+            model, real_calibration, real_tests, case = _suite_model(name)
+            label = f"ppocr {name}" if name in ("cls", "rec", "det") else name
+            rows += bench_model(label, model, args.repeats, args.threads, real_calibration, real_tests, case)
     table = render(rows, args)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -26,11 +26,13 @@ weight untouched; one with ``t == 0`` on a layer without bias adds none.
 Pre: node names unique, nodes topologically sorted. Post: every foldable pair is one layer whose output
 keeps the folded node's output name; outputs equal up to float rounding. Chains (Conv -> Mul -> Add,
 BatchNormalization -> BatchNormalization) fold in successive rounds.
-Match: a default-domain BatchNormalization (``fold_batchnorm``) or Mul / Add (``fold_channel_affine``)
-reading output 0 of a Conv, ConvTranspose or Gemm.
-Check (a refused BatchNormalization is reported as a ``PrepareWarning`` with the reason; a refused Mul / Add
-is left silently, being ordinary arithmetic; ``find_batchnorm_folds`` lists every BatchNormalization
-decision):
+Match: a default-domain BatchNormalization (``fold_batchnorm``) or Mul / Add / BatchNormalization
+(``fold_channel_affine``: a ``layer -> Add(per-channel bias) -> BatchNormalization`` chain, PaddlePaddle's
+ConvTranspose export, only becomes ``layer -> BatchNormalization`` when its Add folds, after
+``fold_batchnorm``) reading output 0 of a Conv, ConvTranspose or Gemm.
+Check (a BatchNormalization ``fold_batchnorm`` refuses is reported as a ``PrepareWarning`` with the reason;
+``fold_channel_affine`` refuses silently, a Mul / Add being ordinary arithmetic; ``find_batchnorm_folds``
+lists every BatchNormalization decision):
 1. the BatchNormalization is in inference mode (``training_mode`` 0, one output);
 2. the layer's output feeds only the folded node and is not a graph output;
 3. BatchNormalization: scale, B, mean and var are constant initializers (not graph inputs) with one value
@@ -95,8 +97,10 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
 
 
 def fold_channel_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
-    """Fold every Mul / Add by a per-channel constant into the layer before it (rules in the module docstring)."""
-    return _fold(model, _AFFINE_OPS, warn=False)
+    """Fold every Mul / Add by a per-channel constant into the layer before it (rules in the module docstring),
+    and the BatchNormalizations such a fold puts right after a layer (``layer -> Add(bias) -> BN``: the
+    Add folds here, after ``fold_batchnorm`` has run, and leaves ``layer -> BN``)."""
+    return _fold(model, _AFFINE_OPS + ("BatchNormalization",), warn=False)
 
 
 def _fold(model: onnx.ModelProto, ops: tuple[str, ...], *, warn: bool) -> tuple[onnx.ModelProto, bool]:

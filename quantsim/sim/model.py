@@ -373,14 +373,17 @@ class QuantizationSimModel:
         warn_at_caller(f"{what}: {len(missing)} enabled activation quantizer(s) have no encoding and get no Q/DQ, "
                        f"e.g. {missing[:3]}", RuntimeWarning)
 
-    def export_integer(self, *, integer_io: bool = False, opset: int | None = None):
+    def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
+                       input_shapes: dict[str, list[int]] | None = None):
         """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
-        fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both."""
+        fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both.
+        ``input_shapes`` (``{input: dims}``) exports for those input shapes only, folding shape arithmetic
+        (a detector's anchors and strides) into constants so that it runs on integer kernels too."""
         from quantsim.export.integer.export import export_integer
 
         self._ensure_param_encodings()
         warn_if_int8_kernels_saturate("export_integer", self.providers)
-        return export_integer(self, integer_io=integer_io, opset=opset)
+        return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes)
 
     # extension hooks (what adaround/ and mixed_precision/ build on) -------------------------------
     def weighted_layers(self) -> list[WeightedLayer]:

@@ -30,7 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantsim.core.numerics import Encoding, dequantize, fake_quantize, fp16_round_trip, quantize
 from quantsim.graph.index import GraphIndex
 
-__all__ = ["Grid", "QTensor", "Unsupported", "LoweringContext", "MS_DOMAIN"]
+__all__ = ["Grid", "QTensor", "Unsupported", "LoweringContext", "MS_DOMAIN", "exact_grid"]
 
 MS_DOMAIN = "com.microsoft"
 
@@ -97,6 +97,31 @@ class Grid:
         return float(self.dequantize(self.quantize(value))) == value
 
 
+def exact_grid(values: np.ndarray) -> Grid | None:
+    """The coarsest power-of-two uint8 grid on which every float value of an unquantized constant is a code
+    (a detector's anchor centres ``k + 0.5`` on step 0.5, its strides 8 / 16 / 32 on step 8), so an integer
+    kernel reading it computes what the sim computes with the float constant; None when no such grid spans
+    the values (range, including zero, over 255 steps; values that are not dyadic)."""
+    array = np.asarray(values)
+    if not np.issubdtype(array.dtype, np.floating) or array.size == 0 or not np.all(np.isfinite(array)):
+        return None
+    v = array.astype(np.float64).reshape(-1)
+    nonzero = v[v != 0]
+    if nonzero.size == 0:
+        return Grid(1.0, 0)
+    mantissa, exponent = np.frexp(nonzero)  # v = m 2^e, |m| in [0.5, 1) = odd 2^(e - 53 + zeros)
+    odd = np.abs(np.rint(np.ldexp(mantissa, 53)).astype(np.int64))
+    zeros = np.log2((odd & -odd).astype(np.float64)).astype(np.int64)  # trailing zero bits of each
+    shift = int(np.min(exponent - 53 + zeros))
+    if not -126 <= shift <= 127:  # a float32 scale
+        return None
+    scale = float(np.ldexp(1.0, shift))
+    low, high = min(0.0, float(v.min())) / scale, max(0.0, float(v.max())) / scale
+    if high - low > 255:
+        return None
+    return Grid(scale, int(-low))
+
+
 @dataclass(frozen=True)
 class QTensor:
     """uint8 codes ``name`` in the new graph on ``grid``."""
@@ -147,6 +172,20 @@ class LoweringContext:
         if q is None or q.spec.is_float:
             return None
         return Grid.from_encoding(q.encoding)
+
+    def constant_grid(self, name: str) -> Grid:
+        """The grid of constant ``name``: its quantizer's, or for a float constant the sim leaves unquantized
+        (shape arithmetic folded into constants: anchors, strides) the `exact_grid` of its values; else
+        Unsupported."""
+        if self.quantizer(name) is not None:
+            grid = self.grid_of(name)
+            if grid is None:
+                raise Unsupported(self.why_not_8bit(name))
+            return grid
+        grid = exact_grid(self.index.constant_value(name))
+        if grid is None:
+            raise Unsupported(f"constant {name!r} has no quantizer and no 8-bit grid holds its values exactly")
+        return grid
 
     def has_quantizer(self, tensor: str) -> bool:
         return self.quantizer(tensor) is not None
@@ -238,7 +277,7 @@ class LoweringContext:
         """uint8 codes of ``tensor`` (quantizing a float sim value or a constant exactly), else Unsupported."""
         if tensor in self.ints:
             return self.ints[tensor]
-        grid = self.grid_of(tensor)
+        grid = self.constant_grid(tensor) if self.index.is_constant(tensor) else self.grid_of(tensor)
         if grid is None:
             raise Unsupported(self.why_not_8bit(tensor))
         if self.index.is_constant(tensor):

@@ -11,7 +11,10 @@ All tensors are uint8 per-tensor grids; with ``r = s (q - z)`` on each side:
   with the negated constant codes (exact: ``s((255 - q) - (255 - z)) = -s(q - z)``) / ``QLinearMul`` by
   the reciprocal on its own uint8 grid. Sub of two quantized activations (a detection head's box decode,
   ``x2y2 - x1y1``): the subtrahend's codes negated at run time by a uint8 ``Sub(255, q)`` (never wraps),
-  then ``QLinearAdd``. Div of two activations has no integer kernel and stays float.
+  then ``QLinearAdd``; a constant minuend (a detector's ``anchors - distances``) the same way. Div of two
+  activations has no integer kernel and stays float.
+* A float constant the sim leaves unquantized (shape arithmetic folded into constants by ``input_shapes``:
+  anchor centres, strides) is read on its `exact_grid`, a power-of-two grid holding every value exactly.
 * Concat: inputs already on the output grid (the sim ties Concat inputs to the output quantizer) are
   copied by a plain uint8 ``Concat``; otherwise ``QLinearConcat`` requantizes each input with
   ``M_i = s_i / s_out`` (onnxruntime: a 256-entry table per input).
@@ -82,16 +85,14 @@ def lower_sub_div(ctx: LoweringContext, node: onnx.NodeProto) -> None:
         lower_scalar_binary(ctx, node)
         return
     c_name = node.input[1]
-    if node.op_type == "Sub" and not ctx.index.is_constant(c_name) and not ctx.index.is_constant(node.input[0]):
-        _lower_activation_difference(ctx, node)
+    if node.op_type == "Sub" and not ctx.index.is_constant(c_name):
+        _lower_activation_difference(ctx, node)  # a - b, or c - b with a constant minuend (anchors - distances)
         return
     if not ctx.index.is_constant(c_name) or ctx.index.is_constant(node.input[0]):
         raise Unsupported(f"{node.op_type} of two activations has no integer kernel")
     x = ctx.int_input(node.input[0])
     if node.op_type == "Sub":
-        g = ctx.grid_of(c_name)
-        if g is None:
-            raise Unsupported(ctx.why_not_8bit(c_name))
+        g = ctx.constant_grid(c_name)
         codes = 255 - g.quantize(ctx.index.constant_value(c_name))
         name = ctx.add_initializer(codes.astype(np.uint8), f"{c_name}/negated_codes")
         _binary_kernel(ctx, node, "QLinearAdd", x, QTensor(name, g.negated), f"{c_name}/negated")

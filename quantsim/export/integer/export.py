@@ -27,6 +27,11 @@ same integer kernels and match the sim like 8-bit ones. Before returning, the mo
 onnxruntime (no graph optimizations): a model onnxruntime refuses raises `IntegerExportError`, so nothing
 unloadable is ever written.
 
+With ``input_shapes`` (or when every graph input is declared with static dims) the model is exported for
+those shapes: its shape arithmetic (a detector's anchors and strides, computed from ``Shape``) is folded
+into constants first (`shapes`), the graph inputs declare the static dims, and onnxruntime refuses other
+sizes. Without static shapes such values stay float and their report entries say ``input_shapes`` folds them.
+
 Nodes no rule can lower (unsupported op types, 16-bit / float16 quantizers, float weights, a
 quantizer disabled in the middle of the graph) run in float exactly as in the sim (`fallback`) and are
 listed in ``report`` as ``(node, op_type, reason)``. The export never silently changes numerics: an
@@ -58,6 +63,7 @@ from quantsim.export.integer import lut as lowering_lut
 from quantsim.export.integer import movement as lowering_movement
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
+from quantsim.export.integer.shapes import fold_shape_arithmetic, shape_derived, static_input_shapes
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.session import make_session
@@ -179,7 +185,7 @@ def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, int]:
     return model, target
 
 
-def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportEntry]) -> None:
+def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportEntry], from_shapes: set[str]) -> None:
     index = ctx.index
     if not any(index.is_float(n) for n in node.input if n) and not any(index.is_float(n) for n in node.output if n):
         ctx.emit(node.op_type, [ctx.float_input(n) for n in node.input], list(node.output), name=node.name,
@@ -196,6 +202,10 @@ def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportE
             ctx.restore(state)
             reason = str(error)
     lower_in_float(ctx, node)
+    inputs = [n for n in node.input if n]
+    if any(f"'{n}'" in reason for n in inputs if n in from_shapes) or (  # why: an input computed from shapes
+            inputs and all(n in from_shapes or ctx.index.is_constant(n) for n in inputs)):  # shape arithmetic itself
+        reason += " (computed from the input shape: export_integer(input_shapes=...) folds it into constants)"
     report.append(ReportEntry(node.name, node.op_type, reason))
 
 
@@ -209,11 +219,19 @@ def _value_info(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem_type, dims)
 
 
-def export_integer(sim, *, integer_io: bool = False, opset: int | None = None) -> IntegerExport:
-    """Lower a calibrated sim to an integer ONNX model (see the module docstring)."""
+def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
+                   input_shapes: dict[str, list[int]] | None = None) -> IntegerExport:
+    """Lower a calibrated sim to an integer ONNX model (see the module docstring). ``input_shapes``
+    (``{input: dims}``) fixes dynamic input dims: the model is exported for those shapes only, with its
+    shape arithmetic folded into constants (`shapes`); models whose inputs are all static get that fold
+    without it."""
     _check_sim(sim)
     model, opset = _prepared_model(sim, opset)
+    shapes = static_input_shapes(model, input_shapes)
+    if shapes is not None:
+        model, _ = fold_shape_arithmetic(model, shapes)
     index = GraphIndex(model)
+    from_shapes = shape_derived(index)
     ctx = LoweringContext(sim, index, opset)
     report: list[ReportEntry] = []
     io: dict = {}
@@ -235,7 +253,7 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None) -
                 report.append(ReportEntry(name, "graph input", f"kept float: {ctx.why_not_8bit(name)}"))
     for node in index.nodes:
         if node.name not in ctx.absorbed:
-            _lower_node(ctx, node, report)
+            _lower_node(ctx, node, report, from_shapes)
     outputs, renames = [], {}
     graph_inputs = {i.name for i in inputs}
     for info in model.graph.output:

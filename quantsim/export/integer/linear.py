@@ -24,8 +24,9 @@ in the requant table (`fixed_point.multiplier_record`).
 * Gemm (constant B) -> ``com.microsoft.QGemm``: ``alpha`` folds into the weight scale, ``beta`` into the
   bias; int32 bias ``C`` on the accumulator grid.
 * MatMul with a constant 2-D weight -> ``QLinearMatMul`` (per-column weight scales allowed); with an
-  absorbed bias Add -> ``QGemm`` (inputs of rank > 2 are reshaped to 2-D and back: data movement on
-  uint8 codes). MatMul of two activations -> ``QLinearMatMul`` with uint8 on both sides.
+  absorbed bias Add -> ``QGemm`` (inputs of any other rank, or of unknown rank, are reshaped to 2-D and
+  back, to ``Shape(x)[:-1] + [N]`` computed at run time when the leading dims are not known statically:
+  data movement on uint8 codes). MatMul of two activations -> ``QLinearMatMul`` with uint8 on both sides.
 Relu/Clip after the op and the MatMul bias Add are absorbed (`epilogue`).
 """
 from __future__ import annotations
@@ -240,22 +241,34 @@ def lower_matmul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
         finish(ctx, ep, out)
         return
     a_shape = ctx.index.shape.get(a_name)
-    if a_shape is None:
-        raise Unsupported(f"rank of MatMul input {a_name!r} is unknown")
-    if len(a_shape) == 2:
+    if a_shape is not None and len(a_shape) == 2:
         _qgemm(ctx, node, x, a_name, b_name, w, ep.bias, ep, {}, out)
         finish(ctx, ep, out)
         return
-    leading = [d if isinstance(d, int) and d > 0 else -1 for d in a_shape[:-1]]
-    if len(a_shape) < 2 or leading.count(-1) > 1 or not isinstance(a_shape[-1], int):
-        raise Unsupported(f"MatMul input {a_name!r} of shape {a_shape} cannot be flattened to 2-D statically")
-    flat = QTensor(_reshape(ctx, x.name, [-1, a_shape[-1]], f"{node.name}/input"), x.grid)
+    k, n = w["codes"].shape
+    flat = QTensor(_reshape(ctx, x.name, [-1, k], f"{node.name}/input"), x.grid)
     gemm_out = ctx.fresh(f"{ep.tensor}/codes2d")
     _qgemm(ctx, node, flat, a_name, b_name, w, ep.bias, ep, {}, gemm_out)
-    ctx.emit("Reshape", [gemm_out, ctx.add_initializer(np.asarray(leading + [w["codes"].shape[1]], np.int64),
-                                                       f"{node.name}/output_shape")], [out],
+    ctx.emit("Reshape", [gemm_out, _output_shape(ctx, node, x.name, a_shape, n)], [out],
              name=f"{node.name}/output_reshape")
     finish(ctx, ep, out)
+
+
+def _output_shape(ctx: LoweringContext, node: onnx.NodeProto, codes: str, a_shape: tuple | None, n: int) -> str:
+    """``x.shape[:-1] + [n]``, the shape of ``x @ W`` for a ``[K, n]`` weight: a constant when the leading dims
+    are known (one dynamic dim at most), else computed from ``Shape(x)`` at run time (shape arithmetic on
+    int64, e.g. when inference lost ``x``'s rank behind a Reshape to a computed shape)."""
+    if a_shape is not None and len(a_shape) >= 2:
+        leading = [d if isinstance(d, int) and d > 0 else -1 for d in a_shape[:-1]]
+        if leading.count(-1) <= 1:
+            return ctx.add_initializer(np.asarray(leading + [n], np.int64), f"{node.name}/output_shape")
+    shape, leading_dims, target = (ctx.fresh(f"{node.name}/{part}") for part in ("input_shape", "leading", "output_shape"))
+    ctx.emit("Shape", [codes], [shape], name=f"{node.name}/shape")
+    ctx.emit("Slice", [shape, ctx.scalar([0], np.int64, "slice/start/0"), ctx.scalar([-1], np.int64, "slice/end/-1")],
+             [leading_dims], name=f"{node.name}/leading_dims")
+    ctx.emit("Concat", [leading_dims, ctx.scalar([n], np.int64, f"{node.name}/columns")], [target],
+             name=f"{node.name}/output_dims", axis=0)
+    return target
 
 
 def _matmul_activations(ctx: LoweringContext, node: onnx.NodeProto, x: QTensor) -> None:
