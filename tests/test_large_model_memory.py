@@ -189,7 +189,8 @@ def test_cache_entries_of_big_models_keep_weights_in_external_data(monkeypatch, 
     monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
     first = prepare(model, cache_dir=tmp_path)
     (entry,) = (tmp_path / "prepared").iterdir()
-    assert sorted(p.name for p in entry.iterdir()) == ["KEY", "SHA256SUMS", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
+                                                       "model.onnx.data"]
     again = prepare(model, cache_dir=tmp_path)  # a hit, read from the two files
     for result in (first, again):
         assert result.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)

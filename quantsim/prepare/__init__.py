@@ -29,7 +29,19 @@ from collections.abc import Callable
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
-from quantsim.prepare.cache import cache_info, cache_key, cache_root, cache_size, clear_cache, load_cached, store_cached
+from quantsim.prepare.cache import (
+    cache_info,
+    cache_key,
+    cache_root,
+    cache_size,
+    clear_cache,
+    key_for_digest,
+    load_cached,
+    model_digest,
+    pass_identities,
+    store_cached,
+)
+from quantsim.prepare.inputs import remember_digest, remembered_digest
 from quantsim.prepare.passes import (
     check_graph,
     constants_to_initializers,
@@ -48,6 +60,7 @@ _log = logging.getLogger(__name__)
 __all__ = [
     "prepare",
     "prepare_loaded",
+    "prepare_file_cached",
     "default_passes",
     "DEFAULT_PASSES",
     "PrepareError",
@@ -119,14 +132,24 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
     return _prepare_work(work, chosen, key, cache_dir)
 
 
-def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True) -> onnx.ModelProto:
+def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True,
+                   source: tuple[str | os.PathLike, dict] | None = None) -> onnx.ModelProto:
     """``prepare(load(), fold_batchnorm=...)`` for a model nobody else keeps (``load`` reads it, e.g. from
     its file), with one copy of its weights at a time: on a cache hit the loaded model is let go before the
-    cached one loads, and on a miss the passes run on it in place."""
-    options = {"fold_batchnorm": fold_batchnorm, "fold_constants": True, "optimize": False}
+    cached one loads, and on a miss the passes run on it in place.
+
+    ``source``, ``(model file, signatures)`` with the stat signatures `load_model` noted while ``load`` read
+    it, lets `prepare_file_cached` find the entry next time without reading the file (`inputs`)."""
+    options = _file_options(fold_batchnorm)
     chosen = default_passes(**options)
     model = load()
-    key = cache_key(model, chosen, options)
+    identities = pass_identities(chosen)
+    key = None
+    if identities is not None:
+        digest = model_digest(model)
+        key = key_for_digest(digest, identities, options)
+        if source is not None:
+            remember_digest(source[0], source[1], digest, cache_root())
     if key is not None and (cache_root() / key).is_dir():  # most likely a hit: let the model go first
         del model
         cached = load_cached(key)
@@ -135,6 +158,25 @@ def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool 
             return cached
         model = load()
     return _prepare_work(model, chosen, key, None)
+
+
+def prepare_file_cached(path: str | os.PathLike, *, fold_batchnorm: bool = True) -> onnx.ModelProto | None:
+    """The cached preparation of model file ``path`` (as `prepare_loaded` makes it) when the file and its
+    external data are unchanged since they were last read (`inputs`): nothing of them is read. None otherwise."""
+    options = _file_options(fold_batchnorm)
+    identities = pass_identities(default_passes(**options))
+    digest = remembered_digest(path, cache_root())
+    if identities is None or digest is None:
+        return None
+    key = key_for_digest(digest, identities, options)
+    cached = load_cached(key) if (cache_root() / key).is_dir() else None
+    if cached is not None:
+        _log.info("prepare: cache hit %s for unchanged file %s", key[:16], path)
+    return cached
+
+
+def _file_options(fold_batchnorm: bool) -> dict:
+    return {"fold_batchnorm": fold_batchnorm, "fold_constants": True, "optimize": False}
 
 
 def _prepare_work(work: onnx.ModelProto, chosen: tuple, key: str | None,

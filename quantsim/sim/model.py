@@ -8,6 +8,7 @@ lazily when a quantizer changed; exports and loads go through `sim_encodings` an
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from quantsim.graph.large_models import payload_bytes
 from quantsim.graph.loading import load_model
 from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
-from quantsim.prepare import prepare, prepare_loaded
+from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
@@ -113,8 +114,14 @@ class QuantizationSimModel:
         })
         if options.get("user_onnx_libs"):
             raise InvalidArgumentError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
-        proto, self._label = load_model(model)
-        loaded_here = not isinstance(model, onnx.ModelProto)
+        loaded_here = isinstance(model, (str, os.PathLike))
+        # an unchanged model file whose preparation is cached: nothing of the file is read
+        cached = prepare_file_cached(model, fold_batchnorm=fold_batchnorm) if loaded_here else None
+        signatures: dict[str, list[int] | None] = {}
+        if cached is None:
+            proto, self._label = load_model(model, signatures)
+        else:
+            self._label = str(Path(model))
         self.param_type = qtype.as_qtype(options["param_type"] or int8)
         self.activation_type = qtype.as_qtype(options["activation_type"] or int8)
         self._quant_scheme = get_scheme(options["quant_scheme"])
@@ -134,11 +141,13 @@ class QuantizationSimModel:
         self.progress = bool(progress)
         self.range_health = bool(range_health)
         try:
-            if loaded_here:  # the sim's own copy: preparation lets it go before loading the prepared one
+            if cached is not None:
+                self.model = cached
+            elif loaded_here:  # the sim's own copy: preparation lets it go before loading the prepared one
                 box = [proto]
                 del proto
                 self.model = prepare_loaded(lambda: box.pop() if box else load_model(model)[0],
-                                            fold_batchnorm=fold_batchnorm)
+                                            fold_batchnorm=fold_batchnorm, source=(model, signatures))
             else:
                 self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
         except PrepareError as error:  # name the model too: a script may build several sims
