@@ -22,6 +22,7 @@ __all__ = [
     "is_large",
     "estimated_bytes",
     "payload_bytes",
+    "value_bytes",
     "skeleton",
     "copy_without_initializers",
     "is_external_candidate",
@@ -51,8 +52,14 @@ def payload_bytes(tensors) -> int:
     return sum(_payload_bytes(t) for t in tensors)
 
 
-def _payload_bytes(tensor: onnx.TensorProto) -> int:
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+def value_bytes(tensors) -> int:
+    """Total bytes of the values of ``tensors`` (initializers), from their shapes and types, wherever the values
+    are (in the model or in external data, unlike `payload_bytes`)."""
+    return sum(_payload_bytes(t, external=True) for t in tensors)
+
+
+def _payload_bytes(tensor: onnx.TensorProto, external: bool = False) -> int:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL and not external:
         return 0
     try:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
+from quantsim.graph.mapped import MappedWeights
 from quantsim.prepare.cache import (
     cache_info,
     cache_key,
@@ -37,6 +38,7 @@ from quantsim.prepare.cache import (
     clear_cache,
     key_for_digest,
     load_cached,
+    load_cached_mapped,
     model_digest,
     pass_identities,
     store_cached,
@@ -61,6 +63,7 @@ __all__ = [
     "prepare",
     "prepare_loaded",
     "prepare_file_cached",
+    "prepare_loaded_mapped",
     "default_passes",
     "DEFAULT_PASSES",
     "PrepareError",
@@ -140,6 +143,22 @@ def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool 
 
     ``source``, ``(model file, signatures)`` with the stat signatures `load_model` noted while ``load`` read
     it, lets `prepare_file_cached` find the entry next time without reading the file (`inputs`)."""
+    return _prepare_loaded(load, fold_batchnorm, source, mapped=False)[0]
+
+
+def prepare_loaded_mapped(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True,
+                          source: tuple[str | os.PathLike, dict] | None = None
+                          ) -> tuple[onnx.ModelProto, MappedWeights | None]:
+    """`prepare_loaded`, but a prepared model whose cache entry keeps its weights in external data comes back
+    with them left there (`cache.load_cached_mapped`): its initializers are references that the returned
+    `MappedWeights` reads through memory maps, so no copy of the weights stays in memory (on a miss the
+    prepared model is stored, let go and mapped back)."""
+    return _prepare_loaded(load, fold_batchnorm, source, mapped=True)
+
+
+def _prepare_loaded(load: Callable[[], onnx.ModelProto], fold_batchnorm: bool,
+                    source: tuple[str | os.PathLike, dict] | None, mapped: bool
+                    ) -> tuple[onnx.ModelProto, MappedWeights | None]:
     options = _file_options(fold_batchnorm)
     chosen = default_passes(**options)
     model = load()
@@ -152,24 +171,38 @@ def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool 
             remember_digest(source[0], source[1], digest, cache_root())
     if key is not None and (cache_root() / key).is_dir():  # most likely a hit: let the model go first
         del model
-        cached = load_cached(key)
+        cached = _load(key, mapped)
         if cached is not None:
             _log.info("prepare: cache hit %s", key[:16])
             return cached
         model = load()
-    return _prepare_work(model, chosen, key, None)
+    prepared = _prepare_work(model, chosen, key, None)
+    if mapped and key is not None:
+        again = _load(key, mapped)  # the stored entry, its weights mapped: the prepared copy can go
+        if again is not None and again[1] is not None:
+            return again
+    return prepared, None
 
 
-def prepare_file_cached(path: str | os.PathLike, *, fold_batchnorm: bool = True) -> onnx.ModelProto | None:
-    """The cached preparation of model file ``path`` (as `prepare_loaded` makes it) when the file and its
-    external data are unchanged since they were last read (`inputs`): nothing of them is read. None otherwise."""
+def _load(key: str, mapped: bool) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
+    if mapped:
+        return load_cached_mapped(key)
+    cached = load_cached(key)
+    return None if cached is None else (cached, None)
+
+
+def prepare_file_cached(path: str | os.PathLike, *, fold_batchnorm: bool = True
+                        ) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
+    """The cached preparation of model file ``path`` (as `prepare_loaded_mapped` makes it) when the file and
+    its external data are unchanged since they were last read (`inputs`): nothing of them is read. None
+    otherwise."""
     options = _file_options(fold_batchnorm)
     identities = pass_identities(default_passes(**options))
     digest = remembered_digest(path, cache_root())
     if identities is None or digest is None:
         return None
     key = key_for_digest(digest, identities, options)
-    cached = load_cached(key) if (cache_root() / key).is_dir() else None
+    cached = load_cached_mapped(key) if (cache_root() / key).is_dir() else None
     if cached is not None:
         _log.info("prepare: cache hit %s for unchanged file %s", key[:16], path)
     return cached

@@ -48,10 +48,11 @@ import onnx
 from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
 from quantsim.graph.large_models import is_external_candidate, payload_bytes, save_model, skeleton
 from quantsim.graph.loading import file_signature
+from quantsim.graph.mapped import MappedWeights
 from quantsim.prepare.inputs import INPUTS_FOLDER
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
-           "pass_identities", "pass_identity", "load_cached",
+           "pass_identities", "pass_identity", "load_cached", "load_cached_mapped",
            "store_cached", "clear_cache", "cache_info", "cache_size"]
 
 ENV_VAR = "QUANTSIM_CACHE_DIR"
@@ -129,6 +130,19 @@ def pass_identity(run_pass) -> str | None:
 def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.ModelProto | None:
     """The cached model for ``key``, or None (missing; or corrupted, foreign or incomplete: then discarded
     with a warning)."""
+    loaded = _load_entry(key, cache_dir, mapped=False)
+    return None if loaded is None else loaded[0]
+
+
+def load_cached_mapped(key: str, cache_dir: str | os.PathLike | None = None
+                       ) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
+    """Like `load_cached`, but an entry with external data leaves its big initializers there: the model holds
+    external-data references and the `MappedWeights` over the entry's data file reads them (no copy)."""
+    return _load_entry(key, cache_dir, mapped=True)
+
+
+def _load_entry(key: str, cache_dir: str | os.PathLike | None, mapped: bool
+                ) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
     entry = cache_root(cache_dir) / key
     if not entry.exists():
         return None
@@ -149,7 +163,7 @@ def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.Mo
             data = (entry / _MODEL).read_bytes()
             if hashlib.sha256(data).hexdigest() != expected[_MODEL]:
                 return _discard(entry, f"{_MODEL} does not match its sha256")
-            return onnx.ModelProto.FromString(data)
+            return onnx.ModelProto.FromString(data), None
         stamp, checked = _read_stamp(entry), False
         for name, digest in expected.items():
             if name in stamp and stamp[name] == file_signature(entry / name):
@@ -159,11 +173,14 @@ def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.Mo
             checked = True
         if checked:
             _write_stamp(entry, list(expected))
+        if mapped:
+            model = onnx.load(str(entry / _MODEL), load_external_data=False)
+            return model, MappedWeights(entry, model)
         model = onnx.load(str(entry / _MODEL))  # loads the external data into the tensors, one at a time
         for tensor in model.graph.initializer:  # as the model was before saving: no explicit default location
             if tensor.HasField("data_location") and tensor.data_location == onnx.TensorProto.DEFAULT:
                 tensor.ClearField("data_location")
-        return model
+        return model, None
     except FileNotFoundError as exc:  # removed as a whole by another process meanwhile, or a file is missing
         return _discard(entry, f"missing {Path(exc.filename or '?').name}") if (entry / _MANIFEST).exists() else None
     except Exception as exc:  # noqa: BLE001 - anything unreadable is a corrupted entry
@@ -319,7 +336,7 @@ def _read_manifest(path: Path) -> dict[str, str]:
     return expected
 
 
-def _discard(entry: Path, why: str) -> onnx.ModelProto | None:
+def _discard(entry: Path, why: str) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
     """Warn about a corrupted entry and remove it; returns None (a cache miss)."""
     warn_at_caller(f"prepared-model cache entry {entry} is corrupted ({why}); discarding it and preparing again",
                   PrepareWarning)
