@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
 import quantsim.graph.index as index_module
+import quantsim.graph.large_models as large_models
 import quantsim.graph.session as session_module
 import quantsim.sim.model as sim_model_module
 from quantsim.core.numerics import fake_quantize
@@ -274,6 +275,15 @@ def test_a_large_model_file_keeps_its_weights_mapped_and_gives_the_same_bits(mon
     sim.export(tmp_path / "mapped", "m", qdq=True)  # the entry is gone: the open data file still reads
     for name in ("m.encodings", "m.onnx", "m.qdq.onnx"):
         assert (tmp_path / "mapped" / name).read_bytes() == (tmp_path / "small" / name).read_bytes(), name
+    assert sim._index.weights is not None  # exporting read the mapped weights one at a time, copied none in
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)  # the external-data form of the exports
+    sim.export(tmp_path / "mapped-large", "m", qdq=True)
+    assert (tmp_path / "mapped-large" / "m.onnx.data").is_file()
+    for name in ("m.onnx", "m.qdq.onnx"):
+        want, got = onnx.load(str(tmp_path / "small" / name)), onnx.load(str(tmp_path / "mapped-large" / name))
+        assert [numpy_helper.to_array(t).tobytes() for t in want.graph.initializer] == [
+            numpy_helper.to_array(t).tobytes() for t in got.graph.initializer], name
+        assert want.graph.node == got.graph.node, name
     clone = pickle.loads(pickle.dumps(sim))
     assert sim._index.weights is None  # pickling asked for the whole ModelProto
     assert _outputs(clone, feeds) == _outputs(sim, feeds) == expected

@@ -50,6 +50,10 @@ class MappedWeights:
         file = open(path, "rb")  # noqa: SIM115 - open as long as this object lives
         return file, os.fstat(file.fileno()).st_size
 
+    def __del__(self) -> None:
+        for file, _ in getattr(self, "_files", {}).values():
+            file.close()  # the maps made from it stay valid
+
     def array(self, tensor: onnx.TensorProto) -> np.ndarray:
         """A read-only array of external ``tensor``'s values over the memory map (no copy)."""
         info = external_info(tensor)
