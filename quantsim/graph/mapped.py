@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from quantsim.errors import InvalidArgumentError
+
 __all__ = ["MappedWeights", "external_info", "is_mapped"]
 
 
@@ -46,7 +48,7 @@ class MappedWeights:
     def _open(self, location: str) -> tuple:
         path = self.folder / location
         if Path(location).is_absolute() or ".." in Path(location).parts or not path.is_file():
-            raise FileNotFoundError(f"external data {location!r} is not a file in {self.folder}")
+            raise InvalidArgumentError(f"external data {location!r} is not a file in {self.folder}")
         file = open(path, "rb")  # noqa: SIM115 - open as long as this object lives
         return file, os.fstat(file.fileno()).st_size
 
@@ -59,14 +61,14 @@ class MappedWeights:
         info = external_info(tensor)
         opened = self._files.get(info.get("location", ""))
         if opened is None:
-            raise FileNotFoundError(f"initializer {tensor.name!r}: external data {info.get('location')!r} is not "
+            raise InvalidArgumentError(f"initializer {tensor.name!r}: external data {info.get('location')!r} is not "
                                     f"one of this model's files")
         file, size = opened
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
         count = int(np.prod(tensor.dims, dtype=np.int64))
         offset = int(info.get("offset", 0))
         if offset + count * dtype.itemsize > size:
-            raise ValueError(f"initializer {tensor.name!r}: external data ends past its file")
+            raise InvalidArgumentError(f"initializer {tensor.name!r}: external data ends past its file")
         if count == 0:
             return np.zeros(tuple(tensor.dims), dtype=dtype)
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
