@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
 import quantsim.graph.index as index_module
+import quantsim.graph.large_models as large_models
 import quantsim.graph.session as session_module
 import quantsim.sim.model as sim_model_module
 from quantsim.core.numerics import fake_quantize
@@ -189,7 +191,8 @@ def test_cache_entries_of_big_models_keep_weights_in_external_data(monkeypatch, 
     monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
     first = prepare(model, cache_dir=tmp_path)
     (entry,) = (tmp_path / "prepared").iterdir()
-    assert sorted(p.name for p in entry.iterdir()) == ["KEY", "SHA256SUMS", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
+                                                       "model.onnx.data"]
     again = prepare(model, cache_dir=tmp_path)  # a hit, read from the two files
     for result in (first, again):
         assert result.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
@@ -239,3 +242,53 @@ def test_mid_sized_models_keep_float_weights_in_a_mapped_file(monkeypatch, tmp_p
     assert mid._file_backed() and not mid._integer_weights()
     assert _outputs(mid, feeds) == _outputs(small, feeds)
     assert mid.session._quantsim_external_data[0] is not None  # read from the file
+
+
+@pytest.mark.parametrize("types", [("int8", "int8"), ("int4", "int16")])  # int16 activations: an opset conversion
+def test_a_large_model_file_keeps_its_weights_mapped_and_gives_the_same_bits(monkeypatch, tmp_path, types):
+    """A model file whose cache entry has external data: the sim maps the entry's weights instead of holding
+    them (miss and hit alike), gives the bits of a sim of the same ModelProto, exports the same files, and
+    copies the weights in when the ModelProto itself is asked for (pickling, replace_weight)."""
+    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "cache"))
+    model, feeds = _mlp()
+    param_type, activation_type = types
+    small = quantsim.QuantizationSimModel(model, param_type=param_type, activation_type=activation_type,
+                                          progress=False)
+    small.compute_encodings(feeds)
+    expected = _outputs(small, feeds)
+    small.export(tmp_path / "small", "m", qdq=True)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, str(path))
+    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "mapped-cache"))  # not the small sim's entry
+    monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
+    monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
+    for attempt in ("miss", "hit"):
+        sim = quantsim.QuantizationSimModel(path, param_type=param_type, activation_type=activation_type,
+                                            progress=False)
+        assert sim._index.weights is not None, attempt  # nothing of the weights is held in the ModelProto
+        assert all(t.data_location == TensorProto.EXTERNAL for t in sim._model.graph.initializer
+                   if t.name.startswith("w")), attempt
+        sim.compute_encodings(feeds)
+        assert _outputs(sim, feeds) == expected, attempt
+        assert sim.session._quantsim_external_data[0] is not None  # the session reads a file
+    cache_module.clear_cache()
+    sim.export(tmp_path / "mapped", "m", qdq=True)  # the entry is gone: the open data file still reads
+    for name in ("m.encodings", "m.onnx", "m.qdq.onnx"):
+        assert (tmp_path / "mapped" / name).read_bytes() == (tmp_path / "small" / name).read_bytes(), name
+    assert sim._index.weights is not None  # exporting read the mapped weights one at a time, copied none in
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)  # the external-data form of the exports
+    sim.export(tmp_path / "mapped-large", "m", qdq=True)
+    assert (tmp_path / "mapped-large" / "m.onnx.data").is_file()
+    for name in ("m.onnx", "m.qdq.onnx"):
+        want, got = onnx.load(str(tmp_path / "small" / name)), onnx.load(str(tmp_path / "mapped-large" / name))
+        assert [numpy_helper.to_array(t).tobytes() for t in want.graph.initializer] == [
+            numpy_helper.to_array(t).tobytes() for t in got.graph.initializer], name
+        assert want.graph.node == got.graph.node, name
+    clone = pickle.loads(pickle.dumps(sim))
+    assert sim._index.weights is None  # pickling asked for the whole ModelProto
+    assert _outputs(clone, feeds) == _outputs(sim, feeds) == expected
+    again = quantsim.QuantizationSimModel(path, param_type=param_type, progress=False)
+    assert again._index.weights is not None
+    doubled = 2 * again.get_weight("w0")
+    again.replace_weight("w0", doubled)
+    np.testing.assert_array_equal(again.get_weight("w0"), doubled)

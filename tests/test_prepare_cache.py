@@ -3,7 +3,9 @@ concurrent writers both succeed, and the cache folder follows argument > $QUANTS
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from onnx import helper, numpy_helper
 
 from quantsim.graph import large_models
 from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, prepare
+from quantsim.prepare import cache as cache_module
 from quantsim.prepare.cache import cache_key, cache_root, load_cached, pass_identity, store_cached
 from quantsim.prepare.passes import name_nodes
 
@@ -153,7 +156,8 @@ def test_large_model_is_stored_with_external_data(tmp_path, monkeypatch):
     first = prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert first.graph.initializer[0].HasField("raw_data")  # storing did not take the weights away
     entry = entry_dir(tmp_path)
-    assert sorted(p.name for p in entry.iterdir()) == ["KEY", "SHA256SUMS", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
+                                                       "model.onnx.data"]
     assert (entry / "model.onnx.data").stat().st_size > (entry / "model.onnx").stat().st_size
     second = prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert CALLS == ["run"]
@@ -165,6 +169,31 @@ def test_large_model_is_stored_with_external_data(tmp_path, monkeypatch):
     with pytest.warns(PrepareWarning, match="model.onnx.data does not match"):
         prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert CALLS == ["run", "run"]
+
+
+def test_entry_files_are_rehashed_when_changed_in_place_after_being_stamped(tmp_path, monkeypatch):
+    """The `.verified` stamp spares re-hashing unchanged files only: a byte flipped in place (same size, mtime set
+    back) changes the ctime, and the entry is re-hashed and discarded."""
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
+    model = model_with_bn(size=16)
+    prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
+    entry = entry_dir(tmp_path)
+    data = entry / "model.onnx.data"
+    hashed = []
+    real_digest = cache_module._file_digest
+    monkeypatch.setattr(cache_module, "_file_digest", lambda path, sync=False: hashed.append(path.name)
+                        or real_digest(path, sync))
+    prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")  # stamped when written: nothing re-read
+    assert hashed == [] and CALLS == ["run"]
+    before = data.stat()
+    content = bytearray(data.read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    time.sleep(0.01)
+    data.write_bytes(bytes(content))
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.warns(PrepareWarning, match="model.onnx.data does not match"):
+        prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
+    assert "model.onnx.data" in hashed and CALLS == ["run", "run"]
 
 
 def test_publishing_an_existing_key_keeps_the_first_entry(tmp_path):

@@ -167,10 +167,10 @@ def test_a_failure_while_writing_the_last_file_keeps_the_previous_set(tmp_path, 
     sim.compute_encodings(batches())
     real_save = file_set.save_model
 
-    def disk_full_on_qdq(model, path):
+    def disk_full_on_qdq(model, path, **options):
         if str(path).endswith(".qdq.onnx"):
             raise OSError(28, "No space left on device (simulated)")
-        return real_save(model, path)
+        return real_save(model, path, **options)
 
     monkeypatch.setattr(file_set, "save_model", disk_full_on_qdq)
     with pytest.raises(OSError, match="No space left"):

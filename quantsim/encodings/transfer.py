@@ -143,7 +143,7 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
     with FileSet(path, prefix) as files:
         files.add_json(f"{prefix}.encodings", data)
         if export_model:
-            files.add_model(sim.model, f"{prefix}.onnx")
+            files.add_model(sim._model, f"{prefix}.onnx", weights=sim._index.weights)  # mapped weights stay mapped
         for name, model in (extra_models or {}).items():
             files.add_model(model, f"{prefix}{name}")
         files.commit()

@@ -376,7 +376,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
     """The sim as a standard QDQ ModelProto (module docstring)."""
     from quantsim.sim.build import build_sim_model
 
-    model = build_sim_model(sim.model, sim.quantizers, weights="qdq")
+    model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim._index)  # mapped weights stay mapped
     model = add_derived_qdq(model)
     model = float_weights_for_float_inputs(model)
     model = wide_weights_for_wide_activations(model)

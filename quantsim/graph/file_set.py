@@ -22,6 +22,7 @@ import onnx
 
 from quantsim.errors import InvalidArgumentError
 from quantsim.graph.large_models import save_model
+from quantsim.graph.mapped import MappedWeights
 
 __all__ = ["FileSet", "check_file_name", "STAGING_MARK"]
 
@@ -87,10 +88,11 @@ class FileSet:
     def _final(self, name: str) -> Path:
         return self.directory / check_file_name(name, "file name")
 
-    def add_model(self, model: onnx.ModelProto, name: str) -> None:
-        """Stage ``model`` as ``name`` (plus ``<name>.data`` when it is too large for one protobuf)."""
+    def add_model(self, model: onnx.ModelProto, name: str, weights: MappedWeights | None = None) -> None:
+        """Stage ``model`` as ``name`` (plus ``<name>.data`` when it is too large for one protobuf); ``weights``
+        reads its mapped initializers (`large_models.save_model`)."""
         final = self._final(name)
-        for file in save_model(model, self.staging / final.name):
+        for file in save_model(model, self.staging / final.name, weights=weights):
             _fsync(file)
             self._files.append((file, self.directory / file.name))
 

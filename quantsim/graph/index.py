@@ -17,7 +17,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from quantsim.graph.large_models import payload_bytes
+from quantsim.graph.large_models import value_bytes
+from quantsim.graph.mapped import MappedWeights, is_mapped
 
 __all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "CONSTANT_CACHE_BYTES", "subgraph_references", "node_attributes"]
 
@@ -60,12 +61,15 @@ class GraphIndex:
     """Lookup tables over ``model.graph`` built once; rebuild after changing the graph.
 
     ``initializers`` (default: ``model.graph.initializer``) are the constants of the graph, for a model
-    whose initializers are kept apart from it.
+    whose initializers are kept apart from it. ``weights`` reads the initializers whose values are in
+    external-data files (`quantsim.graph.mapped`) as read-only arrays over memory maps.
     """
 
-    def __init__(self, model: onnx.ModelProto, initializers: Iterable[TensorProto] | None = None):
+    def __init__(self, model: onnx.ModelProto, initializers: Iterable[TensorProto] | None = None,
+                 weights: MappedWeights | None = None):
         graph = model.graph
         self.model = model
+        self.weights = weights
         self.nodes: list[onnx.NodeProto] = list(graph.node)
         self.initializers: dict[str, TensorProto] = {
             t.name: t for t in (graph.initializer if initializers is None else initializers)
@@ -116,7 +120,7 @@ class GraphIndex:
     def initializer_bytes(self) -> int:
         """Total payload bytes of the initializers, from their shapes and types (nothing converted)."""
         if self._initializer_bytes is None:
-            self._initializer_bytes = payload_bytes(self.initializers.values())
+            self._initializer_bytes = value_bytes(self.initializers.values())
         return self._initializer_bytes
 
     def is_float(self, name: str) -> bool:
@@ -127,12 +131,15 @@ class GraphIndex:
 
     def constant_value(self, name: str) -> np.ndarray:
         """The value of initializer ``name``; inside `cached_constants`, converted once and read-only."""
+        tensor = self.initializers[name]
+        if self.weights is not None and is_mapped(tensor):
+            return self.weights.array(tensor)  # a view of the page cache: nothing to keep
         cache = self._constant_cache
         if cache is None:
-            return numpy_helper.to_array(self.initializers[name])
+            return numpy_helper.to_array(tensor)
         value = cache.get(name)
         if value is None:
-            value = _read_only_array(self.initializers[name])
+            value = _read_only_array(tensor)
             if self._cached_bytes + value.nbytes <= CONSTANT_CACHE_BYTES:
                 cache[name] = value
                 self._cached_bytes += value.nbytes

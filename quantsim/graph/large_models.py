@@ -20,11 +20,14 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from quantsim.graph.mapped import MappedWeights, is_mapped
+
 __all__ = [
     "LARGE_MODEL_BYTES",
     "is_large",
     "estimated_bytes",
     "payload_bytes",
+    "value_bytes",
     "skeleton",
     "hash_model",
     "model_parts",
@@ -57,8 +60,14 @@ def payload_bytes(tensors) -> int:
     return sum(_payload_bytes(t) for t in tensors)
 
 
-def _payload_bytes(tensor: onnx.TensorProto) -> int:
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+def value_bytes(tensors) -> int:
+    """Total bytes of the values of ``tensors`` (initializers), from their shapes and types, wherever the values
+    are (in the model or in external data, unlike `payload_bytes`)."""
+    return sum(_payload_bytes(t, external=True) for t in tensors)
+
+
+def _payload_bytes(tensor: onnx.TensorProto, external: bool = False) -> int:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL and not external:
         return 0
     try:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
@@ -67,18 +76,28 @@ def _payload_bytes(tensor: onnx.TensorProto) -> int:
     return itemsize * math.prod(tensor.dims)
 
 
-def skeleton(model: onnx.ModelProto, data_file: Any = None) -> onnx.ModelProto:
+def skeleton(model: onnx.ModelProto, data_file: Any = None, weights: MappedWeights | None = None) -> onnx.ModelProto:
     """A copy of ``model`` without the payload of its big initializers (raw data of 1 KiB or more).
 
     Their copies become ONNX external-data references. With ``data_file`` (an open binary file) the
     payloads are written to it and the references point into it, so the skeleton plus that file is
     the model; without, they point at ``"unwritten"`` (enough for shape inference and for hashing).
-    ``model`` is not modified and its weights are never copied as a whole.
+    With ``weights``, the initializers whose values are in mapped files (`quantsim.graph.mapped`) are written
+    the same way, read one at a time. ``model`` is not modified and its weights are never copied as a whole.
     """
     result = copy_without_initializers(model)
     location = Path(data_file.name).name if data_file is not None else "unwritten"
     for tensor in model.graph.initializer:
         copy = result.graph.initializer.add()
+        if weights is not None and is_mapped(tensor) and data_file is not None:
+            copy.CopyFrom(_without_data(tensor))
+            copy.data_location = onnx.TensorProto.EXTERNAL
+            offset = data_file.tell()
+            length = data_file.write(weights.array(tensor).tobytes())
+            for key, value in (("location", location), ("offset", offset), ("length", length)):
+                entry = copy.external_data.add()
+                entry.key, entry.value = key, str(value)
+            continue
         if not is_external_candidate(tensor):
             copy.CopyFrom(tensor)
             continue
@@ -159,29 +178,42 @@ def _copy_field(target, field, value) -> None:
         setattr(target, field.name, value)
 
 
+def _without_data(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """``tensor`` without its external-data reference (a mapped tensor's description)."""
+    stub = onnx.TensorProto()
+    stub.CopyFrom(tensor)
+    del stub.external_data[:]
+    stub.ClearField("data_location")
+    return stub
+
+
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[str, str] | None = None,
-               external: bool | None = None) -> list[Path]:
+               external: bool | None = None, weights: MappedWeights | None = None) -> list[Path]:
     """Write ``model`` to ``path`` and return the files written.
 
     A large model's big initializers (any model's with ``external=True``) go to ``<path>.data`` beside it
     as ONNX external data (see ``skeleton``): ``onnx.load`` then reads them one at a time, where a single
     file is read whole and parsed, two copies at once. Unlike ``onnx.save(save_as_external_data=True)``
-    the in-memory model keeps its weights.
+    the in-memory model keeps its weights. With ``weights`` the initializers it maps (`quantsim.graph.mapped`)
+    are read one at a time and written like the others (the model then counts as large by their size too).
     With ``digests`` (a dict), each file's sha256 (hex) is recorded under its name as it is written, so a
     caller that needs them never reads the files back.
     """
     path = Path(path)
-    if not (is_large(model) if external is None else external):
+    mapped = [t for t in model.graph.initializer if is_mapped(t)] if weights is not None else []
+    if external is None:
+        external = estimated_bytes(model) + value_bytes(mapped) >= LARGE_MODEL_BYTES
+    if not external:
         with open(path, "wb") as raw_file:
             file = _HashingWriter(raw_file)
-            _write_streamed(model, file)
+            _write_streamed(model, file, weights)
         if digests is not None:
             digests[path.name] = file.digest.hexdigest()
         return [path]
     data_path = path.with_name(path.name + ".data")
     with open(data_path, "wb") as raw_file:
         data_file = _HashingWriter(raw_file)
-        graph_only = skeleton(model, data_file)
+        graph_only = skeleton(model, data_file, weights)
     graph = graph_only.SerializeToString(deterministic=True)
     if digests is not None:
         digests[data_path.name] = data_file.digest.hexdigest()
@@ -190,7 +222,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[st
     return [path, data_path]
 
 
-_GRAPH_FIELD, _INITIALIZER_FIELD = 7, 5  # ModelProto.graph, GraphProto.initializer
+_GRAPH_FIELD, _INITIALIZER_FIELD, _RAW_DATA_FIELD = 7, 5, 9  # ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
 _LENGTH_DELIMITED = 2
 
 
@@ -207,24 +239,39 @@ def _field_header(number: int, length: int) -> bytes:
     return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(length)
 
 
-def _write_streamed(model: onnx.ModelProto, file) -> None:
+def _write_streamed(model: onnx.ModelProto, file, weights: MappedWeights | None = None) -> None:
     """Serialise ``model`` to ``file`` one initializer at a time (never the whole model in memory).
 
     Protobuf readers accept fields in any order and merge repeated ones, so the model is written as
     everything but its graph, then the graph field: everything but the initializers, then each
-    initializer as its own ``GraphProto.initializer`` entry. The bytes parse to the same model.
+    initializer as its own ``GraphProto.initializer`` entry. The bytes parse to the same model. A mapped
+    initializer (with ``weights``) is written as its description followed by its ``raw_data`` field, read
+    from the map (the same bytes as serialising it with its data, for tensors without fields numbered
+    above ``raw_data``'s, such as a doc string).
     """
     shell = copy_without_initializers(model)
     graph_rest = shell.graph.SerializeToString(deterministic=True)
     shell.ClearField("graph")
-    sizes = [tensor.ByteSize() for tensor in model.graph.initializer]
-    graph_length = len(graph_rest) + sum(len(_field_header(_INITIALIZER_FIELD, size)) + size for size in sizes)
+    parts = []
+    for tensor in model.graph.initializer:
+        if weights is not None and is_mapped(tensor):
+            stub = _without_data(tensor).SerializeToString(deterministic=True)
+            length = value_bytes([tensor])
+            parts.append((stub, length, len(stub) + len(_field_header(_RAW_DATA_FIELD, length)) + length))
+        else:
+            parts.append((None, 0, tensor.ByteSize()))
+    graph_length = len(graph_rest) + sum(len(_field_header(_INITIALIZER_FIELD, size)) + size for _, _, size in parts)
     file.write(shell.SerializeToString(deterministic=True))
     file.write(_field_header(_GRAPH_FIELD, graph_length))
     file.write(graph_rest)
-    for tensor, size in zip(model.graph.initializer, sizes):
+    for tensor, (stub, length, size) in zip(model.graph.initializer, parts):
         file.write(_field_header(_INITIALIZER_FIELD, size))
-        file.write(tensor.SerializeToString(deterministic=True))
+        if stub is None:
+            file.write(tensor.SerializeToString(deterministic=True))
+            continue
+        file.write(stub)
+        file.write(_field_header(_RAW_DATA_FIELD, length))
+        file.write(weights.array(tensor).tobytes())  # type: ignore[union-attr]
 
 
 class _HashingWriter:

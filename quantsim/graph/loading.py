@@ -5,23 +5,28 @@ import os
 from pathlib import Path
 
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 
 from quantsim.errors import InvalidArgumentError, InvalidTypeError
 from quantsim.graph.large_models import is_large
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "file_signature", "external_files"]
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QcQuantizeOp"})
 
 
-def load_model(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str]:
-    """A checked ModelProto and a label naming it (file path or ``graph '<name>'``) for error messages."""
+def load_model(model: onnx.ModelProto | str | os.PathLike,
+               signatures: dict[str, list[int] | None] | None = None) -> tuple[onnx.ModelProto, str]:
+    """A checked ModelProto and a label naming it (file path or ``graph '<name>'``) for error messages.
+
+    With ``signatures`` (a dict) and a file, the stat signature (`file_signature`) of the
+    file and of each external-data file it references is recorded there, taken before its bytes are read."""
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
             raise FileNotFoundError(f"ONNX model file not found: {path}")
         try:
-            proto = onnx.load(str(path))
+            proto = _load_file(path, signatures)
         except Exception as error:  # noqa: BLE001 - any decoding failure means "not an ONNX file"
             raise InvalidArgumentError(f"{path} is not a readable ONNX model: {error}") from error
         label = str(path)
@@ -46,6 +51,41 @@ def load_model(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelPr
             return _checked_tail(proto, label)  # preparation sorts the nodes, or names the cycle / missing input
         raise InvalidArgumentError(f"{label} fails onnx.checker: {_one_line(str(error))}") from error
     return _checked_tail(proto, label)
+
+
+def file_signature(path: str | os.PathLike) -> list[int] | None:
+    """Size, inode, device, mtime and ctime (ns) of ``path``; None if it cannot be stat'ed."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return [info.st_size, info.st_ino, info.st_dev, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def external_files(model: onnx.ModelProto, folder: str | os.PathLike) -> list[Path]:
+    """The external-data files that ``model`` (loaded without its external data) references, resolved
+    against ``folder``, each once."""
+    found: dict[str, Path] = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+        if location:
+            found.setdefault(location, (Path(folder) / location).resolve())
+    return list(found.values())
+
+
+def _load_file(path: Path, signatures: dict[str, list[int] | None] | None) -> onnx.ModelProto:
+    """``onnx.load(path)``, noting the signatures of the files it reads first (see `load_model`)."""
+    if signatures is not None:
+        signatures[str(path.resolve())] = file_signature(path)
+    proto = onnx.load(str(path), load_external_data=False)
+    files = external_files(proto, path.parent)
+    if signatures is not None:
+        signatures.update((str(name), file_signature(name)) for name in files)
+    if files:
+        load_external_data_for_model(proto, str(path.parent))
+    return proto
 
 
 def _checked_tail(proto: onnx.ModelProto, label: str) -> tuple[onnx.ModelProto, str]:

@@ -37,7 +37,21 @@ import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
 from quantsim.graph.large_models import hash_model, save_model, skeleton
-from quantsim.prepare.cache import cache_info, cache_key, cache_root, cache_size, clear_cache, load_cached, store_cached
+from quantsim.graph.mapped import MappedWeights
+from quantsim.prepare.cache import (
+    cache_info,
+    cache_key,
+    cache_root,
+    cache_size,
+    clear_cache,
+    key_for_digest,
+    load_cached,
+    load_cached_mapped,
+    model_digest,
+    pass_identities,
+    store_cached,
+)
+from quantsim.prepare.inputs import remember_digest, remembered_digest
 from quantsim.prepare.passes import (
     check_graph,
     constants_to_initializers,
@@ -56,6 +70,8 @@ _log = logging.getLogger(__name__)
 __all__ = [
     "prepare",
     "prepare_loaded",
+    "prepare_file_cached",
+    "prepare_loaded_mapped",
     "default_passes",
     "DEFAULT_PASSES",
     "PrepareError",
@@ -130,22 +146,81 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
     return _prepare_work(work, chosen, key, cache_dir)
 
 
-def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True) -> onnx.ModelProto:
+def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True,
+                   source: tuple[str | os.PathLike, dict] | None = None) -> onnx.ModelProto:
     """``prepare(load(), fold_batchnorm=...)`` for a model nobody else keeps (``load`` reads it, e.g. from
     its file), with one copy of its weights at a time: on a cache hit the loaded model is let go before the
-    cached one loads, and on a miss the passes run on it in place."""
-    options = {"fold_batchnorm": fold_batchnorm, "fold_constants": True, "optimize": False}
+    cached one loads, and on a miss the passes run on it in place.
+
+    ``source``, ``(model file, signatures)`` with the stat signatures `load_model` noted while ``load`` read
+    it, lets `prepare_file_cached` find the entry next time without reading the file (`inputs`)."""
+    return _prepare_loaded(load, fold_batchnorm, source, mapped=False)[0]
+
+
+def prepare_loaded_mapped(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True,
+                          source: tuple[str | os.PathLike, dict] | None = None
+                          ) -> tuple[onnx.ModelProto, MappedWeights | None]:
+    """`prepare_loaded`, but a prepared model whose cache entry keeps its weights in external data comes back
+    with them left there (`cache.load_cached_mapped`): its initializers are references that the returned
+    `MappedWeights` reads through memory maps, so no copy of the weights stays in memory (on a miss the
+    prepared model is stored, let go and mapped back)."""
+    return _prepare_loaded(load, fold_batchnorm, source, mapped=True)
+
+
+def _prepare_loaded(load: Callable[[], onnx.ModelProto], fold_batchnorm: bool,
+                    source: tuple[str | os.PathLike, dict] | None, mapped: bool
+                    ) -> tuple[onnx.ModelProto, MappedWeights | None]:
+    options = _file_options(fold_batchnorm)
     chosen = default_passes(**options)
     model = load()
-    key = cache_key(model, chosen, options)
+    identities = pass_identities(chosen)
+    key = None
+    if identities is not None:
+        digest = model_digest(model)
+        key = key_for_digest(digest, identities, options)
+        if source is not None:
+            remember_digest(source[0], source[1], digest, cache_root())
     if key is not None and (cache_root() / key).is_dir():  # most likely a hit: let the model go first
         del model
-        cached = load_cached(key)
+        cached = _load(key, mapped)
         if cached is not None:
             _log.info("prepare: cache hit %s", key[:16])
             return cached
         model = load()
-    return _prepare_work(model, chosen, key, None)
+    prepared = _prepare_work(model, chosen, key, None)
+    if mapped and key is not None:
+        again = _load(key, mapped)  # the stored entry, its weights mapped: the prepared copy can go
+        if again is not None and again[1] is not None:
+            return again
+    return prepared, None
+
+
+def _load(key: str, mapped: bool) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
+    if mapped:
+        return load_cached_mapped(key)
+    cached = load_cached(key)
+    return None if cached is None else (cached, None)
+
+
+def prepare_file_cached(path: str | os.PathLike, *, fold_batchnorm: bool = True
+                        ) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
+    """The cached preparation of model file ``path`` (as `prepare_loaded_mapped` makes it) when the file and
+    its external data are unchanged since they were last read (`inputs`): nothing of them is read. None
+    otherwise."""
+    options = _file_options(fold_batchnorm)
+    identities = pass_identities(default_passes(**options))
+    digest = remembered_digest(path, cache_root())
+    if identities is None or digest is None:
+        return None
+    key = key_for_digest(digest, identities, options)
+    cached = load_cached_mapped(key) if (cache_root() / key).is_dir() else None
+    if cached is not None:
+        _log.info("prepare: cache hit %s for unchanged file %s", key[:16], path)
+    return cached
+
+
+def _file_options(fold_batchnorm: bool) -> dict:
+    return {"fold_batchnorm": fold_batchnorm, "fold_constants": True, "optimize": False}
 
 
 def _prepare_work(work: onnx.ModelProto, chosen: tuple, key: str | None,

@@ -1,11 +1,12 @@
 """Persistent on-disk cache of prepared models.
 
-Key: sha256 over a format tag, the input model (``hash_model``: its ``skeleton``, serialised
-deterministically, then each big weight's bytes, never the whole model serialised), each pass's identity
-(module, qualified name, and a digest of the module's source file), a digest of the sources of this
-package and ``quantsim/graph.py`` (so editing a pass or a helper it uses invalidates the entries), the
-options, and the versions of onnx, onnxruntime and quantsim. A pass without a stable identity (a lambda,
-a closure) makes the call uncacheable (``cache_key`` returns None).
+Key: sha256 over a format tag, the input model's `model_digest` (``hash_model``: sha256 of its
+``skeleton``, serialised deterministically, then each big weight's bytes, never the whole model serialised;
+for a model file, `inputs` recalls it while the file is unchanged), each pass's identity (module, qualified
+name, and a digest of the module's source file), a digest of the sources of this package and of
+``quantsim/graph/`` (so editing a pass or a helper it uses invalidates the entries), the options, and the
+versions of onnx, onnxruntime and quantsim. A pass without a stable identity (a lambda, a closure) makes
+the call uncacheable (``cache_key`` returns None).
 
 Location: ``cache_dir`` argument, else ``$QUANTSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantsim`` (default
 ``~/.cache/quantsim``); entries live in its ``prepared/`` subfolder.
@@ -19,7 +20,10 @@ Writing: the files go to a temporary folder ``prepared/.tmp-*`` beside the entry
 folder is renamed into place in one atomic step (``os.replace``); when another process published the
 same key first, its entry is kept and ours dropped, so concurrent preparations both succeed. Removal
 renames to ``.trash-*`` first, so a reader sees a whole entry or none.
-Reading: every file is checked against ``SHA256SUMS`` and ``KEY`` against the key asked for; a corrupted,
+Reading: every file is checked against ``SHA256SUMS`` and ``KEY`` against the key asked for; the files of
+an entry with external data are hashed only when their stat signature (size, inode, device, mtime, ctime) differs
+from the one recorded in ``.verified`` when they were last hashed (as written, or on an earlier read), so a
+warm load of a large model does not read gigabytes twice while any change to a file is still caught; a corrupted,
 truncated, foreign or incomplete entry (no ``SHA256SUMS``, or a file where the folder should be) is
 discarded with a ``PrepareWarning`` and the caller prepares again and rewrites it. Failing to write the
 cache (read-only disk, quota) only warns: the prepared model is still returned.
@@ -43,15 +47,19 @@ import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
 from quantsim.graph.large_models import hash_model, payload_bytes, save_model
+from quantsim.graph.loading import file_signature
+from quantsim.graph.mapped import MappedWeights
+from quantsim.prepare.inputs import INPUTS_FOLDER
 
-__all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "pass_identity", "load_cached",
+__all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
+           "pass_identities", "pass_identity", "load_cached", "load_cached_mapped",
            "store_cached", "clear_cache", "cache_info", "cache_size"]
 
 ENV_VAR = "QUANTSIM_CACHE_DIR"
 EXTERNAL_DATA_BYTES = 64 << 20
 """Entries of models with at least this many bytes of initializers keep them in an external-data file."""
-_FORMAT = b"quantsim-prepared-cache-v2"
-_MODEL, _MANIFEST, _KEY_FILE = "model.onnx", "SHA256SUMS", "KEY"
+_FORMAT = b"quantsim-prepared-cache-v3"
+_MODEL, _MANIFEST, _KEY_FILE, _STAMP = "model.onnx", "SHA256SUMS", "KEY", ".verified"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _STALE_SECONDS = 3600
 _CHUNK = 1 << 20
@@ -73,19 +81,38 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 def cache_key(model: onnx.ModelProto, passes, options: dict) -> str | None:
     """Hex sha256 naming the prepared form of ``model``; None when a pass has no stable identity."""
-    identities = [pass_identity(run_pass) for run_pass in passes]
-    if None in identities:
+    identities = pass_identities(passes)
+    if identities is None:
         return None
+    return key_for_digest(model_digest(model), identities, options)
+
+
+def model_digest(model: onnx.ModelProto) -> str:
+    """Hex sha256 of ``model``'s content (its skeleton, then each big weight's bytes): the part of the
+    cache key that `inputs.remembered_digest` can recall for an unchanged file without reading it."""
+    digest = hashlib.sha256()
+    hash_model(digest, model)  # never the whole model serialised: see hash_model
+    return digest.hexdigest()
+
+
+def key_for_digest(content: str, identities: list, options: dict) -> str:
+    """The cache key of a model whose `model_digest` is ``content``, for passes of these identities."""
     import onnxruntime
 
     import quantsim
 
     digest = hashlib.sha256(_FORMAT)
-    hash_model(digest, model)  # never the whole model serialised: see hash_model
+    digest.update(content.encode())
     header = {"passes": identities, "options": options, "code": _code_digest(), "onnx": onnx.__version__,
               "onnxruntime": onnxruntime.__version__, "quantsim": quantsim.__version__}
     digest.update(json.dumps(header, sort_keys=True, default=repr).encode())
     return digest.hexdigest()
+
+
+def pass_identities(passes) -> list[str] | None:
+    """`pass_identity` of each pass; None when one has no stable identity (the call is uncacheable)."""
+    identities = [pass_identity(run_pass) for run_pass in passes]
+    return None if None in identities else identities  # type: ignore[return-value]
 
 
 def pass_identity(run_pass) -> str | None:
@@ -103,6 +130,19 @@ def pass_identity(run_pass) -> str | None:
 def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.ModelProto | None:
     """The cached model for ``key``, or None (missing; or corrupted, foreign or incomplete: then discarded
     with a warning)."""
+    loaded = _load_entry(key, cache_dir, mapped=False)
+    return None if loaded is None else loaded[0]
+
+
+def load_cached_mapped(key: str, cache_dir: str | os.PathLike | None = None
+                       ) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
+    """Like `load_cached`, but an entry with external data leaves its big initializers there: the model holds
+    external-data references and the `MappedWeights` over the entry's data file reads them (no copy)."""
+    return _load_entry(key, cache_dir, mapped=True)
+
+
+def _load_entry(key: str, cache_dir: str | os.PathLike | None, mapped: bool
+                ) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
     entry = cache_root(cache_dir) / key
     if not entry.exists():
         return None
@@ -123,15 +163,24 @@ def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.Mo
             data = (entry / _MODEL).read_bytes()
             if hashlib.sha256(data).hexdigest() != expected[_MODEL]:
                 return _discard(entry, f"{_MODEL} does not match its sha256")
-            return onnx.ModelProto.FromString(data)
+            return onnx.ModelProto.FromString(data), None
+        stamp, checked = _read_stamp(entry), False
         for name, digest in expected.items():
+            if name in stamp and stamp[name] == file_signature(entry / name):
+                continue  # hashed when written or last read, and not changed since (module docstring)
             if _file_digest(entry / name) != digest:
                 return _discard(entry, f"{name} does not match its sha256")
+            checked = True
+        if checked:
+            _write_stamp(entry, list(expected))
+        if mapped:
+            model = onnx.load(str(entry / _MODEL), load_external_data=False)
+            return model, MappedWeights(entry, model)
         model = onnx.load(str(entry / _MODEL))  # loads the external data into the tensors, one at a time
         for tensor in model.graph.initializer:  # as the model was before saving: no explicit default location
             if tensor.HasField("data_location") and tensor.data_location == onnx.TensorProto.DEFAULT:
                 tensor.ClearField("data_location")
-        return model
+        return model, None
     except FileNotFoundError as exc:  # removed as a whole by another process meanwhile, or a file is missing
         return _discard(entry, f"missing {Path(exc.filename or '?').name}") if (entry / _MANIFEST).exists() else None
     except Exception as exc:  # noqa: BLE001 - anything unreadable is a corrupted entry
@@ -160,6 +209,8 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             _sync_folder(staging)
             try:
                 os.replace(staging, entry)
+                if len(files) > 2:  # the data file's digest was taken as it was written: no need to read it back
+                    _write_stamp(entry, [path.name for path in files])
             except OSError:
                 if (entry / _MANIFEST).exists():  # another process published the same key first
                     pass
@@ -184,6 +235,8 @@ def clear_cache(cache_dir: str | os.PathLike | None = None) -> int:
     for child in _children(root):
         if _KEY.fullmatch(child.name):
             removed += _remove(child)
+        elif child.name == INPUTS_FOLDER:  # digests of model files (`inputs`), useless without the entries
+            shutil.rmtree(child, ignore_errors=True)
         elif child.name.startswith(".trash-") or (child.name.startswith(".tmp-") and _age(child) > _STALE_SECONDS):
             shutil.rmtree(child, ignore_errors=True)
     return removed
@@ -216,7 +269,8 @@ def _source_digest_cached(path: str, mtime_ns: int, size: int) -> str:
 
 def _code_digest() -> str:
     here = Path(__file__).parent
-    return "".join(_source_digest(str(path)) for path in [*sorted(here.glob("*.py")), here.parent / "graph.py"])
+    return "".join(_source_digest(str(path)) for path in [*sorted(here.glob("*.py")),
+                                                          *sorted((here.parent / "graph").glob("*.py"))])
 
 
 def _source_digest(path: str) -> str:
@@ -237,6 +291,25 @@ def _file_digest(path: Path, sync: bool = False) -> str:
     return digest.hexdigest()
 
 
+def _read_stamp(entry: Path) -> dict:
+    try:
+        stamp = json.loads((entry / _STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
+
+
+def _write_stamp(entry: Path, names: list[str]) -> None:
+    """Record the `file_signature` of ``names`` in ``entry``, whose digests are known to match (best effort)."""
+    stamp = {name: file_signature(entry / name) for name in names}
+    staging = entry / f"{_STAMP}.{uuid.uuid4().hex}"
+    try:
+        staging.write_text(json.dumps(stamp))
+        os.replace(staging, entry / _STAMP)
+    except OSError:
+        staging.unlink(missing_ok=True)
+
+
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
@@ -255,7 +328,7 @@ def _read_manifest(path: Path) -> dict[str, str]:
     return expected
 
 
-def _discard(entry: Path, why: str) -> onnx.ModelProto | None:
+def _discard(entry: Path, why: str) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
     """Warn about a corrupted entry and remove it; returns None (a cache miss)."""
     warn_at_caller(f"prepared-model cache entry {entry} is corrupted ({why}); discarding it and preparing again",
                   PrepareWarning)

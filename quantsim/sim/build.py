@@ -46,6 +46,7 @@ from quantsim.errors import InvalidArgumentError, InvalidStateError
 from quantsim.graph.edit import default_opset
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.large_models import copy_without_initializers, is_external_candidate, is_large, skeleton
+from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
 from quantsim.sim.quantizer import QcQuantizeOp
 
@@ -370,7 +371,13 @@ class _SimBuilder:
         return placeholder
 
     def _unchanged(self, tensor: TensorProto) -> TensorProto:
-        """An initializer no quantizer changes: itself, or with ``external`` a placeholder for a big float one."""
+        """An initializer no quantizer changes: itself, or with ``external`` a placeholder for a big float one.
+        One whose values are in a mapped file (`quantsim.graph.mapped`) is always replaced: by a placeholder,
+        or without ``external`` by its values."""
+        if is_mapped(tensor):
+            values = self.values(tensor.name)
+            placeholder = self._placeholder(tensor.name, values) if self.external is not None else None
+            return placeholder or numpy_helper.from_array(np.array(values), tensor.name)
         if self.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES or not is_external_candidate(tensor):
             return tensor
         return self._placeholder(tensor.name, self._remembered(tensor.name, ("float",),
@@ -493,10 +500,16 @@ def build_sim_model(
     if skip_redundant is None:
         skip_redundant = weights == "fake"
     active = [q for q in quantizers if q.enabled and q.is_initialized()]
-    source_model, initializers = _with_opset(model, max(required_opset(active, weights), min_opset))
-    values = source.constant_value if source is not None and source_model is model is source.model else None
-    builder = _SimBuilder(copy_without_initializers(source_model),
-                          source_model.graph.initializer if initializers is None else initializers, weights, values,
+    source_model, converted_initializers = _with_opset(model, max(required_opset(active, weights), min_opset))
+    initializers = source_model.graph.initializer if converted_initializers is None else converted_initializers
+    values = None
+    if source is not None and source_model is model is source.model:
+        values = source.constant_value
+    elif source is not None:  # a converted copy: its mapped initializers are still the source's
+        converted = {t.name: t for t in initializers}
+        values = lambda name: (source.constant_value(name) if is_mapped(converted[name])  # noqa: E731
+                               else numpy_helper.to_array(converted[name]))
+    builder = _SimBuilder(copy_without_initializers(source_model), initializers, weights, values,
                           external, memo if external is not None else None, integer_weights)
     placed: list[tuple[str, QcQuantizeOp]] = []
     planned: dict[str, tuple | None] = {}

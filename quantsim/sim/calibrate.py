@@ -31,7 +31,8 @@ __all__ = ["calibration_context", "compute_encodings", "RELEASE_CALIBRATION_SESS
 RELEASE_CALIBRATION_SESSION_BYTES = 256 << 20
 """Models with at least this many bytes of initializers drop their calibration session after each
 calibration: onnxruntime keeps its own copy of the weights per session, and a second session alive next
-to ``sim.session`` would double it. Smaller models keep it for the next calibration."""
+to ``sim.session`` would double it. Smaller models keep it for the next calibration, unless their weights are
+mapped (`QuantizationSimModel.model`): each of their sessions holds its own packed copy."""
 
 
 @contextmanager
@@ -73,7 +74,7 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
     if sim.range_health:
         sim._record_decisions(apply_calibrated_rules(sim, session, [q for q in observed if q.name in new]))
     fit_biases_to_int32(sim)  # input grids are final now: no int32 bias may overflow s_in * s_w
-    if sim._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES:
+    if sim._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES or sim._index.weights is not None:
         sim._calibration_cache = None
 
 

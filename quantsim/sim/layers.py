@@ -111,13 +111,13 @@ def read_weight(sim: QuantizationSimModel, name: str) -> np.ndarray:
     """A writable float copy of initializer ``name`` of the prepared model."""
     if not sim._index.is_constant(name):
         raise InvalidArgumentError(f"{name!r} is not a constant of the prepared model (see sim.param_names)")
-    return numpy_helper.to_array(sim._index.initializers[name]).copy()
+    return np.array(sim._index.constant_value(name))
 
 
 def write_weight(sim: QuantizationSimModel, name: str, values: np.ndarray) -> None:
     """Replace initializer ``name``'s values in place (same shape and dtype), invalidating sessions."""
     tensor = sim._index.initializers[name]
-    old = numpy_helper.to_array(tensor)
+    old = sim._index.constant_value(name)
     values = np.asarray(values)
     if values.shape != old.shape:
         raise InvalidArgumentError(f"new values for {name!r} have shape {values.shape}, the weight has {old.shape}")

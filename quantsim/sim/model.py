@@ -8,6 +8,7 @@ lazily when a quantizer changed; exports and loads go through `sim_encodings` an
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -30,11 +31,12 @@ from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidType
 from quantsim.graph import session as session_module
 from quantsim.graph.index import CONSTANT_CACHE_BYTES, GraphIndex
 from quantsim.graph.int8_kernels import warn_if_int8_kernels_saturate
-from quantsim.graph.large_models import model_from_parts, model_parts, payload_bytes
+from quantsim.graph.large_models import model_from_parts, model_parts, value_bytes
 from quantsim.graph.loading import load_model
+from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.session import make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
-from quantsim.prepare import prepare, prepare_loaded
+from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
@@ -114,8 +116,15 @@ class QuantizationSimModel:
         })
         if options.get("user_onnx_libs"):
             raise InvalidArgumentError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
-        proto, self._label = load_model(model)
-        loaded_here = not isinstance(model, onnx.ModelProto)
+        loaded_here = isinstance(model, (str, os.PathLike))
+        # an unchanged model file whose preparation is cached: nothing of the file is read
+        cached = prepare_file_cached(model, fold_batchnorm=fold_batchnorm) if loaded_here else None
+        self._weights: MappedWeights | None = None
+        signatures: dict[str, list[int] | None] = {}
+        if cached is None:
+            proto, self._label = load_model(model, signatures)
+        else:
+            self._label = str(Path(model))
         self.param_type = qtype.as_qtype(options["param_type"] or int8)
         self.activation_type = qtype.as_qtype(options["activation_type"] or int8)
         self._quant_scheme = get_scheme(options["quant_scheme"])
@@ -135,11 +144,14 @@ class QuantizationSimModel:
         self.progress = bool(progress)
         self.range_health = bool(range_health)
         try:
-            if loaded_here:  # the sim's own copy: preparation lets it go before loading the prepared one
+            if cached is not None:
+                self._model, self._weights = cached
+            elif loaded_here:  # the sim's own copy: preparation lets it go before loading the prepared one
                 box = [proto]
                 del proto
-                self.model = prepare_loaded(lambda: box.pop() if box else load_model(model)[0],
-                                            fold_batchnorm=fold_batchnorm)
+                self._model, self._weights = prepare_loaded_mapped(
+                    lambda: box.pop() if box else load_model(model)[0], fold_batchnorm=fold_batchnorm,
+                    source=(model, signatures))
             else:
                 self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
         except PrepareError as error:  # name the model too: a script may build several sims
@@ -148,7 +160,7 @@ class QuantizationSimModel:
 
     # construction ------------------------------------------------------------------------------
     def _build_quantizers(self, percentile: float) -> None:
-        self._index = GraphIndex(self.model)
+        self._index = GraphIndex(self._model, weights=self._weights)
         with self._index.cached_constants():  # each weight read once (finite checks, shapes)
             placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type)
         self.left_in_float = placement.left_in_float
@@ -176,6 +188,20 @@ class QuantizationSimModel:
                 self.qc_quantize_op_dict[tensor] = quantizer
         self.param_names = [t for q in self._quantizers if q.role == "param" for t in q.tensors]
         self.activation_names = [t for q in self._quantizers if q.role == "activation" for t in q.tensors]
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The prepared model. A large model read from a file keeps its weights in the preparation cache's data
+        file, read through memory maps (`quantsim.graph.mapped`); asking for the ModelProto copies them in
+        (once: from then on the sim holds them in memory, as for a model passed as a ModelProto)."""
+        if self._weights is not None:
+            self._weights.materialize(self._model)
+            self._weights = self._index.weights = None
+        return self._model
+
+    @model.setter
+    def model(self, value: onnx.ModelProto) -> None:
+        self._model, self._weights = value, None
 
     def _invalidate(self) -> None:
         self._version += 1
@@ -238,7 +264,7 @@ class QuantizationSimModel:
         # in batches of bounded size: a large model's weights are never all converted at once
         start, size = 0, 0
         for end, q in enumerate(todo, 1):
-            size += payload_bytes(self._index.initializers[t] for t in q.tensors)
+            size += value_bytes(self._index.initializers[t] for t in q.tensors)
             if size >= CONSTANT_CACHE_BYTES or end == len(todo):
                 batch = todo[start:end]
                 items = [(q.calibration_scheme, q.encoding_request(), self._constant_values(q)) for q in batch]
@@ -274,8 +300,8 @@ class QuantizationSimModel:
         key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), sampled, tuple(sorted(small)))
         if self._calibration_cache is None or self._calibration_cache[0] != key:
             weights: dict[str, np.ndarray] = {}
-            model = build_sim_model(self.model, [q for q in constants if q.enabled], source=self._index,
-                                    external=weights, memo=self._constant_memo,
+            model = build_sim_model(self._model, [q for q in constants if q.enabled], source=self._index,
+                                    external=weights, memo=self._session_memo(),
                                     integer_weights=self._integer_weights())
             shapes = self._index.shape
             model, outputs = add_statistics_outputs(
@@ -286,7 +312,7 @@ class QuantizationSimModel:
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
             session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights,
-                                   file_backed=self._file_backed())
+                                   file_backed=self._file_backed(), prepack=self._weights is not None)
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
         samples = frozenset(q.name for q in observed) if self.range_health else frozenset()
@@ -297,8 +323,15 @@ class QuantizationSimModel:
     # the simulation ------------------------------------------------------------------------------
     def _integer_weights(self) -> bool:
         """Whether sessions hold big 8-bit weights as integer codes dequantized just before their layer (same
-        outputs, a quarter of the memory; see `build_sim_model`): models of `INTEGER_WEIGHTS_MIN_BYTES`."""
-        return self._index.initializer_bytes() >= INTEGER_WEIGHTS_MIN_BYTES
+        outputs, a quarter of the memory; see `build_sim_model`): models of `INTEGER_WEIGHTS_MIN_BYTES` whose
+        weights are in memory. Mapped weights (`model`) need no such saving: the sim holds none of them, and
+        onnxruntime gets fake-quantized float weights, which run as fast as the float model."""
+        return self._weights is None and self._index.initializer_bytes() >= INTEGER_WEIGHTS_MIN_BYTES
+
+    def _session_memo(self) -> dict[str, tuple] | None:
+        """The memo that lets the calibration and sim sessions share fake-quantized weights; None for mapped
+        weights, whose sessions get them through a file (kept, they would be a second copy)."""
+        return None if self._weights is not None else self._constant_memo
 
     def _file_backed(self) -> bool:
         """Whether sessions get the weights as a memory-mapped file (`session.make_session`)."""
@@ -314,7 +347,7 @@ class QuantizationSimModel:
     def _built_sim_model(self, external: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
         with self._index.cached_constants():
             self._ensure_param_encodings()
-            return build_sim_model(self.model, self._quantizers, source=self._index, external=external)
+            return build_sim_model(self._model, self._quantizers, source=self._index, external=external)
 
     @property
     def session(self) -> ort.InferenceSession:
@@ -330,11 +363,13 @@ class QuantizationSimModel:
                 if self.use_integer_kernels:
                     model = self.to_onnx_qdq()
                 else:
-                    model = build_sim_model(self.model, self._quantizers, source=self._index, external=weights,
-                                            memo=self._constant_memo, integer_weights=self._integer_weights())
+                    model = build_sim_model(self._model, self._quantizers, source=self._index, external=weights,
+                                            memo=self._session_memo(), integer_weights=self._integer_weights())
+            self._session = None  # the old session's weights go before the new one's arrive
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,
-                                         external_initializers=weights, file_backed=self._file_backed())
+                                         external_initializers=weights, file_backed=self._file_backed(),
+                                         prepack=self._weights is not None)
             self._session_version = self._version
             _log.debug("sim %s: session rebuilt in %.3f s (version %d)", self._label, time.perf_counter() - start,
                        self._version)
@@ -462,21 +497,22 @@ class QuantizationSimModel:
         on first use. Open snapshots stay with the original."""
         if self._active_calibration is not None:
             raise InvalidStateError(f"sim {self._label}: cannot be pickled inside a calibration block")
+        self.model  # noqa: B018 - mapped weights are copied in: the pickle carries the whole model
         state = dict(self.__dict__)
         state.update(_session=None, _session_version=-1, _fused=None, _calibration_cache=None,
                      _capture_sessions={}, _open_states=[], _constant_memo={})
         # the index is rebuilt from the model (its tensors would pickle as a second copy of every weight), and
         # the model travels as its skeleton plus weight bytes (protobuf pickles nothing over 2 GiB)
         del state["_index"]
-        state["model"] = model_parts(self.model)
+        state["_model"] = model_parts(self._model)
         return state
 
     def __setstate__(self, state: dict) -> None:
         """Unpickling: the model put back together and its index rebuilt (see `__getstate__`)."""
         state = dict(state)
-        state["model"] = model_from_parts(*state["model"])
+        state["_model"] = model_from_parts(*state["_model"])
         self.__dict__.update(state)
-        self._index = GraphIndex(self.model)
+        self._index = GraphIndex(self._model)
 
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",

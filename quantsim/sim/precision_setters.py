@@ -74,7 +74,7 @@ def set_tensor_precision(sim: QuantizationSimModel, names: str | Iterable[str], 
 
 def _nodes(sim: QuantizationSimModel, op_types: Iterable[str] | None, nodes_to_include: Iterable[str] | None,
            nodes_to_exclude: Iterable[str] | None, where: str) -> list:
-    graph_nodes = {node.name: node for node in sim.model.graph.node}
+    graph_nodes = {node.name: node for node in sim._index.nodes}  # not sim.model: that copies mapped weights in
     exclude = set(nodes_to_exclude or ())
     unknown = sorted((set(nodes_to_include or ()) | exclude) - set(graph_nodes))
     if unknown:
