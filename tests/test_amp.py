@@ -155,17 +155,24 @@ def test_refinement_takes_back_the_flips_a_misled_prefix_search_left_out(tmp_pat
         run(new_sim(), results_dir=tmp_path / "bad", clean_start=True, refine=-1)
 
 
-def test_a_callback_raising_during_the_refinement_restores_the_sim(tmp_path):
-    sim = new_sim()
-    sim.compute_encodings(feeds())
-    before = snapshot(sim)
+def _raising_on_call(n: int):
+    """The score callback, except that its ``n``-th call raises (an evaluation server going away)."""
     calls = []
 
     def flaky(session):
         calls.append(1)
-        if len(calls) == 7:  # float, two candidates everywhere, two path points, a trial: then the next
+        if len(calls) == n:
             raise RuntimeError("evaluation server went away")
         return score(session)
+
+    return flaky
+
+
+def test_a_callback_raising_during_the_refinement_restores_the_sim(tmp_path):
+    sim = new_sim()
+    sim.compute_encodings(feeds())
+    before = snapshot(sim)
+    flaky = _raising_on_call(7)  # float, two candidates everywhere, two path points, a trial: then the next
 
     with pytest.raises(RuntimeError, match="went away"):
         choose_mixed_precision(sim, [W8, W4], misleading_score, flaky, 0.02, tmp_path, True, feeds())
@@ -205,13 +212,7 @@ def test_an_interrupted_run_restores_the_sim_and_resumes(tmp_path):
     sim = new_sim()
     sim.compute_encodings(feeds())
     before = snapshot(sim)
-    calls = []
-
-    def flaky(session):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("evaluation server went away")
-        return score(session)
+    flaky = _raising_on_call(3)
 
     with pytest.raises(RuntimeError, match="went away"):
         choose_mixed_precision(sim, [W8, W4], flaky, score, 0.02, tmp_path, True, feeds())
