@@ -12,7 +12,9 @@ neither copied into the model, nor serialised, nor parsed.
 """
 from __future__ import annotations
 
+import os
 import tempfile
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,18 @@ def save_model_atomic(model: onnx.ModelProto, path: Path) -> None:
     with FileSet(path.parent, path.name) as files:
         files.add_model(model, path.name)
         files.commit()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a staged file in the same folder renamed into place: a failure
+    (raised as is) leaves no partial file and an existing ``path`` as it was."""
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    try:
+        staging.write_text(text)
+        os.replace(staging, path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
 
 
 def session_model_source(model: onnx.ModelProto) -> tuple[bytes | str, tempfile.TemporaryDirectory | None]:

@@ -49,6 +49,7 @@ from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
 from quantsim.graph.large_models import hash_model, payload_bytes, save_model
 from quantsim.graph.loading import file_signature
 from quantsim.graph.mapped import MappedWeights
+from quantsim.graph.model_io import write_text_atomic
 from quantsim.prepare.inputs import INPUTS_FOLDER
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
@@ -302,12 +303,10 @@ def _read_stamp(entry: Path) -> dict:
 def _write_stamp(entry: Path, names: list[str]) -> None:
     """Record the `file_signature` of ``names`` in ``entry``, whose digests are known to match (best effort)."""
     stamp = {name: file_signature(entry / name) for name in names}
-    staging = entry / f"{_STAMP}.{uuid.uuid4().hex}"
     try:
-        staging.write_text(json.dumps(stamp))
-        os.replace(staging, entry / _STAMP)
+        write_text_atomic(entry / _STAMP, json.dumps(stamp))
     except OSError:
-        staging.unlink(missing_ok=True)
+        pass
 
 
 def _fsync_file(path: Path) -> None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
 from pathlib import Path
 
 from quantsim.graph.loading import file_signature
+from quantsim.graph.model_io import write_text_atomic
 
 __all__ = ["INPUTS_FOLDER", "remembered_digest", "remember_digest"]
 
@@ -59,11 +59,9 @@ def remember_digest(path: str | os.PathLike, signatures: dict[str, list[int] | N
     if not signatures or any(value is None or file_signature(name) != value for name, value in signatures.items()):
         return
     target = _memo_path(path, root)
-    staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging.write_text(json.dumps({"version": _VERSION, "model": str(path.resolve()), "files": signatures,
-                                       "digest": digest}))
-        os.replace(staging, target)
+        write_text_atomic(target, json.dumps({"version": _VERSION, "model": str(path.resolve()),
+                                              "files": signatures, "digest": digest}))
     except OSError:
-        staging.unlink(missing_ok=True)
+        pass

@@ -109,7 +109,7 @@ def _with_opset(model: onnx.ModelProto, opset: int) -> tuple[onnx.ModelProto, li
     if not large:
         return converted, None
     weights = {t.name: t for t in model.graph.initializer if is_external_candidate(t)}
-    return converted, [weights[t.name] if t.name in weights and t.data_location == TensorProto.EXTERNAL else t
+    return converted, [weights[t.name] if t.name in weights and is_mapped(t) else t
                        for t in converted.graph.initializer]
 
 
