@@ -203,3 +203,21 @@ def test_attention_block_on_onnxruntime_kernels():
     feed = _feed(10)
     steps = _steps(sim, session.run(None, feed)[0], sim.session.run(None, feed)[0], "y")
     assert steps.max() <= 3 and (steps >= 1).mean() <= 0.1, (steps.max(), (steps >= 1).mean())
+
+
+def test_difference_of_two_activations_below_opset_14_stays_float_and_loads():
+    """The uint8 Sub that negates codes has no onnxruntime kernel before opset 14 (a decomposed LayerNorm's
+    ``x - mean`` at opset 12 used to make export_integer raise 'does not load')."""
+    graph = helper.make_graph([helper.make_node("Relu", ["a"], ["r"], name="r"), helper.make_node("Sub", ["a", "r"], ["y"], name="s")],
+                              "difference", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    model.ir_version = 7
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    feed = {"a": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    sim.compute_encodings([feed])
+    exported = export_integer(sim)
+    assert [(e.node, e.op_type) for e in exported.report] == [("s", "Sub")] and "opset >= 14" in exported.report[0].reason
+    got = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_array_equal(got, sim.session.run(None, feed)[0])
+    assert "QLinearAdd" in _ops(export_integer(sim, opset=14).model)
