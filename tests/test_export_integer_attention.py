@@ -208,8 +208,8 @@ def test_attention_block_on_onnxruntime_kernels():
 def test_difference_of_two_activations_below_opset_14_stays_float_and_loads():
     """The uint8 Sub that negates codes has no onnxruntime kernel before opset 14 (a decomposed LayerNorm's
     ``x - mean`` at opset 12 used to make export_integer raise 'does not load')."""
-    graph = helper.make_graph([helper.make_node("Relu", ["a"], ["r"], name="r"), helper.make_node("Sub", ["a", "r"], ["y"], name="s")],
-                              "difference", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 8])],
+    nodes = [helper.make_node("Relu", ["a"], ["r"], name="r"), helper.make_node("Sub", ["a", "r"], ["y"], name="s")]
+    graph = helper.make_graph(nodes, "difference", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
     model.ir_version = 7

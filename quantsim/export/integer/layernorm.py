@@ -122,20 +122,37 @@ def match_decomposed_layer_norm(index: GraphIndex, mean_node: onnx.NodeProto) ->
         return None
     shape = index.shape.get(x)
     axes, var_axes = _reduced_axes(index, mean_node), _reduced_axes(index, var_node)
-    if shape is None or axes is None or var_axes is None:
+    if axes is None or var_axes is None:
         return None
-    axis = _trailing_axis(axes, len(shape))
-    if axis is None or axis != _trailing_axis(var_axes, len(shape)):
-        return None
+    if shape is None:  # rank unknown (behind a computed Reshape): only the last axis, spelled -1, is certain
+        if tuple(axes) != (-1,) or tuple(var_axes) != (-1,):
+            return None
+        axis = -1
+    else:
+        first = _trailing_axis(axes, len(shape))
+        if first is None or first != _trailing_axis(var_axes, len(shape)):
+            return None
+        axis = first
     return LayerNormMatch(x, div.output[0], (mean_node, sub, square, var_node, add, sqrt, div), axis, epsilon)
 
 
-def _normalized_size(index: GraphIndex, match: LayerNormMatch) -> int:
-    shape = index.shape.get(match.x) or ()
-    dims = shape[match.axis:]
-    if not dims or not all(isinstance(d, int) and d > 0 for d in dims):
-        raise Unsupported(f"the normalized dims of {match.x!r} are not static (LayerNormalization needs its scale)")
-    return int(np.prod(dims))
+def _normalized_shape(index: GraphIndex, match: LayerNormMatch) -> list[int]:
+    """Static dims normalized over: from the input's or output's shape, else (last axis only) the length of a
+    1-D constant multiplied or added right after (the gamma / beta of the layer), else Unsupported."""
+    for name in (match.x, match.y):
+        shape = index.shape.get(name)
+        if shape is not None:
+            dims = list(shape[match.axis:])
+            if dims and all(isinstance(d, int) and d > 0 for d in dims):
+                return [int(d) for d in dims]
+    if match.axis == -1:
+        for use in index.uses(match.y):
+            for operand in use.node.input:
+                if use.node.op_type in ("Mul", "Add") and operand != match.y and index.is_constant(operand):
+                    value = np.asarray(index.constant_value(operand))
+                    if value.ndim == 1 and value.size > 1:
+                        return [int(value.size)]
+    raise Unsupported(f"the normalized dims of {match.x!r} are not static (LayerNormalization needs its scale)")
 
 
 def lower_decomposed_layer_norm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
@@ -152,8 +169,8 @@ def lower_decomposed_layer_norm(ctx: LoweringContext, node: onnx.NodeProto) -> N
                           "(the normalization runs in float as in the sim)")
     ctx.int_input(match.x)  # codes available (raises Unsupported otherwise)
     source = ctx.float_input(match.x)
-    width = _normalized_size(ctx.index, match)
-    shape = [int(d) for d in (ctx.index.shape.get(match.x) or ())[match.axis:]]
+    shape = _normalized_shape(ctx.index, match)
+    width = int(np.prod(shape))
     ones = ctx.add_initializer(np.ones(shape, np.float32), f"{node.name}/layer_norm_scale")
     zeros = ctx.add_initializer(np.zeros(shape, np.float32), f"{node.name}/layer_norm_bias")
     out = ctx.fresh(f"{match.y}/float")
