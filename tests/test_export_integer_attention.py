@@ -31,7 +31,7 @@ from quantsim.export.reference import run_integer_model
 T, C, H = 16, 32, 2
 
 
-def _block(until: str | None = None, opset: int = 17) -> onnx.ModelProto:
+def _block(until: str | None = None, opset: int = 17, dims: tuple = ("N", T, C)) -> onnx.ModelProto:
     """x -> decomposed LayerNorm -> QKV MatMul+bias -> Reshape/Transpose/Slice/Squeeze -> q*scale, q·k^T,
     Softmax, ·v -> Transpose/Reshape -> projection MatMul+bias -> residual Add (cut after ``until``)."""
     rng = np.random.default_rng(0)
@@ -77,9 +77,9 @@ def _block(until: str | None = None, opset: int = 17) -> onnx.ModelProto:
         nodes = nodes[:[n.name for n in nodes].index(until) + 1]
     used = {i for n in nodes for i in n.input}
     out = until or "y"
-    dims = {"ln.normed": ["N", T, C], "attn": ["N", H, T, d]}.get(out, ["N", T, C])
-    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", T, C])],
-                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, dims)],
+    out_dims = ["N", H, T, d] if out == "attn" else list(dims)
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, out_dims)],
                               [i for i in inits if i.name in used])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
@@ -121,6 +121,17 @@ def test_decomposed_layer_norm_is_one_float_layer_normalization_equal_to_the_sim
         assert _steps(sim, session.run(None, feed)[0], want, "ln.normed").max() == 0
         assert _steps(sim, run_integer_model(exported.model, feed, float_fallback=True)["ln.normed"], want,
                       "ln.normed").max() == 0
+
+
+def test_layer_norm_over_a_dynamic_last_dim_takes_its_width_from_gamma():
+    sim = _sim(_block("ln.out", dims=("N", "T", "C")))
+    assert sim.model.graph.input[0].type.tensor_type.shape.dim[2].dim_param == "C"
+    exported = export_integer(sim)
+    assert _ops(exported.model).count("LayerNormalization") == 1 and len(exported.report) == 1
+    feed = _feed(13, 64)
+    got = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    steps = _steps(sim, got[0], sim.session.run(None, feed)[0], "ln.out")
+    assert steps.max() <= 1 and (steps >= 1).mean() <= 0.01  # gamma / beta on QLinearMul / QLinearAdd (float multipliers)
 
 
 def test_layer_norm_below_opset_17_stays_decomposed_and_says_how_to_fuse():

@@ -45,7 +45,8 @@ FLOAT_REASON = ("no integer LayerNorm kernel in onnxruntime (quantize_static lea
 
 @dataclass(frozen=True)
 class LayerNormMatch:
-    """A decomposed layer normalization: its input, normalized output, nodes, first axis and epsilon."""
+    """A decomposed layer normalization: its input, normalized output, nodes, first axis (negative, from the
+    end) and epsilon."""
 
     x: str
     y: str
@@ -132,13 +133,14 @@ def match_decomposed_layer_norm(index: GraphIndex, mean_node: onnx.NodeProto) ->
         first = _trailing_axis(axes, len(shape))
         if first is None or first != _trailing_axis(var_axes, len(shape)):
             return None
-        axis = first
+        axis = first - len(shape)  # negative: counts from the end, as the normalized dims do
     return LayerNormMatch(x, div.output[0], (mean_node, sub, square, var_node, add, sqrt, div), axis, epsilon)
 
 
 def _normalized_shape(index: GraphIndex, match: LayerNormMatch) -> list[int]:
-    """Static dims normalized over: from the input's or output's shape, else (last axis only) the length of a
-    1-D constant multiplied or added right after (the gamma / beta of the layer), else Unsupported."""
+    """Static dims normalized over: from the input's or output's shape, else (last axis only: unknown rank
+    or dims) the length of a 1-D constant multiplied or added right after (the layer's gamma / beta), else
+    Unsupported."""
     for name in (match.x, match.y):
         shape = index.shape.get(name)
         if shape is not None:
