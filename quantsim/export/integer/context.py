@@ -143,6 +143,7 @@ class LoweringContext:
         self.floats: dict[str, str] = {}
         self.absorbed: set[str] = set()
         self.requant: dict[str, dict] = {}
+        self.islands: list[tuple[str, str, str]] = []  # (node, op type, why) lowered to one float op
         self.domains: set[str] = set()
         self.memo: dict[tuple, str] = {}  # shared scalars and casts: key -> tensor name
         self._copied: set[str] = set()

@@ -110,6 +110,8 @@ def lower_sub_div(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 def _lower_activation_difference(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """``a - b`` of two quantized tensors: ``QLinearAdd(a, 255 - q_b)`` on ``b``'s negated grid (`Grid.negated`, exact)."""
+    if ctx.opset < 14:  # onnxruntime registers Sub for uint8 from opset 14
+        raise Unsupported("Sub of two activations negates codes with a uint8 Sub, which needs opset >= 14")
     a, b = ctx.int_input(node.input[0]), ctx.int_input(node.input[1])
     codes = ctx.fresh(f"{node.input[1]}/negated_codes")
     ctx.emit("Sub", [ctx.scalar(255, np.uint8, "uint8/255"), b.name], [codes], name=f"{node.name}/negate")

@@ -58,6 +58,7 @@ from onnx import TensorProto, helper
 
 from quantsim.errors import IntegerExportError, InvalidArgumentError, SessionError
 from quantsim.export.integer import elementwise as lowering_elementwise
+from quantsim.export.integer import layernorm as lowering_layernorm
 from quantsim.export.integer import linear as lowering_linear
 from quantsim.export.integer import lut as lowering_lut
 from quantsim.export.integer import movement as lowering_movement
@@ -86,6 +87,7 @@ LOWERINGS = {
     **lowering_movement.RULES,
     **lowering_elementwise.RULES,
     **lowering_linear.RULES,
+    **lowering_layernorm.RULES,
     "Mul": _lower_mul,
 }
 
@@ -197,6 +199,8 @@ def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportE
         state = ctx.snapshot()
         try:
             rule(ctx, node)
+            report.extend(ReportEntry(*island) for island in ctx.islands)  # a rule's one-op float island
+            ctx.islands.clear()
             return
         except Unsupported as error:
             ctx.restore(state)
