@@ -27,8 +27,9 @@ _log = logging.getLogger(__name__)
 
 SATURATION_NOTE = ("onnxruntime's uint8 x int8 kernels saturate on this CPU (AVX2 without VNNI: two products "
                    "are summed in int16), so integer kernels can differ from the sim by many output steps "
-                   "here; a CPU with VNNI (or ARM) runs them exactly, and 7-bit weights "
-                   "(param_type=qtype.int(7)) stay below the overflow")
+                   "here; a CPU with VNNI (or ARM) runs them exactly, uint8 weight codes (the same values: "
+                   "weight_codes='uint8' of to_onnx_qdq / export_integer / export) run exactly here, and 7-bit "
+                   "weights (param_type=qtype.int(7)) stay below the overflow")
 
 _DEPTH = 64  # one dot product of 64 products 255 * 127: exact 2,072,640, with saturated pairs 32 * 32,767
 
