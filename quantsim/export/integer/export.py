@@ -227,7 +227,7 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     shape arithmetic folded into constants (`shapes`); models whose inputs are all static get that fold
     without it. ``weight_codes`` ("int8", "uint8" or "auto") is the storage type of the 8-bit weight codes
     of the integer kernels (`quantsim.export.weight_codes`); the requant table does not depend on it."""
-    codes = resolve_weight_codes(weight_codes, getattr(sim, "providers", None))
+    code_type = resolve_weight_codes(weight_codes, getattr(sim, "providers", None))
     _check_sim(sim)
     model, opset = _prepared_model(sim, opset)
     shapes = static_input_shapes(model, input_shapes)
@@ -294,7 +294,7 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     result.ir_version = max(model.ir_version, next(ir for first, ir in IR_FOR_OPSET if opset >= first))
     helper.set_model_props(result, {"quantsim.io": json.dumps(io, sort_keys=True),
                                      "quantsim.float_nodes": str(len(report))})
-    if codes == "uint8":
+    if code_type == "uint8":
         result, _ = shift_weight_codes(result, getattr(getattr(sim, "_index", None), "weights", None))
     onnx.checker.check_model(result)
     _check_loads(result)
