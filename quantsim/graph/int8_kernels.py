@@ -8,6 +8,9 @@ quantization guide documents this and suggests 7-bit weights, ``reduce_range``).
 those kernels; the QDQ and integer exports and `QuantizationSimModel.fused_session` do, so on such a CPU
 they may differ from the sim by far more than the one output step that fixed-point requantization costs.
 
+The exports' ``weight_codes="uint8"`` (`quantsim.export.weight_codes`) stores the same weights as uint8
+codes, which onnxruntime multiplies exactly on such CPUs; ``"auto"`` chooses it from this probe.
+
 `uint8_int8_kernels_saturate` runs one tiny MatMulInteger whose exact result needs more than int16 pair sums
 and compares it with the exact value; the answer is computed once per process.
 """
