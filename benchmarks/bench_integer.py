@@ -1,6 +1,7 @@
 """Integer export benchmark: onnxruntime latency of FP32, our QDQ and integer models, and ORT's quantizer.
 
     python -m benchmarks.bench_integer [--size 224] [--repeats 30] [--threads 0] [--models cls rec ...]
+        [--weight-codes int8|uint8|both]
 
 Three conv nets built here with seeded He-initialised weights (BN already folded into the convs), and
 the suite's real PP-OCR cls / rec / det models and nudenet's YOLOv8n detector (`benchmarks.suite`, QUICK calibration split, one
@@ -25,8 +26,10 @@ exports) and the relative error of the first output vs FP32; the integer row not
 float, the lookup tables, and its speed relative to the QOperator model (> 1: faster). Suite models also get
 their case's primary score vs FP32 on the QUICK evaluation split (quality column); a model whose dynamic
 export leaves shape arithmetic float (nudenet's anchors) is exported with ``input_shapes`` = the timed
-input's shape (noted in the row). The Markdown
-table is printed and written to benchmarks/results/integer.md.
+input's shape (noted in the row). ``--weight-codes uint8`` stores our exports' 8-bit weight codes as uint8
+(``weight_codes="uint8"``) and gives ``quantize_static`` ``weight_type=QUInt8``: exact on x86 CPUs without VNNI,
+where the default int8 x uint8 kernels saturate; ``both`` runs the two side by side. The Markdown
+table is printed and written to benchmarks/results/integer.md (integer_uint8.md, integer_both.md).
 """
 from __future__ import annotations
 
@@ -169,7 +172,7 @@ def _session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx.ModelProto:
+def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt, weight_codes: str = "int8") -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationMethod, QuantType, quant_pre_process, quantize_static
 
     class Reader:
@@ -185,8 +188,9 @@ def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt) -> onnx
     with tempfile.TemporaryDirectory() as tmp:
         source, target = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "quant.onnx")
         onnx.save(model, source)
+        weight_type = QuantType.QUInt8 if weight_codes == "uint8" else QuantType.QInt8
         options = dict(quant_format=fmt, per_channel=True, activation_type=QuantType.QUInt8,
-                       weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+                       weight_type=weight_type, calibrate_method=CalibrationMethod.MinMax)
         try:
             quantize_static(source, target, Reader(), **options)
         except Exception:  # noqa: BLE001 - some exports (PP-OCR rec) need ORT's pre-processing first
@@ -222,7 +226,7 @@ def _quality(case, sessions: dict) -> dict[str, str]:
 
 
 def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, calibration: list[dict],
-                tests: list[dict], case=None) -> list[dict]:
+                tests: list[dict], case=None, codes: tuple[str, ...] = ("int8",)) -> list[dict]:
     from onnxruntime.quantization import QuantFormat
 
     import quantsim
@@ -237,13 +241,19 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
         exported = export_integer(sim, input_shapes={k: list(v.shape) for k, v in tests[0].items()})
         fixed = f"input_shapes {'x'.join(str(d) for v in tests[0].values() for d in v.shape)}; "
     prepare_s = time.perf_counter() - t0
-    variants = {
-        "FP32": model,
-        "quantsim QDQ (to_onnx_qdq)": sim.to_onnx_qdq(),
-        "quantsim integer (export_integer)": exported.model,
-        "ORT quantize_static QOperator": _ort_quantized(model, calibration, QuantFormat.QOperator),
-        "ORT quantize_static QDQ": _ort_quantized(model, calibration, QuantFormat.QDQ),
-    }
+    variants: dict[str, onnx.ModelProto] = {"FP32": model}
+    integer_rows: dict[str, str] = {}  # integer variant -> its QOperator counterpart (same weight code type)
+    for code in codes:
+        tag = "" if codes == ("int8",) else f", {code} weights"
+        integer = exported.model if code == "int8" else export_integer(
+            sim, weight_codes=code, input_shapes={k: list(v.shape) for k, v in tests[0].items()} if fixed else None).model
+        variants[f"quantsim QDQ (to_onnx_qdq{tag})"] = sim.to_onnx_qdq(weight_codes=code)
+        variants[f"quantsim integer (export_integer{tag})"] = integer
+        ort_tag = "" if codes == ("int8",) else f", {'QUInt8' if code == 'uint8' else 'QInt8'} weights"
+        variants[f"ORT quantize_static QOperator{ort_tag}"] = _ort_quantized(model, calibration, QuantFormat.QOperator,
+                                                                              code)
+        variants[f"ORT quantize_static QDQ{ort_tag}"] = _ort_quantized(model, calibration, QuantFormat.QDQ, code)
+        integer_rows[f"quantsim integer (export_integer{tag})"] = f"ORT quantize_static QOperator{ort_tag}"
     sessions = {k: _session(m, threads) for k, m in variants.items()}
     feed = tests[0]
     times = _interleaved_times({k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}, repeats)
@@ -269,10 +279,12 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
     constants = {t.name for t in exported.model.graph.initializer}  # lookup tables: Gather from a constant
     tables = sum(n.op_type in ("Gather", "GatherElements") and n.input[0] in constants for n in exported.model.graph.node)
     compute = Counter(e.op_type for e in exported.report if e.op_type not in _MOVEMENT)
-    rows[2]["note"] = (f"{fixed}{len(exported.report)} float nodes ({sum(compute.values())} compute: "
-                       f"{' '.join(f'{op} {n}' for op, n in sorted(compute.items())) or 'none'}), {tables} tables; vs QOperator "
-                       f"{best['ORT quantize_static QOperator'] / best[rows[2]['variant']]:.2f}x; "
-                       f"sim+export {prepare_s:.1f} s")
+    for row in rows:
+        if row["variant"] in integer_rows:
+            row["note"] = (f"{fixed}{len(exported.report)} float nodes ({sum(compute.values())} compute: "
+                           f"{' '.join(f'{op} {n}' for op, n in sorted(compute.items())) or 'none'}), {tables} tables; "
+                           f"vs QOperator {best[integer_rows[row['variant']]] / best[row['variant']]:.2f}x; "
+                           f"sim+export {prepare_s:.1f} s")
     return rows
 
 
@@ -286,7 +298,8 @@ def render(rows: list[dict], args) -> str:
         "# Integer export latency (onnxruntime CPU)", "",
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}, onnxruntime {ort.__version__}, onnx {onnx.__version__}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, intra_op threads "
-        f"{args.threads or 'default'}; input 1x3x{args.size}x{args.size}; best of {args.repeats} interleaved runs.",
+        f"{args.threads or 'default'}; input 1x3x{args.size}x{args.size}; best of {args.repeats} interleaved runs; "
+        f"weight codes {args.weight_codes}.",
         "", "| model | variant | nodes | best ms | median ms | FP32 / variant (best) | max \\|Δ\\| vs sim (out steps) | "
         "max \\|Δ\\| / max\\|FP32\\| | quality vs FP32 | note |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
@@ -307,7 +320,12 @@ def main(argv=None) -> None:
                                                          "rec", "det", "nudenet"],
                         help="built nets and/or real suite models (PP-OCR cls, rec, det; nudenet's YOLOv8n; layout "
                              "(PicoDet), orientation (PP-LCNet), ddddocr; fetched by benchmarks.suite.fetch)")
+    parser.add_argument("--weight-codes", choices=("int8", "uint8", "both"), default="int8",
+                        help="8-bit weight code type of our QDQ / integer exports (weight_codes=...) and of "
+                             "quantize_static's models (uint8: weight_type=QUInt8); both: the two side by side. "
+                             "uint8 runs exactly on x86 CPUs without VNNI, where int8 x uint8 kernels saturate")
     args = parser.parse_args(argv)
+    codes = ("int8", "uint8") if args.weight_codes == "both" else (args.weight_codes,)
     logging.getLogger().setLevel(logging.ERROR)
     ort.set_default_logger_severity(3)
     rows = []
@@ -318,15 +336,16 @@ def main(argv=None) -> None:
     built = {"resnet_style": resnet_style, "mobilenet_style": mobilenet_style, "pplcnet_style": pplcnet_style}
     for name in args.models:
         if name in built:
-            rows += bench_model(name, built[name](size), args.repeats, args.threads, calibration, tests)
+            rows += bench_model(name, built[name](size), args.repeats, args.threads, calibration, tests, codes=codes)
         else:
             model, real_calibration, real_tests, case = _suite_model(name)
             label = f"ppocr {name}" if name in ("cls", "rec", "det") else name
-            rows += bench_model(label, model, args.repeats, args.threads, real_calibration, real_tests, case)
+            rows += bench_model(label, model, args.repeats, args.threads, real_calibration, real_tests, case, codes=codes)
     table = render(rows, args)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "integer.md").write_text(table)
+    suffix = "" if args.weight_codes == "int8" else f"_{args.weight_codes}"
+    (RESULTS / f"integer{suffix}.md").write_text(table)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """QDQ export benchmark on the real-model suite: latency against ``quantize_static``'s QDQ model, and how
 closely the exported model follows the sim.
 
-    python -m benchmarks.bench_qdq [--quick] [--models det,rec,...,silero] [--repeats 5]
+    python -m benchmarks.bench_qdq [--quick] [--models det,rec,...,silero] [--repeats 5] [--weight-codes uint8]
 
 Per model (the suite's ten cases, :mod:`benchmarks.suite.cases` and :mod:`benchmarks.suite.wide_cases`):
 the W8A8 sim of the suite (``param_type="int8", activation_type="int8", quant_scheme="min_max"``, default
@@ -85,7 +85,7 @@ def agreement(sim, outs_sim, outs_other) -> dict[str, float]:
 
 
 def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, workdir: Path,
-               keep: Path | None = None) -> dict:
+               keep: Path | None = None, weight_codes: str = "int8") -> dict:
     import quantsim
 
     src, build = BUILDERS[key]
@@ -94,11 +94,11 @@ def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int
     sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type="int8", activation_type="int8",
                                         quant_scheme="min_max", progress=False)
     sim.compute_encodings(case.calib)
-    qdq = sim.to_onnx_qdq()
+    qdq = sim.to_onnx_qdq(weight_codes=weight_codes)
     export_s = time.perf_counter() - t0
     fp32 = _session(case.model_path)
     ref, _ = run_all(fp32, case.eval)
-    label, base, _, base_path = best_baseline(case, ref, workdir)
+    label, base, _, base_path = best_baseline(case, ref, workdir, weight_codes)
     if base.error or base_path is None:
         raise RuntimeError(f"quantize_static: {base.error}")
     if keep is not None:  # both QDQ models, for onnxruntime's profiler
@@ -123,11 +123,13 @@ def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int
     }
 
 
-def render(rows: list[dict], mode: str, repeats: int) -> str:
+def render(rows: list[dict], mode: str, repeats: int, weight_codes: str = "int8") -> str:
     lines = [
         f"# QDQ export vs quantize_static ({mode})", "",
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, onnxruntime "
-        f"{ort.__version__}; default sessions, best of {repeats} interleaved passes over the evaluation split.", "",
+        f"{ort.__version__}; default sessions, best of {repeats} interleaved passes over the evaluation split; "
+        f"8-bit weight codes {weight_codes} (quantize_static weight_type "
+        f"{'QUInt8' if weight_codes == 'uint8' else 'QInt8'}).", "",
         "| model | metric vs FP32 | quantize_static setting "
         "| sim | our QDQ | quantize_static QDQ | FP32 / our QDQ | FP32 / quantize_static "
         "| our QDQ / quantize_static | exact export vs sim (max \\|Δ\\|) | default session vs sim: max \\|Δ\\| "
@@ -154,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--keep", default="", help="folder to save both QDQ models of each case in ('' not to)")
     ap.add_argument("--output", default=str(RESULTS / "qdq.md"), help="Markdown path ('' to skip writing)")
+    ap.add_argument("--weight-codes", choices=("int8", "uint8"), default="int8",
+                    help="8-bit weight code type of our QDQ export (to_onnx_qdq(weight_codes=...)) and of "
+                         "quantize_static's (uint8: weight_type=QUInt8); uint8 runs exactly on x86 CPUs without VNNI")
     args = ap.parse_args(argv)
     ort.set_default_logger_severity(3)
     fetchers = model_fetchers()
@@ -164,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         for key in keys:
             try:
                 rows.append(bench_case(key, model_dirs, C.QUICK if args.quick else C.FULL, args.repeats, Path(tmp),
-                                       Path(args.keep) if args.keep else None))
+                                       Path(args.keep) if args.keep else None, args.weight_codes))
             except Exception as e:  # noqa: BLE001 - one model's failure is a row, the others still run
                 rows.append({"name": key, "error": f"{type(e).__name__}: {e}"[:200]})
             print(f"[bench_qdq] {rows[-1]}", file=sys.stderr)
-    table = render(rows, "quick" if args.quick else "full", args.repeats)
+    table = render(rows, "quick" if args.quick else "full", args.repeats, args.weight_codes)
     print(table)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

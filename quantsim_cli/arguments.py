@@ -16,6 +16,7 @@ __all__ = ["build_parser", "ARTEFACTS", "TYPES", "SCHEMES", "ENCODING_VERSIONS",
 
 #: what ``quantize --write`` can produce
 ARTEFACTS = ("encodings", "float", "qdq", "integer")
+WEIGHT_CODES = ("int8", "uint8", "auto")  # QuantizationSimModel.to_onnx_qdq(weight_codes=...)
 TYPES = ("int4", "int8", "int16", "float16")
 SCHEMES = ("min_max", "tf", "tf_enhanced", "percentile")
 ENCODING_VERSIONS = ("0.6.1", "1.0.0", "2.0.0")
@@ -162,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"comma-separated artefacts: {', '.join(ARTEFACTS)} or all (default encodings,float; "
                              "the float model is written with its encodings file)")
     output.add_argument("--prefix", metavar="NAME", help="file name prefix (default: the model file's stem)")
+    output.add_argument("--weight-codes", choices=WEIGHT_CODES, default="int8",
+                        help="storage type of the 8-bit weight codes in the qdq and integer models (default int8; "
+                             "uint8: the same values, exact on onnxruntime's kernels on x86 CPUs without VNNI; "
+                             "auto: uint8 where this machine needs it). The encodings file is unaffected")
     output.add_argument("--encoding-version", choices=ENCODING_VERSIONS, default="1.0.0",
                         help="AIMET encodings format (default 1.0.0)")
     output.add_argument("--analysis-batches", type=non_negative_int, default=4, metavar="N",

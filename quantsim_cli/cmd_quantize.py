@@ -66,7 +66,8 @@ def _settings(args: argparse.Namespace) -> list[tuple[str, str]]:
             ("precision overrides", args.overrides or "none"),
             ("Sequential MSE", f"{args.seq_mse} candidates" if args.seq_mse else "off"),
             ("AdaRound", f"{args.adaround} iterations per layer" if args.adaround else "off"),
-            ("encodings version", args.encoding_version), ("artefacts", ", ".join(args.write))]
+            ("encodings version", args.encoding_version), ("artefacts", ", ".join(args.write)),
+            ("weight codes", args.weight_codes)]
 
 
 def _improve(args: argparse.Namespace, sim, data, result: QuantizeResult) -> None:
@@ -89,11 +90,12 @@ def _export(args: argparse.Namespace, sim, out: Path, prefix: str, result: Quant
     with result.timings("export"):
         if "encodings" in args.write or "float" in args.write:
             sim.export(out, prefix, export_model="float" in args.write, encoding_version=args.encoding_version,
-                       qdq="qdq" in args.write)
+                       qdq="qdq" in args.write, weight_codes=args.weight_codes)
         elif "qdq" in args.write:
-            save_model(sim.to_onnx_qdq(), out / f"{prefix}.qdq.onnx")  # onnx.save: one serialisation, none over 2 GiB
+            # onnx.save: one serialisation, none over 2 GiB
+            save_model(sim.to_onnx_qdq(weight_codes=args.weight_codes), out / f"{prefix}.qdq.onnx")
         if "integer" in args.write:
-            integer = sim.export_integer()
+            integer = sim.export_integer(weight_codes=args.weight_codes)
             integer.save(out / f"{prefix}.integer")
             result.integer_report = list(integer.report)
     result.files += [p for p in artefact_paths(out, prefix, args.write) if p.exists()]

@@ -166,6 +166,22 @@ def test_quantize_from_npz_module_function_and_with_improvements(files, capsys):
     assert sorted(p.name for p in (files["root"] / "out_fn").iterdir()) == ["analysis.html", "report.md", "tiny.qdq.onnx"]
 
 
+def test_quantize_weight_codes_option(files, capsys):
+    """--weight-codes uint8 stores the 8-bit weight codes of the qdq and integer models as uint8 (exact on
+    onnxruntime's kernels on every CPU); a bad value is a usage error naming the option."""
+    out = files["root"] / "out_u8"
+    code, _, err = _run(capsys, "-q", "quantize", files["model"], "--data", files["calib"], "--out", out,
+                        "--write", "encodings,qdq,integer", "--weight-codes", "uint8", "--analysis-batches", 0)
+    assert code == 0, err
+    for name in ("tiny.qdq.onnx", "tiny.integer.onnx"):
+        model = onnx.load(str(out / name))
+        types = {t.data_type for t in model.graph.initializer}
+        assert onnx.TensorProto.UINT8 in types and onnx.TensorProto.INT8 not in types, name
+    assert "| weight codes | uint8 |" in (out / "report.md").read_text()
+    code, _, err = _run(capsys, "quantize", files["model"], "--data", files["calib"], "--out", out, "--weight-codes", "u8")
+    assert code == 2 and "--weight-codes" in err
+
+
 def test_quantize_a_two_input_model_with_overrides(files, capsys):
     overrides = files["root"] / "overrides.json"
     overrides.write_text(json.dumps({"default": "W8A8", "node": {"mm": "W8A16"}}))

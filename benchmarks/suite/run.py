@@ -149,9 +149,10 @@ BASELINE_SETTINGS = (("per-channel", True, False), ("per-channel, quant_pre_proc
 
 
 def quantize_static_baseline(model_path: Path, calib_feeds, workdir: Path, per_channel: bool = True,
-                             pre_process: bool = False) -> tuple[Path, str]:
+                             pre_process: bool = False, weight_codes: str = "int8") -> tuple[Path, str]:
     """onnxruntime's QDQ MinMax model; ``pre_process`` runs ``quant_pre_process`` first (constant folding,
-    shape inference), which the plain call also falls back to when it fails."""
+    shape inference), which the plain call also falls back to when it fails. ``weight_codes="uint8"`` asks
+    for ``weight_type=QUInt8`` (exact on x86 CPUs without VNNI)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -162,10 +163,11 @@ def quantize_static_baseline(model_path: Path, calib_feeds, workdir: Path, per_c
     )
 
     reader_cls = type("Reader", (_Reader, CalibrationDataReader), {})
-    tag = ("pc" if per_channel else "pt") + ("-pre" if pre_process else "")
+    tag = ("pc" if per_channel else "pt") + ("-pre" if pre_process else "") + ("-u8" if weight_codes == "uint8" else "")
     out = workdir / f"{model_path.parent.name}-{model_path.stem}.{tag}.qdq.onnx"
     kw = dict(quant_format=QuantFormat.QDQ, per_channel=per_channel, calibrate_method=CalibrationMethod.MinMax,
-              activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+              activation_type=QuantType.QUInt8,
+              weight_type=QuantType.QUInt8 if weight_codes == "uint8" else QuantType.QInt8)
     first = ""
     if not pre_process:
         try:
@@ -236,7 +238,7 @@ def run_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, 
     return res
 
 
-def best_baseline(case: C.Case, ref, workdir: Path) -> tuple[str, Arm, object, Path | None]:
+def best_baseline(case: C.Case, ref, workdir: Path, weight_codes: str = "int8") -> tuple[str, Arm, object, Path | None]:
     """quantize_static's best setting of :data:`BASELINE_SETTINGS` on ``case`` (stopping at the first one that
     matches FP32 exactly): ``(label, arm, session, model path)``; the arm's note names the other settings."""
     tried: list[tuple[str, Arm, object]] = []
@@ -245,7 +247,8 @@ def best_baseline(case: C.Case, ref, workdir: Path) -> tuple[str, Arm, object, P
         arm, session = Arm(), None
         try:
             t0 = time.perf_counter()
-            qpath, arm.note = quantize_static_baseline(case.model_path, case.calib, workdir, per_channel, pre_process)
+            qpath, arm.note = quantize_static_baseline(case.model_path, case.calib, workdir, per_channel, pre_process,
+                                                       weight_codes)
             arm.calib_s = time.perf_counter() - t0
             paths[label] = qpath
             session = ort.InferenceSession(str(qpath), providers=PROVIDERS)

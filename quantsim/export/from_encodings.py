@@ -14,7 +14,7 @@ __all__ = ["encodings_to_onnx_qdq"]
 
 def encodings_to_onnx_qdq(model: onnx.ModelProto | str | os.PathLike, encodings: str | os.PathLike | Mapping[str, Any],
                           *, prequantize_constants: bool = False, force_activation_as: str | None = "unsigned",
-                          **sim_kwargs) -> onnx.ModelProto:
+                          weight_codes: str = "int8", **sim_kwargs) -> onnx.ModelProto:
     """The QDQ model of ``model`` quantized exactly as ``encodings`` (a 0.6.1 / 1.0.0 / 2.0.0 / 2.1.0 file
     or dict) says; tensors the encodings do not name stay float.
 
@@ -22,7 +22,8 @@ def encodings_to_onnx_qdq(model: onnx.ModelProto | str | os.PathLike, encodings:
     loads the encodings non-strictly and returns `QuantizationSimModel.to_onnx_qdq`. Weights are always
     stored as integers behind DequantizeLinear (the numbers are those of AIMET's ``prequantize_constants``
     either way); 2.0.0 activation grids written unsigned or signed are both read back as the same grid,
-    so ``force_activation_as`` needs no effect and is accepted for AIMET scripts.
+    so ``force_activation_as`` needs no effect and is accepted for AIMET scripts. ``weight_codes`` as in
+    `QuantizationSimModel.to_onnx_qdq`.
     """
     from quantsim.encodings.transfer import load_encodings_to_sim
     from quantsim.sim.model import QuantizationSimModel
@@ -33,4 +34,4 @@ def encodings_to_onnx_qdq(model: onnx.ModelProto | str | os.PathLike, encodings:
     sim_kwargs.setdefault("progress", False)
     sim = QuantizationSimModel(model, **sim_kwargs)
     load_encodings_to_sim(sim, encodings, strict=False)
-    return sim.to_onnx_qdq()
+    return sim.to_onnx_qdq(weight_codes=weight_codes)

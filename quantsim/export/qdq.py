@@ -372,9 +372,13 @@ def drop_dead_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
         drop_unused_initializers(model.graph, {i for n in dead for i in n.input if i})
 
 
-def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
-    """The sim as a standard QDQ ModelProto (module docstring)."""
+def to_qdq_model(sim, *, int32_bias: bool = True, weight_codes: str = "int8") -> onnx.ModelProto:
+    """The sim as a standard QDQ ModelProto (module docstring); ``weight_codes`` ("int8", "uint8" or "auto")
+    is the storage type of the 8-bit weight codes of fused Conv/MatMul/Gemm (`quantsim.export.weight_codes`)."""
+    from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
     from quantsim.sim.build import build_sim_model
+
+    codes = resolve_weight_codes(weight_codes, sim.providers)
 
     model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim._index)  # mapped weights stay mapped
     model = add_derived_qdq(model)
@@ -385,5 +389,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True) -> onnx.ModelProto:
         model = quantize_biases(model)
     model = drop_zero_zero_points(model)
     model = drop_dead_qdq(model)
+    if codes == "uint8":
+        model, _ = shift_weight_codes(model, sim._index.weights)
     onnx.helper.set_model_props(model, {"producer": "quantsim"})
     return model

@@ -8,6 +8,9 @@ quantization guide documents this and suggests 7-bit weights, ``reduce_range``).
 those kernels; the QDQ and integer exports and `QuantizationSimModel.fused_session` do, so on such a CPU
 they may differ from the sim by far more than the one output step that fixed-point requantization costs.
 
+The exports' ``weight_codes="uint8"`` (`quantsim.export.weight_codes`) stores the same weights as uint8
+codes, which onnxruntime multiplies exactly on such CPUs; ``"auto"`` chooses it from this probe.
+
 `uint8_int8_kernels_saturate` runs one tiny MatMulInteger whose exact result needs more than int16 pair sums
 and compares it with the exact value; the answer is computed once per process.
 """
@@ -27,8 +30,9 @@ _log = logging.getLogger(__name__)
 
 SATURATION_NOTE = ("onnxruntime's uint8 x int8 kernels saturate on this CPU (AVX2 without VNNI: two products "
                    "are summed in int16), so integer kernels can differ from the sim by many output steps "
-                   "here; a CPU with VNNI (or ARM) runs them exactly, and 7-bit weights "
-                   "(param_type=qtype.int(7)) stay below the overflow")
+                   "here; a CPU with VNNI (or ARM) runs them exactly, uint8 weight codes (the same values: "
+                   "weight_codes='uint8' of to_onnx_qdq / export_integer / export) run exactly here, and 7-bit "
+                   "weights (param_type=qtype.int(7)) stay below the overflow")
 
 _DEPTH = 64  # one dot product of 64 products 255 * 127: exact 2,072,640, with saturated pairs 32 * 32,767
 

@@ -361,7 +361,7 @@ class QuantizationSimModel:
             with self._index.cached_constants():
                 self._ensure_param_encodings()
                 if self.use_integer_kernels:
-                    model = self.to_onnx_qdq()
+                    model = self.to_onnx_qdq(weight_codes="auto")  # in-process: exact kernels on this CPU
                 else:
                     model = build_sim_model(self._model, self._quantizers, source=self._index, external=weights,
                                             memo=self._session_memo(), integer_weights=self._integer_weights())
@@ -375,26 +375,39 @@ class QuantizationSimModel:
                        self._version)
         return self._session
 
-    def fused_session(self) -> ort.InferenceSession:
+    def fused_session(self, *, weight_codes: str = "auto") -> ort.InferenceSession:
         """A session of the QDQ export with onnxruntime's integer kernels: faster; its fixed-point requantization
-        makes outputs differ from the exact sim by a few output steps (3 on the benchmark CNNs)."""
+        makes outputs differ from the exact sim by a few output steps (3 on the benchmark CNNs).
+        ``weight_codes`` as in `to_onnx_qdq`; ``"auto"`` (default) stores 8-bit weight codes as uint8 exactly
+        when this machine's uint8 x int8 kernels saturate (AVX2 without VNNI), so the session is exact here."""
+        from quantsim.export.weight_codes import resolve_weight_codes
+
+        codes = resolve_weight_codes(weight_codes, self.providers)
         self._ensure_param_encodings()
-        if self._fused is None or self._fused[0] != self._version:
-            warn_if_int8_kernels_saturate("fused_session", self.providers)
-            session = make_session(self.to_onnx_qdq(), self.providers, fuse_qdq=True,
+        if self._fused is None or self._fused[0] != self._version or self._fused[2] != codes:
+            if codes == "int8":
+                warn_if_int8_kernels_saturate("fused_session", self.providers)
+            session = make_session(self.to_onnx_qdq(weight_codes=codes), self.providers, fuse_qdq=True,
                                    session_options_kwargs=self._session_options_kwargs)
-            self._fused = (self._version, session)
+            self._fused = (self._version, session, codes)
         return self._fused[1]
 
-    def to_onnx_qdq(self, *, int32_bias: bool = True) -> onnx.ModelProto:
+    def to_onnx_qdq(self, *, int32_bias: bool = True, weight_codes: str = "int8") -> onnx.ModelProto:
         """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases
-        (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases)."""
+        (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases).
+        ``weight_codes``: storage of the 8-bit weight codes of Conv/MatMul/Gemm, ``"int8"`` (default),
+        ``"uint8"`` (code + 128 and zero point + 128: the same values, run exactly by onnxruntime's U8U8
+        kernels on CPUs without VNNI) or ``"auto"`` (uint8 where this machine's U8S8 kernels saturate); see
+        `quantsim.export.weight_codes`. The encodings files are unaffected."""
         from quantsim.export.qdq import to_qdq_model
+        from quantsim.export.weight_codes import resolve_weight_codes
 
+        codes = resolve_weight_codes(weight_codes, self.providers)
         self._ensure_param_encodings()
         self._check_activations_calibrated("to_onnx_qdq")
-        warn_if_int8_kernels_saturate("to_onnx_qdq", self.providers)
-        return to_qdq_model(self, int32_bias=int32_bias)
+        if codes == "int8":
+            warn_if_int8_kernels_saturate("to_onnx_qdq", self.providers)
+        return to_qdq_model(self, int32_bias=int32_bias, weight_codes=codes)
 
     def _check_activations_calibrated(self, what: str) -> None:
         """An error when no enabled activation quantizer has an encoding (the export would hold no activation
@@ -409,16 +422,20 @@ class QuantizationSimModel:
                        f"e.g. {missing[:3]}", RuntimeWarning)
 
     def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
-                       input_shapes: dict[str, list[int]] | None = None):
+                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8"):
         """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
         fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both.
         ``input_shapes`` (``{input: dims}``) exports for those input shapes only, folding shape arithmetic
-        (a detector's anchors and strides) into constants so that it runs on integer kernels too."""
+        (a detector's anchors and strides) into constants so that it runs on integer kernels too.
+        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) as in `to_onnx_qdq`."""
         from quantsim.export.integer.export import export_integer
+        from quantsim.export.weight_codes import resolve_weight_codes
 
+        codes = resolve_weight_codes(weight_codes, self.providers)
         self._ensure_param_encodings()
-        warn_if_int8_kernels_saturate("export_integer", self.providers)
-        return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes)
+        if codes == "int8":
+            warn_if_int8_kernels_saturate("export_integer", self.providers)
+        return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes, weight_codes=codes)
 
     # extension hooks (what adaround/ and mixed_precision/ build on) -------------------------------
     def weighted_layers(self) -> list[WeightedLayer]:
@@ -517,17 +534,20 @@ class QuantizationSimModel:
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
                export_int32_bias: bool | None = None, force_activation_as: str = "unsigned",
-               qdq: bool = False, requant_table: bool = False) -> None:
+               qdq: bool = False, requant_table: bool = False, weight_codes: str = "int8") -> None:
         """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float
         model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`; with
         ``requant_table=True`` the encodings file also carries the integer export's fixed-point
-        requantization table (key ``quantsim_requantization``)."""
+        requantization table (key ``quantsim_requantization``). ``weight_codes`` is the storage type of the QDQ
+        model's 8-bit weight codes (see `to_onnx_qdq`); the encodings file keeps int8 symmetric semantics."""
         from quantsim.encodings.transfer import export_sim
+        from quantsim.export.weight_codes import check_weight_codes
         from quantsim.graph.file_set import check_file_name
 
         check_file_name(filename_prefix)
+        check_weight_codes(weight_codes)
         requant = self.export_integer().requant_document() if requant_table else None
-        extra = {".qdq.onnx": self.to_onnx_qdq()} if qdq else None
+        extra = {".qdq.onnx": self.to_onnx_qdq(weight_codes=weight_codes)} if qdq else None
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
                    force_activation_as, requant, extra)
 

@@ -74,7 +74,7 @@ def restore(sim: QuantizationSimModel, state: SimState) -> None:
     fresh = sim._version + 1
     session, session_version, fused, calibration, captures = state.sessions
     sim._session, sim._session_version = session, (fresh if session_version == state.version else -1)
-    sim._fused = (fresh, fused[1]) if fused is not None and fused[0] == state.version else None
+    sim._fused = (fresh,) + fused[1:] if fused is not None and fused[0] == state.version else None
     sim._calibration_cache = calibration  # keyed by the quantizer state it was built for, not by version
     sim._capture_sessions = {k: (fresh,) + v[1:] for k, v in captures.items() if v[0] == state.version}
     sim._version = fresh

@@ -65,6 +65,7 @@ from quantsim.export.integer import movement as lowering_movement
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
 from quantsim.export.integer.shapes import fold_shape_arithmetic, shape_derived, static_input_shapes
+from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.session import make_session
@@ -224,11 +225,13 @@ def _value_info(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
 
 
 def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
-                   input_shapes: dict[str, list[int]] | None = None) -> IntegerExport:
+                   input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8") -> IntegerExport:
     """Lower a calibrated sim to an integer ONNX model (see the module docstring). ``input_shapes``
     (``{input: dims}``) fixes dynamic input dims: the model is exported for those shapes only, with its
     shape arithmetic folded into constants (`shapes`); models whose inputs are all static get that fold
-    without it."""
+    without it. ``weight_codes`` ("int8", "uint8" or "auto") is the storage type of the 8-bit weight codes
+    of the integer kernels (`quantsim.export.weight_codes`); the requant table does not depend on it."""
+    code_type = resolve_weight_codes(weight_codes, getattr(sim, "providers", None))
     _check_sim(sim)
     model, opset = _prepared_model(sim, opset)
     shapes = static_input_shapes(model, input_shapes)
@@ -295,6 +298,8 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     result.ir_version = max(model.ir_version, next(ir for first, ir in IR_FOR_OPSET if opset >= first))
     helper.set_model_props(result, {"quantsim.io": json.dumps(io, sort_keys=True),
                                      "quantsim.float_nodes": str(len(report))})
+    if code_type == "uint8":
+        result, _ = shift_weight_codes(result, getattr(getattr(sim, "_index", None), "weights", None))
     onnx.checker.check_model(result)
     _check_loads(result)
     return IntegerExport(result, report, ctx.requant, io)
