@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 
 from quantsim import InvalidArgumentError
-from quantsim.prepare import save_model
 from quantsim_cli.data import model_inputs, open_data
 from quantsim_cli.metrics import AgreementAccumulator, format_db
 from quantsim_cli.report import QuantizeResult, json_ready, percent, stayed_float, write_quantize_report
@@ -92,8 +91,8 @@ def _export(args: argparse.Namespace, sim, out: Path, prefix: str, result: Quant
             sim.export(out, prefix, export_model="float" in args.write, encoding_version=args.encoding_version,
                        qdq="qdq" in args.write, weight_codes=args.weight_codes)
         elif "qdq" in args.write:
-            # onnx.save: one serialisation, none over 2 GiB
-            save_model(sim.to_onnx_qdq(weight_codes=args.weight_codes), out / f"{prefix}.qdq.onnx")
+            # streamed weight by weight, staged, any size
+            sim.to_onnx_qdq(path=out / f"{prefix}.qdq.onnx", weight_codes=args.weight_codes)
         if "integer" in args.write:
             integer = sim.export_integer(weight_codes=args.weight_codes)
             integer.save(out / f"{prefix}.integer")

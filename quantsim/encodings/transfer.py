@@ -117,8 +117,9 @@ REQUANT_KEY = "quantsim_requantization"
 
 def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, export_int32_bias, force,
                requant: dict | None = None, extra_models: dict | None = None) -> None:
-    """``sim.export``: encodings file, float model and ``extra_models`` (file suffix -> model, e.g. the QDQ
-    model), committed as one set. ``requant`` (the integer export's fixed-point table) goes into the file
+    """``sim.export``: encodings file, float model and ``extra_models`` (file suffix -> ``(model, weights)``, e.g.
+    the QDQ model with the `DeferredWeights` its big initializers are computed from, written one at a time),
+    committed as one set. ``requant`` (the integer export's fixed-point table) goes into the file
     under `REQUANT_KEY`; AIMET's readers and ours ignore unknown top-level keys."""
     check_file_name(prefix)
     if not sim.quantizers or not any(q.enabled and q.is_initialized() for q in sim.quantizers):
@@ -144,8 +145,8 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
         files.add_json(f"{prefix}.encodings", data)
         if export_model:
             files.add_model(sim._model, f"{prefix}.onnx", weights=sim._index.weights)  # mapped weights stay mapped
-        for name, model in (extra_models or {}).items():
-            files.add_model(model, f"{prefix}{name}")
+        for name, (model, weights) in (extra_models or {}).items():
+            files.add_model(model, f"{prefix}{name}", weights=weights)
         files.commit()
 
 

@@ -57,11 +57,14 @@ IR and opset are set explicitly: the opset is the model's, raised only as far as
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.bias import quantize_bias
+from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, PARAM_SLOTS, RECURRENT_OPS, WEIGHTED_OPS, facts_of
@@ -88,9 +91,9 @@ def _dq_params(index: GraphIndex, name: str):
     return index.constant_value(node.input[1]), attrs.get("axis", 1)
 
 
-def quantize_biases(model: onnx.ModelProto) -> onnx.ModelProto:
+def quantize_biases(model: onnx.ModelProto, weights: DeferredWeights | None = None) -> onnx.ModelProto:
     """Replace eligible float biases with int32 codes + DequantizeLinear (module docstring)."""
-    index = GraphIndex(model)
+    index = GraphIndex(model, weights=weights)
     replaced: dict[str, onnx.NodeProto] = {}
     for node in index.nodes:
         slot = BIAS_SLOT.get(node.op_type)
@@ -164,9 +167,9 @@ def _pad_value_on_grid(index: GraphIndex, pad: onnx.NodeProto, params: list[str]
     return bool(np.float32((code - int(zp_array)) * scale) == np.float32(value))
 
 
-def add_derived_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+def add_derived_qdq(model: onnx.ModelProto, weights: DeferredWeights | None = None) -> onnx.ModelProto:
     """Q/DQ pairs after grid-preserving data movement whose input is dequantized (module docstring)."""
-    index = GraphIndex(model)
+    index = GraphIndex(model, weights=weights)
     inserted: dict[str, list[onnx.NodeProto]] = {}
     derived: dict[str, list[str]] = {}  # outputs given a derived pair in this pass -> its Q/DQ parameters
     for node in index.nodes:  # graph order: a chain (Transpose -> Reshape) gets a pair after every op
@@ -207,30 +210,48 @@ _WIDER: dict[int, int] = {TensorProto.INT8: TensorProto.INT16, TensorProto.UINT8
           TensorProto.INT4: TensorProto.INT16, TensorProto.UINT4: TensorProto.UINT16}
 
 
-def _dequantized_constant(index: GraphIndex, dq: onnx.NodeProto) -> np.ndarray | None:
+def _dequantization(index: GraphIndex, dq: onnx.NodeProto) -> Callable[[np.ndarray], np.ndarray] | None:
+    """What constant DequantizeLinear ``dq`` does to its codes (float32 values), or None if not foldable."""
     attrs = node_attributes(dq)
     if "block_size" in attrs or not all(index.is_constant(n) for n in dq.input if n):
         return None
-    codes = index.constant_value(dq.input[0]).astype(np.int64)
     scale = index.constant_value(dq.input[1]).astype(np.float32)
     zp = index.constant_value(dq.input[2]).astype(np.int64) if len(dq.input) > 2 and dq.input[2] else 0
+    rank = len(index.initializers[dq.input[0]].dims)
     if scale.ndim:
-        view = [1] * codes.ndim
-        view[attrs.get("axis", 1) % codes.ndim] = scale.size
+        view = [1] * rank
+        view[attrs.get("axis", 1) % rank] = scale.size
         scale = scale.reshape(view)
         zp = np.reshape(zp, view) if np.ndim(zp) else zp
-    return ((codes - zp).astype(np.float32) * scale).astype(np.float32)
+
+    def dequantized(codes: np.ndarray) -> np.ndarray:
+        return ((codes.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.float32)
+
+    return dequantized
 
 
-def _widened(tensor: onnx.TensorProto) -> onnx.TensorProto:
-    wide = helper.tensor_dtype_to_np_dtype(_WIDER[tensor.data_type])
+def _dequantized_constant(index: GraphIndex, dq: onnx.NodeProto, name: str, weights: DeferredWeights | None,
+                          dequantized: Callable[[np.ndarray], np.ndarray]) -> onnx.TensorProto:
+    """Float initializer ``name`` holding ``dequantized`` codes of ``dq``: a placeholder computed when read where
+    the codes are deferred (`quantsim.graph.deferred`), else the values now."""
+    codes = index.initializers[dq.input[0]]
+    if weights is not None and weights.holds(codes):
+        return weights.derive(codes, name, TensorProto.FLOAT, dequantized)
+    return numpy_helper.from_array(dequantized(index.constant_value(dq.input[0])), name)
+
+
+def _widened(tensor: onnx.TensorProto, weights: DeferredWeights | None) -> onnx.TensorProto:
+    wide_type = _WIDER[tensor.data_type]
+    wide = helper.tensor_dtype_to_np_dtype(wide_type)
+    if weights is not None and weights.holds(tensor):
+        return weights.derive(tensor, tensor.name, wide_type, lambda codes: codes.astype(np.int64).astype(wide))
     return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.int64).astype(wide), tensor.name)
 
 
-def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto:
+def wide_weights_for_wide_activations(model: onnx.ModelProto, weights: DeferredWeights | None = None) -> onnx.ModelProto:
     """Store MatMul/Gemm weight codes in 16-bit containers when the activation input is not 8-bit
     (module docstring); the codes and hence the values are unchanged."""
-    index = GraphIndex(model)
+    index = GraphIndex(model, weights=weights)
     widen: set[str] = set()
     for node in index.nodes:
         if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
@@ -248,7 +269,7 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto) -> onnx.ModelProto
         if all(index.elem_type.get(n) in _WIDER for n in names) and index.is_constant(weight.input[0]):
             widen.update(names)
     if widen:
-        initializers = [_widened(t) if t.name in widen else t for t in model.graph.initializer]
+        initializers = [_widened(t, weights) if t.name in widen else t for t in model.graph.initializer]
         del model.graph.initializer[:]
         model.graph.initializer.extend(initializers)
     return model
@@ -268,11 +289,11 @@ def _float_slots(index: GraphIndex, node: onnx.NodeProto) -> list[int]:
     return []
 
 
-def float_weights_for_float_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+def float_weights_for_float_inputs(model: onnx.ModelProto, weights: DeferredWeights | None = None) -> onnx.ModelProto:
     """Store the dequantized float weight of every weighted op whose activation input is not the output
     of a DequantizeLinear, and the float parameters of ops without integer kernels (module docstring):
     no DequantizeLinear runs on them at inference."""
-    index = GraphIndex(model)
+    index = GraphIndex(model, weights=weights)
     float_users: dict[str, list[tuple[onnx.NodeProto, int]]] = {}  # weight tensor -> (op, slot) reading it in float
     for node in index.nodes:
         for slot in _float_slots(index, node):
@@ -283,15 +304,15 @@ def float_weights_for_float_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     for name, users in float_users.items():
         dq = index.producer_of(name)
         assert dq is not None  # found above
-        values = _dequantized_constant(index, dq)
-        if values is None:
+        dequantized = _dequantization(index, dq)
+        if dequantized is None:
             continue
         if len(index.uses(name)) == len(users) and name not in index.graph_outputs:
-            model.graph.initializer.append(numpy_helper.from_array(values, name))  # same name, DQ gone
+            model.graph.initializer.append(_dequantized_constant(index, dq, name, weights, dequantized))  # DQ gone
             folded.add(dq.name)
             continue
         copy = index.fresh_name(f"{name}/float")
-        model.graph.initializer.append(numpy_helper.from_array(values, copy))
+        model.graph.initializer.append(_dequantized_constant(index, dq, copy, weights, dequantized))
         for node, slot in users:
             node.input[slot] = copy
     if folded:
@@ -303,9 +324,9 @@ def float_weights_for_float_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def protect_float_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+def protect_float_weights(model: onnx.ModelProto, weights: DeferredWeights | None = None) -> onnx.ModelProto:
     """Read DQ outputs through Cast/Sub/Mul for ops whose weight is float (module docstring)."""
-    index = GraphIndex(model)
+    index = GraphIndex(model, weights=weights)
     before: dict[str, list[onnx.NodeProto]] = {}
     for node in index.nodes:
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
@@ -336,9 +357,9 @@ def protect_float_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def drop_zero_zero_points(model: onnx.ModelProto) -> onnx.ModelProto:
+def drop_zero_zero_points(model: onnx.ModelProto, weights: DeferredWeights | None = None) -> onnx.ModelProto:
     """At opset >= 21, drop all-zero zero points (Q gets ``output_dtype``); below it, do nothing."""
-    index = GraphIndex(model)
+    index = GraphIndex(model, weights=weights)
     if index.opset() < 21:
         return model
     dropped = set()
@@ -372,24 +393,30 @@ def drop_dead_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
         drop_unused_initializers(model.graph, {i for n in dead for i in n.input if i})
 
 
-def to_qdq_model(sim, *, int32_bias: bool = True, weight_codes: str = "int8") -> onnx.ModelProto:
-    """The sim as a standard QDQ ModelProto (module docstring); ``weight_codes`` ("int8", "uint8" or "auto")
-    is the storage type of the 8-bit weight codes of fused Conv/MatMul/Gemm (`quantsim.export.weight_codes`)."""
+def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | None = None,
+                 weight_codes: str = "int8") -> onnx.ModelProto:
+    """The sim as a standard QDQ ModelProto (module docstring).
+
+    Its big weights (codes, float weights, mapped weights copied unchanged) are computed one at a time: with
+    ``weights`` they are left as its placeholders (`quantsim.graph.deferred`) for a writer to stream to disk
+    (`large_models.save_model(..., weights=weights)`), else filled into the returned model at the end, so that
+    the rewrites never hold a second copy of them. ``weight_codes`` ("int8", "uint8" or "auto") is the storage
+    type of the 8-bit weight codes of fused Conv/MatMul/Gemm (`quantsim.export.weight_codes`)."""
     from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
     from quantsim.sim.build import build_sim_model
 
     codes = resolve_weight_codes(weight_codes, sim.providers)
-
-    model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim._index)  # mapped weights stay mapped
-    model = add_derived_qdq(model)
-    model = float_weights_for_float_inputs(model)
-    model = wide_weights_for_wide_activations(model)
-    model = protect_float_weights(model)
+    deferred = weights if weights is not None else DeferredWeights()
+    model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim._index, deferred=deferred)
+    model = add_derived_qdq(model, deferred)
+    model = float_weights_for_float_inputs(model, deferred)
+    model = wide_weights_for_wide_activations(model, deferred)
+    model = protect_float_weights(model, deferred)
     if int32_bias:
-        model = quantize_biases(model)
-    model = drop_zero_zero_points(model)
+        model = quantize_biases(model, deferred)
+    model = drop_zero_zero_points(model, deferred)
     model = drop_dead_qdq(model)
     if codes == "uint8":
-        model, _ = shift_weight_codes(model, sim._index.weights)
+        model, _ = shift_weight_codes(model, deferred)
     onnx.helper.set_model_props(model, {"producer": "quantsim"})
-    return model
+    return model if weights is not None else deferred.materialize(model)

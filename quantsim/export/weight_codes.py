@@ -30,6 +30,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from quantsim.errors import InvalidArgumentError
+from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers, drop_value_info
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.int8_kernels import uint8_int8_kernels_saturate
@@ -94,13 +95,16 @@ def _shifted(values: np.ndarray) -> np.ndarray:
 
 def shift_weight_codes(model: onnx.ModelProto, weights=None) -> tuple[onnx.ModelProto, int]:
     """Store the int8 weight codes of integer-kernel weight slots as uint8 (code + 128, zero point + 128;
-    module docstring), in place; returns ``(model, number of weight slots changed)``. ``weights``: the
-    `quantsim.graph.mapped` reader of initializers kept in external files, if any."""
+    module docstring), in place; returns ``(model, number of weight slots changed)``. ``weights``: the reader
+    of initializers held outside the model, if any (`quantsim.graph.mapped`, or the export's
+    `quantsim.graph.deferred.DeferredWeights`, whose placeholders stay deferred: their shift is computed when
+    the writer reads them)."""
     index = GraphIndex(model, weights=weights)
     candidates = _candidates(index)
     if not candidates:
         return model, 0
     slot_of = {id(node): slots for node, slots in candidates}
+    initializers = {t.name: t for t in model.graph.initializer}
 
     def only_candidate_slots(name: str, which: int) -> bool:
         return name not in index.graph_outputs and all(
@@ -114,7 +118,11 @@ def shift_weight_codes(model: onnx.ModelProto, weights=None) -> tuple[onnx.Model
         if name not in renamed:
             in_place = only_candidate_slots(name, which)
             target = name if in_place else index.fresh_name(f"{name}_u8")
-            new_tensors.append(numpy_helper.from_array(_shifted(index.constant_value(name)), target))
+            tensor = initializers.get(name)
+            if isinstance(weights, DeferredWeights) and tensor is not None and weights.holds(tensor):
+                new_tensors.append(weights.derive(tensor, target, TensorProto.UINT8, _shifted))  # stays deferred
+            else:
+                new_tensors.append(numpy_helper.from_array(_shifted(index.constant_value(name)), target))
             if in_place:
                 replaced.add(name)
             renamed[name] = target

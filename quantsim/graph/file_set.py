@@ -21,8 +21,8 @@ from typing import Any
 import onnx
 
 from quantsim.errors import InvalidArgumentError
+from quantsim.graph.deferred import WeightSource
 from quantsim.graph.large_models import save_model
-from quantsim.graph.mapped import MappedWeights
 
 __all__ = ["FileSet", "check_file_name", "STAGING_MARK"]
 
@@ -88,9 +88,9 @@ class FileSet:
     def _final(self, name: str) -> Path:
         return self.directory / check_file_name(name, "file name")
 
-    def add_model(self, model: onnx.ModelProto, name: str, weights: MappedWeights | None = None) -> None:
+    def add_model(self, model: onnx.ModelProto, name: str, weights: WeightSource | None = None) -> None:
         """Stage ``model`` as ``name`` (plus ``<name>.data`` when it is too large for one protobuf); ``weights``
-        reads its mapped initializers (`large_models.save_model`)."""
+        reads its mapped or deferred initializers, one at a time (`large_models.save_model`)."""
         final = self._final(name)
         for file in save_model(model, self.staging / final.name, weights=weights):
             _fsync(file)

@@ -17,8 +17,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from quantsim.graph.deferred import WeightSource
 from quantsim.graph.large_models import value_bytes
-from quantsim.graph.mapped import MappedWeights, is_mapped
+from quantsim.graph.mapped import is_mapped
 
 __all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "CONSTANT_CACHE_BYTES", "subgraph_references", "node_attributes"]
 
@@ -62,11 +63,12 @@ class GraphIndex:
 
     ``initializers`` (default: ``model.graph.initializer``) are the constants of the graph, for a model
     whose initializers are kept apart from it. ``weights`` reads the initializers whose values are in
-    external-data files (`quantsim.graph.mapped`) as read-only arrays over memory maps.
+    external-data files (`quantsim.graph.mapped`) as read-only arrays over memory maps, or computes those an
+    export defers (`quantsim.graph.deferred`).
     """
 
     def __init__(self, model: onnx.ModelProto, initializers: Iterable[TensorProto] | None = None,
-                 weights: MappedWeights | None = None):
+                 weights: WeightSource | None = None):
         graph = model.graph
         self.model = model
         self.weights = weights

@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from quantsim.graph.mapped import MappedWeights, is_mapped
+from quantsim.graph.deferred import WeightSource
+from quantsim.graph.mapped import is_mapped
 
 __all__ = [
     "LARGE_MODEL_BYTES",
@@ -76,7 +77,7 @@ def _payload_bytes(tensor: onnx.TensorProto, external: bool = False) -> int:
     return itemsize * math.prod(tensor.dims)
 
 
-def skeleton(model: onnx.ModelProto, data_file: Any = None, weights: MappedWeights | None = None) -> onnx.ModelProto:
+def skeleton(model: onnx.ModelProto, data_file: Any = None, weights: WeightSource | None = None) -> onnx.ModelProto:
     """A copy of ``model`` without the payload of its big initializers (raw data of 1 KiB or more).
 
     Their copies become ONNX external-data references. With ``data_file`` (an open binary file) the
@@ -188,7 +189,7 @@ def _without_data(tensor: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[str, str] | None = None,
-               external: bool | None = None, weights: MappedWeights | None = None) -> list[Path]:
+               external: bool | None = None, weights: WeightSource | None = None) -> list[Path]:
     """Write ``model`` to ``path`` and return the files written.
 
     A large model's big initializers (any model's with ``external=True``) go to ``<path>.data`` beside it
@@ -239,7 +240,7 @@ def _field_header(number: int, length: int) -> bytes:
     return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(length)
 
 
-def _write_streamed(model: onnx.ModelProto, file, weights: MappedWeights | None = None) -> None:
+def _write_streamed(model: onnx.ModelProto, file, weights: WeightSource | None = None) -> None:
     """Serialise ``model`` to ``file`` one initializer at a time (never the whole model in memory).
 
     Protobuf readers accept fields in any order and merge repeated ones, so the model is written as

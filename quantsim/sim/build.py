@@ -43,6 +43,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantsim.core.dtypes import int8, int16, qtype
 from quantsim.core.numerics import Encoding, broadcast_param, fake_quantize, fp16_round_trip, grid_bounds, quantize
 from quantsim.errors import InvalidArgumentError, InvalidStateError
+from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import default_opset
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.large_models import copy_without_initializers, is_external_candidate, is_large, skeleton
@@ -244,8 +245,10 @@ class _SimBuilder:
 
     def __init__(self, model: onnx.ModelProto, initializers, weights: str,
                  values: Callable[[str], np.ndarray] | None, external: dict[str, np.ndarray] | None,
-                 memo: dict[str, tuple] | None = None, integer_weights: bool = False):
+                 memo: dict[str, tuple] | None = None, integer_weights: bool = False,
+                 deferred: DeferredWeights | None = None):
         self.model = model
+        self.deferred = deferred
         self.graph = model.graph
         self.source_initializers = list(initializers)
         self.index = GraphIndex(model, initializers=self.source_initializers)
@@ -267,6 +270,8 @@ class _SimBuilder:
         enc = None if q.spec.is_float else q.require_encoding()
         if enc is not None and self._integer_weight(name, q, enc):
             return
+        if self._deferred_constant(name, q, enc):
+            return
         values = self.values(name)
         if enc is None or self.weights == "fake" or q.role != "param":
             new = self._remembered(name, _constant_key(q), lambda: (
@@ -282,7 +287,44 @@ class _SimBuilder:
             _integer_tensor(f"{codes_name}/zero_point", zero_point, storage),
         ]
         self.replaced[name] = None
-        elem_type = helper.np_dtype_to_tensor_dtype(values.dtype)
+        self._dequantize_weight(name, codes_name, helper.np_dtype_to_tensor_dtype(values.dtype), attrs)
+
+    def _deferred_constant(self, name: str, q: QcQuantizeOp, enc: Encoding | None) -> bool:
+        """With ``deferred`` (exports): the quantized constant ``name`` as a placeholder whose values (fake-
+        quantized floats, or integer codes for the QDQ form) are computed when read; False if it stays in memory
+        (small, or a type `DeferredWeights` does not hold). The graph is the same as `add_constant_quantizer`'s."""
+        tensor = self.initializers[name]
+        shape = tuple(tensor.dims)
+        if (self.deferred is None or name in self.declared_inputs
+                or tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)):
+            return False
+        if enc is None or self.weights == "fake" or q.role != "param":
+            if not self.deferred.accepts(tensor.data_type, shape):
+                return False
+
+            def fake() -> np.ndarray:
+                values = self.values(name)
+                return fp16_round_trip(values) if enc is None else fake_quantize(values, enc)
+
+            self.replaced[name] = self.deferred.add(name, tensor.data_type, shape, fake)
+            return True
+        storage = q.spec.dtype.storage_type(enc.signed)
+        if not self.deferred.accepts(storage, shape):
+            return False
+        codes_name = self.index.fresh_name(f"{name}/quantized")
+        scale, zero_point, attrs = _qdq_parameters(enc, q, shape)
+        self.new_initializers += [
+            self.deferred.add(codes_name, storage, shape, lambda: quantize(self.values(name), enc)),
+            numpy_helper.from_array(scale, f"{codes_name}/scale"),
+            _integer_tensor(f"{codes_name}/zero_point", zero_point, storage),
+        ]
+        self.replaced[name] = None
+        self._dequantize_weight(name, codes_name, tensor.data_type, attrs)
+        return True
+
+    def _dequantize_weight(self, name: str, codes_name: str, elem_type: int, attrs: dict) -> None:
+        """``DequantizeLinear`` of ``codes_name`` (with its scale and zero point) writing weight ``name`` of
+        ``elem_type`` (through a Cast for a float16/float64 model)."""
         dq_out = name if elem_type == TensorProto.FLOAT else self.index.fresh_name(f"{name}/dequantized")
         dq = helper.make_node(
             "DequantizeLinear", [codes_name, f"{codes_name}/scale", f"{codes_name}/zero_point"], [dq_out],
@@ -374,6 +416,9 @@ class _SimBuilder:
         """An initializer no quantizer changes: itself, or with ``external`` a placeholder for a big float one.
         One whose values are in a mapped file (`quantsim.graph.mapped`) is always replaced: by a placeholder,
         or without ``external`` by its values."""
+        if is_mapped(tensor) and self.deferred is not None and self.deferred.accepts(tensor.data_type, tuple(tensor.dims)):
+            return self.deferred.add(tensor.name, tensor.data_type, tuple(tensor.dims),
+                                     lambda: self.values(tensor.name))
         if is_mapped(tensor):
             values = self.values(tensor.name)
             placeholder = self._placeholder(tensor.name, values) if self.external is not None else None
@@ -477,6 +522,7 @@ def build_sim_model(
     external: dict[str, np.ndarray] | None = None,
     memo: dict[str, tuple] | None = None,
     integer_weights: bool = False,
+    deferred: DeferredWeights | None = None,
 ) -> onnx.ModelProto:
     """A new model: ``model`` (left unchanged) with every enabled, initialised quantizer applied (see module
     docstring).
@@ -493,7 +539,9 @@ def build_sim_model(
     ``external_initializers``, which spares copying, serialising and parsing the weights. ``memo`` (a dict
     the caller keeps, cleared whenever a weight's values change) lets builds share those arrays.
     ``integer_weights`` (with ``external``) holds big 8-bit weights as integer codes dequantized just before
-    their layer (module docstring): the same outputs in a quarter of the memory.
+    their layer (module docstring): the same outputs in a quarter of the memory. With ``deferred`` (exports,
+    without ``external``), big quantized constants and mapped weights become its placeholders, computed
+    when read (`quantsim.graph.deferred`): the same model once they are filled in, never all in memory.
     """
     if weights not in ("fake", "qdq"):
         raise InvalidArgumentError(f"weights must be 'fake' or 'qdq', got {weights!r}")
@@ -510,7 +558,8 @@ def build_sim_model(
         values = lambda name: (source.constant_value(name) if is_mapped(converted[name])  # noqa: E731
                                else numpy_helper.to_array(converted[name]))
     builder = _SimBuilder(copy_without_initializers(source_model), initializers, weights, values,
-                          external, memo if external is not None else None, integer_weights)
+                          external, memo if external is not None else None, integer_weights,
+                          deferred if external is None else None)
     placed: list[tuple[str, QcQuantizeOp]] = []
     planned: dict[str, tuple | None] = {}
     for q in active:

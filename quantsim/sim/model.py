@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import onnx
@@ -29,6 +30,8 @@ from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.core.numerics import Encoding
 from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
 from quantsim.graph import session as session_module
+from quantsim.graph.deferred import DeferredWeights
+from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import CONSTANT_CACHE_BYTES, GraphIndex
 from quantsim.graph.int8_kernels import warn_if_int8_kernels_saturate
 from quantsim.graph.large_models import model_from_parts, model_parts, value_bytes
@@ -392,13 +395,36 @@ class QuantizationSimModel:
             self._fused = (self._version, session, codes)
         return self._fused[1]
 
-    def to_onnx_qdq(self, *, int32_bias: bool = True, weight_codes: str = "int8") -> onnx.ModelProto:
+    @overload
+    def to_onnx_qdq(self, *, int32_bias: bool = True, path: None = None,
+                    weight_codes: str = "int8") -> onnx.ModelProto: ...
+
+    @overload
+    def to_onnx_qdq(self, *, int32_bias: bool = True, path: str | os.PathLike,
+                    weight_codes: str = "int8") -> None: ...
+
+    def to_onnx_qdq(self, *, int32_bias: bool = True, path: str | os.PathLike | None = None,
+                    weight_codes: str = "int8") -> onnx.ModelProto | None:
         """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases
-        (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases).
+        (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases). With ``path``
+        the model is written there instead (plus ``<path>.data`` when over protobuf's 2 GiB), each big weight
+        computed and written one at a time, the files staged and renamed into place; nothing is returned.
         ``weight_codes``: storage of the 8-bit weight codes of Conv/MatMul/Gemm, ``"int8"`` (default),
         ``"uint8"`` (code + 128 and zero point + 128: the same values, run exactly by onnxruntime's U8U8
         kernels on CPUs without VNNI) or ``"auto"`` (uint8 where this machine's U8S8 kernels saturate); see
         `quantsim.export.weight_codes`. The encodings files are unaffected."""
+        skeleton, weights = self._qdq_skeleton(int32_bias, weight_codes)
+        if path is None:
+            return weights.materialize(skeleton)
+        target = Path(path)
+        with FileSet(target.parent, target.name) as files:
+            files.add_model(skeleton, target.name, weights=weights)
+            files.commit()
+        return None
+
+    def _qdq_skeleton(self, int32_bias: bool = True,
+                      weight_codes: str = "int8") -> tuple[onnx.ModelProto, DeferredWeights]:
+        """The QDQ model with its big weights as placeholders, and what computes them (`to_qdq_model`)."""
         from quantsim.export.qdq import to_qdq_model
         from quantsim.export.weight_codes import resolve_weight_codes
 
@@ -407,7 +433,8 @@ class QuantizationSimModel:
         self._check_activations_calibrated("to_onnx_qdq")
         if codes == "int8":
             warn_if_int8_kernels_saturate("to_onnx_qdq", self.providers)
-        return to_qdq_model(self, int32_bias=int32_bias, weight_codes=codes)
+        weights = DeferredWeights()
+        return to_qdq_model(self, int32_bias=int32_bias, weights=weights, weight_codes=codes), weights
 
     def _check_activations_calibrated(self, what: str) -> None:
         """An error when no enabled activation quantizer has an encoding (the export would hold no activation
@@ -547,7 +574,7 @@ class QuantizationSimModel:
         check_file_name(filename_prefix)
         check_weight_codes(weight_codes)
         requant = self.export_integer().requant_document() if requant_table else None
-        extra = {".qdq.onnx": self.to_onnx_qdq(weight_codes=weight_codes)} if qdq else None
+        extra = {".qdq.onnx": self._qdq_skeleton(weight_codes=weight_codes)} if qdq else None
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
                    force_activation_as, requant, extra)
 
