@@ -37,8 +37,9 @@ def _one_hot_matmul(op: str = "MatMul") -> onnx.ModelProto:
         nodes.append(helper.make_node("MatMul", ["hot_f", "W"], ["y"]))
     else:
         nodes += [helper.make_node("Reshape", ["hot_f", "flat"], ["hot_2d"]), helper.make_node("Gemm", ["hot_2d", "W"], ["y"])]
+    out_shape = [10, DIM] if op == "Gemm" else [2, 5, DIM]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10, DIM] if op == "Gemm" else [2, 5, DIM])], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
