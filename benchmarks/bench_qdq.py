@@ -15,7 +15,9 @@ Q/DQ into integer kernels) over the evaluation split, round-robin (`benchmarks.c
 latency is the best pass. CPU time: the same three models in sessions with one intra-op thread (no
 worker threads spinning), best ``time.process_time`` of the interleaved passes: on a loaded machine the
 ratio of CPU times is steadier than the ratio of wall times. ``--linear-ops-in-norm-blocks`` adds a row
-per listed model whose sim is built with ``linear_ops_in_norm_blocks=True``.
+per listed model whose sim is built with ``linear_ops_in_norm_blocks=True``; ``--earlier DIR`` (the
+``--keep`` folder of a run with an earlier version of the export) times those QDQ models in the same
+interleaved passes, for before/after ratios that saw the same load.
 
 Agreement with the sim, over the evaluation split:
 
@@ -90,7 +92,8 @@ def agreement(sim, outs_sim, outs_other) -> dict[str, float]:
 
 
 def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int, workdir: Path,
-               keep: Path | None = None, linear_ops_in_norm_blocks: bool = False) -> dict:
+               keep: Path | None = None, linear_ops_in_norm_blocks: bool = False,
+               earlier: Path | None = None) -> dict:
     import quantsim
 
     src, build = BUILDERS[key]
@@ -107,18 +110,26 @@ def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int
     label, base, _, base_path = best_baseline(case, ref, workdir)
     if base.error or base_path is None:
         raise RuntimeError(f"quantize_static: {base.error}")
+    suffix = ".norm_blocks" if linear_ops_in_norm_blocks else ""
     if keep is not None:  # both QDQ models, for onnxruntime's profiler
         keep.mkdir(parents=True, exist_ok=True)
-        onnx.save(qdq, str(keep / f"{key}{'.norm_blocks' if linear_ops_in_norm_blocks else ''}.ours.onnx"))
+        onnx.save(qdq, str(keep / f"{key}{suffix}.ours.onnx"))
         shutil.copyfile(base_path, keep / f"{key}.quantize_static.onnx")
+    earlier_path = earlier / f"{key}{suffix}.ours.onnx" if earlier is not None else None
+    if earlier_path is not None and not earlier_path.exists():
+        earlier_path = None
     sessions = {"fp32": fp32, "ours": _session(qdq), "base": _session(base_path)}
-    outs = {k: run_all(s, case.eval)[0] for k, s in sessions.items() if k != "fp32"}
+    if earlier_path is not None:
+        sessions["earlier"] = _session(earlier_path)
+    outs = {k: run_all(s, case.eval)[0] for k, s in sessions.items() if k in ("ours", "base")}
     outs_sim, _ = run_all(sim.session, case.eval)
     exact, _ = run_all(_session(sim.to_onnx_qdq(int32_bias=False), fused=False), case.eval)
     best = interleaved_best({k: (lambda s=s: run_all(s, case.eval)) for k, s in sessions.items()},
                             repeats=repeats, warmup=1)
     single = {"fp32": _session(case.model_path, threads=1), "ours": _session(qdq, threads=1),
               "base": _session(base_path, threads=1)}
+    if earlier_path is not None:
+        single["earlier"] = _session(earlier_path, threads=1)
     cpu = interleaved_best({k: (lambda s=s: run_all(s, case.eval)) for k, s in single.items()},
                            repeats=repeats, warmup=1, clock=time.process_time)
     return {
@@ -128,6 +139,7 @@ def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int
         "metric_base": case.score(ref, outs["base"])[case.primary],
         "metric_sim": case.score(ref, outs_sim)[case.primary],
         "fp32_s": best["fp32"], "ours_s": best["ours"], "base_s": best["base"],
+        "earlier_s": best.get("earlier"), "cpu_earlier_s": cpu.get("earlier"),
         "exact": agreement(sim, outs_sim, exact)["max_abs"],
         "default": agreement(sim, outs_sim, outs["ours"]),
         "export_s": export_s, "baseline": label,
@@ -141,21 +153,24 @@ def render(rows: list[dict], mode: str, repeats: int) -> str:
         f"{ort.__version__}; default sessions, best of {repeats} interleaved passes over the evaluation split.", "",
         "| model | metric vs FP32 | quantize_static setting "
         "| sim | our QDQ | quantize_static QDQ | FP32 / our QDQ | FP32 / quantize_static "
-        "| our QDQ / quantize_static | same, CPU time (1 thread) | exact export vs sim (max \\|Δ\\|) "
+        "| our QDQ / quantize_static | same, CPU time (1 thread) | earlier export / quantize_static (wall; CPU) "
+        "| exact export vs sim (max \\|Δ\\|) "
         "| default session vs sim: max \\|Δ\\| "
         "| max steps | share ≤ 1 step |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | error: {r['error']} |" + " |" * 12)
+            lines.append(f"| {r['name']} | error: {r['error']} |" + " |" * 13)
             continue
         d = r["default"]
+        earlier = (f"{r['earlier_s'] / r['base_s']:.2f}x; {r['cpu_earlier_s'] / r['cpu_base_s']:.2f}x"
+                   if r.get("earlier_s") else "")
         lines.append(
             f"| {r['name']} | {r['primary']} | {r['baseline']} "
             f"| {r['metric_sim']:.4f} | {r['metric_ours']:.4f} | {r['metric_base']:.4f} "
             f"| {r['fp32_s'] / r['ours_s']:.2f}x | {r['fp32_s'] / r['base_s']:.2f}x | {r['ours_s'] / r['base_s']:.2f}x "
-            f"| {r['cpu_ours_s'] / r['cpu_base_s']:.2f}x "
+            f"| {r['cpu_ours_s'] / r['cpu_base_s']:.2f}x | {earlier} "
             f"| {r['exact']:.3g} | {d['max_abs']:.3g} | {d['max_steps']:.0f} | {100 * d['within_1']:.2f}% |")
     return "\n".join(lines) + "\n"
 
@@ -167,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--linear-ops-in-norm-blocks", default="",
                     help="comma-separated models to add a row for with linear_ops_in_norm_blocks=True")
+    ap.add_argument("--earlier", default="",
+                    help="a --keep folder of an earlier export: its QDQ models are timed in the same passes")
     ap.add_argument("--keep", default="", help="folder to save both QDQ models of each case in ('' not to)")
     ap.add_argument("--output", default=str(RESULTS / "qdq.md"), help="Markdown path ('' to skip writing)")
     args = ap.parse_args(argv)
@@ -181,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, option in variants:
             try:
                 rows.append(bench_case(key, model_dirs, C.QUICK if args.quick else C.FULL, args.repeats, Path(tmp),
-                                       Path(args.keep) if args.keep else None, option))
+                                       Path(args.keep) if args.keep else None, option,
+                                       Path(args.earlier) if args.earlier else None))
             except Exception as e:  # noqa: BLE001 - one model's failure is a row, the others still run
                 rows.append({"name": key, "error": f"{type(e).__name__}: {e}"[:200]})
             print(f"[bench_qdq] {rows[-1]}", file=sys.stderr)
