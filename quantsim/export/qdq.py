@@ -15,6 +15,13 @@ integer kernels and other toolchains expect:
   does): without it the Conv after a Pad read a float input and ran in FP32 (Silero's STFT Conv: 70%
   of its QDQ model's time). A chain of them (attention's
   Transpose -> Reshape head merge) gets a pair after every op, so the MatMul after it still fuses.
+* **bool inputs as codes**: a Conv / Gemm / MatMul whose activation input is ``Cast(bool, to=float)``
+  (a one-hot encoding, a mask) and whose weight is 8-bit reads ``DequantizeLinear(Cast(bool, to=uint8),
+  scale 1)`` instead: 0 and 1 are the codes 0 and 1 of that grid, so the input values are unchanged, and
+  the op becomes a node unit onnxruntime runs on integer kernels (MatMulIntegerToFloat; magika's one-hot
+  embedding MatMul and its float Cast were 13% of the QDQ model's kernel time). With one 1 per row (a
+  one-hot) the fused result is the sim's bit for bit (one product, code * scale); with several the
+  integer sum is exact where the sim's float sum rounds. The float Cast stays only for other readers.
 * **float weights for ops with a float input**: a Conv / ConvTranspose / Gemm / MatMul whose activation
   input does not come from a DequantizeLinear (the sim keeps that input float: normalization statistics,
   index or mask arithmetic, a disabled quantizer) runs in float in every QDQ runtime; no integer kernel
@@ -78,6 +85,7 @@ __all__ = [
     "drop_zero_zero_points",
     "add_derived_qdq",
     "drop_dead_qdq",
+    "codes_for_boolean_inputs",
 ]
 
 def _dq_params(index: GraphIndex, name: str):
@@ -275,6 +283,56 @@ def wide_weights_for_wide_activations(model: onnx.ModelProto, weights: DeferredW
     return model
 
 
+def _boolean_cast_source(index: GraphIndex, name: str) -> str | None:
+    """The bool tensor that ``name`` is a ``Cast(to=float)`` of, or None."""
+    cast = index.producer_of(name)
+    if cast is None or cast.op_type != "Cast" or node_attributes(cast).get("to") != TensorProto.FLOAT:
+        return None
+    return cast.input[0] if index.elem_type.get(cast.input[0]) == TensorProto.BOOL else None
+
+
+def codes_for_boolean_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give a weighted op whose activation input is a bool tensor cast to float (a one-hot encoding, a
+    mask) that input as uint8 codes behind ``DequantizeLinear(scale 1)`` (module docstring): the values 0
+    and 1 are codes 0 and 1 on that grid, so the input is the same, and with its 8-bit weight behind a
+    DequantizeLinear the op becomes a node unit onnxruntime runs on integer kernels."""
+    index = GraphIndex(model)
+    converted: dict[str, str] = {}  # bool tensor -> its dequantized uint8 codes
+    before: dict[str, list[onnx.NodeProto]] = {}
+    for node in index.nodes:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not node.input[0]:
+            continue
+        source = _boolean_cast_source(index, node.input[0])
+        weight = index.producer_of(node.input[1])
+        if (source is None or weight is None or weight.op_type != "DequantizeLinear"
+                or not index.is_constant(weight.input[0]) or "block_size" in node_attributes(weight)
+                or index.elem_type.get(weight.input[0]) not in (TensorProto.INT8, TensorProto.UINT8)):
+            continue
+        if source not in converted:
+            base = index.fresh_name(f"{node.input[0]}/codes")
+            scale, zero_point = index.fresh_name(f"{base}/scale"), index.fresh_name(f"{base}/zero_point")
+            model.graph.initializer.extend([numpy_helper.from_array(np.array(1.0, np.float32), scale),
+                                            numpy_helper.from_array(np.array(0, np.uint8), zero_point)])
+            converted[source] = index.fresh_name(f"{node.input[0]}/dequantized")
+            before.setdefault(node.name, []).extend([
+                helper.make_node("Cast", [source], [base], name=base, to=TensorProto.UINT8),
+                helper.make_node("DequantizeLinear", [base, scale, zero_point], [converted[source]],
+                                 name=index.fresh_name(f"{base}/dequantize")),
+            ])
+        node.input[0] = converted[source]
+    if before:
+        ordered: list[onnx.NodeProto] = []
+        for node in model.graph.node:
+            ordered.extend(before.get(node.name, ()))
+            ordered.append(node)
+        read = {i for n in ordered for i in n.input if i} | {o.name for o in model.graph.output}
+        kept = [n for n in ordered if not (n.op_type == "Cast" and _boolean_cast_source(index, n.output[0])
+                                          and n.output[0] not in read)]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return model
+
+
 def _float_slots(index: GraphIndex, node: onnx.NodeProto) -> list[int]:
     """Input slots of ``node`` whose constant DequantizeLinear no runtime fuses (module docstring): the
     weight of a Conv/ConvTranspose/Gemm/MatMul whose activation input is not dequantized, and every
@@ -409,6 +467,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     deferred = weights if weights is not None else DeferredWeights()
     model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim._index, deferred=deferred)
     model = add_derived_qdq(model, deferred)
+    model = codes_for_boolean_inputs(model)
     model = float_weights_for_float_inputs(model, deferred)
     model = wide_weights_for_wide_activations(model, deferred)
     model = protect_float_weights(model, deferred)

@@ -86,7 +86,10 @@ class QuantizationSimModel:
     ``fold_batchnorm`` (False keeps BatchNormalization as its own op, with its own quantizers and precision,
     as AIMET's mixed-precision recipe needs) and ``range_health`` (default True: after each calibration,
     untie Concats whose inputs' ranges differ by orders of magnitude and give a 16-bit grid, or float, to
-    8-bit activations whose values collapse onto a few codes; see `quantsim.sim.decisions`). Every automatic
+    8-bit activations whose values collapse onto a few codes; see `quantsim.sim.decisions`) and
+    ``linear_ops_in_norm_blocks`` (default False: a Conv/Gemm/MatMul between the statistics of decomposed
+    norm layers keeps float input and output; True quantizes them so QDQ runtimes run it on integer kernels,
+    a speed-for-accuracy choice, `quantsim.sim.placement` rule 3). Every automatic
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
     """
@@ -109,6 +112,7 @@ class QuantizationSimModel:
         progress: bool = True,
         fold_batchnorm: bool = True,
         range_health: bool = True,
+        linear_ops_in_norm_blocks: bool = False,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -146,6 +150,7 @@ class QuantizationSimModel:
         self.use_integer_kernels = bool(use_integer_kernels)
         self.progress = bool(progress)
         self.range_health = bool(range_health)
+        self.linear_ops_in_norm_blocks = bool(linear_ops_in_norm_blocks)
         try:
             if cached is not None:
                 self._model, self._weights = cached
@@ -165,7 +170,8 @@ class QuantizationSimModel:
     def _build_quantizers(self, percentile: float) -> None:
         self._index = GraphIndex(self._model, weights=self._weights)
         with self._index.cached_constants():  # each weight read once (finite checks, shapes)
-            placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type)
+            placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type,
+                                         self.linear_ops_in_norm_blocks)
         self.left_in_float = placement.left_in_float
         self._decisions: list[Decision] = list(placement.decisions)
         self._version = 0

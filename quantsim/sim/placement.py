@@ -11,7 +11,11 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    (fill values such as -inf before a Max) stay float and are listed as such.
 3. Shape and index arithmetic, normalization statistics (`tensor_roles`) and additive attention masks
    with the masked scores (`attention_masks`: any fill value and construction) are never quantized; each
-   masked Softmax is recorded as a `Decision`.
+   masked Softmax is recorded as a `Decision`. The statistics rule covers the whole span between a
+   reduction and the next 1/std, so a Conv/Gemm/MatMul between two decomposed norm layers (magika) runs
+   in float; ``linear_ops_in_norm_blocks=True`` quantizes the activation input and output of those ops
+   (their input reached back through data movement) and leaves the rest of the span float, so QDQ runtimes
+   run them on integer kernels: an explicit speed-for-accuracy option (benchmarks/README.md, magika).
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
    last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns
    ``Add(MatMul(x, W), b)``'s constant into a bias.
@@ -31,7 +35,7 @@ from quantsim.core.dtypes import int8, qtype
 from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_masked_softmaxes
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.op_facts import GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, channel_axis_of
+from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.decisions import Decision
@@ -85,12 +89,38 @@ class _UnionFind:
         self.parent[self.find(other)] = self.find(keep)
 
 
+def linear_op_activations(index: GraphIndex, within: frozenset[str]) -> frozenset[str]:
+    """Tensors of ``within`` that are the output (after a bias Add), or the activation input, of a
+    Conv/Gemm/MatMul with a constant weight; an input is followed back through single-input data movement (Unsqueeze, Slice,
+    Transpose, ...) so that the quantized tensor is where the data comes from (rule 3)."""
+    found: set[str] = set()
+    for node in index.nodes:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
+            continue
+        found.update(o for o in node.output if o in within)
+        consumer = index.single_consumer(node.output[0])
+        if (consumer is not None and consumer.op_type == "Add" and consumer.output[0] in within
+                and any(index.is_constant(n) for n in consumer.input)):
+            found.add(consumer.output[0])  # MatMul + bias Add: the pair's output quantizer is after the Add
+        name = node.input[0]
+        while name in within and name not in found:
+            found.add(name)
+            producer = index.producer_of(name)
+            if producer is None or producer.op_type not in GRID_MOVEMENT_OPS:
+                break
+            name = producer.input[0]
+    return frozenset(found)
+
+
 def place_quantizers(
-    index: GraphIndex, config: QuantsimConfig, param_type: qtype, activation_type: qtype
+    index: GraphIndex, config: QuantsimConfig, param_type: qtype, activation_type: qtype,
+    linear_ops_in_norm_blocks: bool = False,
 ) -> Placement:
     """Plan every quantizer of the model (see the module docstring for the rules)."""
     index_tensors = find_index_tensors(index)
     statistics = find_normalization_statistics(index)
+    if linear_ops_in_norm_blocks:
+        statistics = statistics - linear_op_activations(index, statistics)
     masked = find_masked_softmaxes(index)
     masks = frozenset().union(*(m.tensors for m in masked))
     decisions = [Decision("attention mask", tuple(sorted(m.tensors)), "left float",
