@@ -33,7 +33,7 @@ from quantsim.errors import InvalidArgumentError
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers, drop_value_info
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.int8_kernels import uint8_int8_kernels_saturate
+from quantsim.graph.int8_kernels import uint8_int8_kernels_saturate, warn_if_int8_kernels_saturate
 
 __all__ = ["WEIGHT_CODES", "check_weight_codes", "resolve_weight_codes", "shift_weight_codes"]
 
@@ -54,15 +54,18 @@ def check_weight_codes(value: object) -> str:
     return value
 
 
-def resolve_weight_codes(value: object, providers=None) -> str:
+def resolve_weight_codes(value: object, providers=None, *, warn_as: str | None = None) -> str:
     """``"int8"`` or ``"uint8"``: ``"auto"`` is ``"uint8"`` exactly when the first of ``providers``
-    (default: the CPU provider) saturates uint8 x int8 sums on this machine."""
+    (default: the CPU provider) saturates uint8 x int8 sums on this machine. With ``warn_as`` (the caller's
+    name), an ``"int8"`` answer also logs the once-per-process saturation warning where it applies."""
     value = check_weight_codes(value)
-    if value != "auto":
-        return value
-    first = providers[0] if providers else "CPUExecutionProvider"
-    provider = first[0] if isinstance(first, tuple) else first
-    return "uint8" if uint8_int8_kernels_saturate(provider) else "int8"
+    if value == "auto":
+        first = providers[0] if providers else "CPUExecutionProvider"
+        provider = first[0] if isinstance(first, tuple) else first
+        value = "uint8" if uint8_int8_kernels_saturate(provider) else "int8"
+    if warn_as is not None and value == "int8":
+        warn_if_int8_kernels_saturate(warn_as, providers)
+    return value
 
 
 def _candidates(index: GraphIndex) -> list[tuple[onnx.NodeProto, tuple[int, int | None, int]]]:

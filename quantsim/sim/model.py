@@ -33,7 +33,6 @@ from quantsim.graph import session as session_module
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import CONSTANT_CACHE_BYTES, GraphIndex
-from quantsim.graph.int8_kernels import warn_if_int8_kernels_saturate
 from quantsim.graph.large_models import model_from_parts, model_parts, value_bytes
 from quantsim.graph.loading import load_model
 from quantsim.graph.mapped import MappedWeights
@@ -391,11 +390,9 @@ class QuantizationSimModel:
         when this machine's uint8 x int8 kernels saturate (AVX2 without VNNI), so the session is exact here."""
         from quantsim.export.weight_codes import resolve_weight_codes
 
-        codes = resolve_weight_codes(weight_codes, self.providers)
+        codes = resolve_weight_codes(weight_codes, self.providers, warn_as="fused_session")
         self._ensure_param_encodings()
         if self._fused is None or self._fused[0] != self._version or self._fused[2] != codes:
-            if codes == "int8":
-                warn_if_int8_kernels_saturate("fused_session", self.providers)
             session = make_session(self.to_onnx_qdq(weight_codes=codes), self.providers, fuse_qdq=True,
                                    session_options_kwargs=self._session_options_kwargs)
             self._fused = (self._version, session, codes)
@@ -434,11 +431,9 @@ class QuantizationSimModel:
         from quantsim.export.qdq import to_qdq_model
         from quantsim.export.weight_codes import resolve_weight_codes
 
-        codes = resolve_weight_codes(weight_codes, self.providers)
+        codes = resolve_weight_codes(weight_codes, self.providers, warn_as="to_onnx_qdq")
         self._ensure_param_encodings()
         self._check_activations_calibrated("to_onnx_qdq")
-        if codes == "int8":
-            warn_if_int8_kernels_saturate("to_onnx_qdq", self.providers)
         weights = DeferredWeights()
         return to_qdq_model(self, int32_bias=int32_bias, weights=weights, weight_codes=codes), weights
 
@@ -464,10 +459,8 @@ class QuantizationSimModel:
         from quantsim.export.integer.export import export_integer
         from quantsim.export.weight_codes import resolve_weight_codes
 
-        codes = resolve_weight_codes(weight_codes, self.providers)
+        codes = resolve_weight_codes(weight_codes, self.providers, warn_as="export_integer")
         self._ensure_param_encodings()
-        if codes == "int8":
-            warn_if_int8_kernels_saturate("export_integer", self.providers)
         return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes, weight_codes=codes)
 
     # extension hooks (what adaround/ and mixed_precision/ build on) -------------------------------
