@@ -48,6 +48,7 @@ from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.large_models import copy_without_initializers, is_external_candidate, is_large, skeleton
 from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
+from quantsim.graph.session import Deferred
 from quantsim.sim.quantizer import QcQuantizeOp
 
 __all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
@@ -243,7 +244,7 @@ class _SimBuilder:
     """
 
     def __init__(self, model: onnx.ModelProto, initializers, weights: str,
-                 values: Callable[[str], np.ndarray] | None, external: dict[str, np.ndarray] | None,
+                 values: Callable[[str], np.ndarray] | None, external: dict | None,
                  memo: dict[str, tuple] | None = None, integer_weights: bool = False):
         self.model = model
         self.graph = model.graph
@@ -269,8 +270,15 @@ class _SimBuilder:
             return
         values = self.values(name)
         if enc is None or self.weights == "fake" or q.role != "param":
-            new = self._remembered(name, _constant_key(q), lambda: (
-                fp16_round_trip(values) if enc is None else fake_quantize(values, enc)).astype(values.dtype, copy=False))
+            def compute() -> np.ndarray:
+                return (fp16_round_trip(values) if enc is None else fake_quantize(values, enc)).astype(
+                    values.dtype, copy=False)
+
+            deferred = self._deferred(name, values, ("quantized", *_constant_key(q)), compute)
+            if deferred is not None:
+                self.replaced[name] = deferred
+                return
+            new = self._remembered(name, _constant_key(q), compute)
             self.replaced[name] = self._placeholder(name, new) or numpy_helper.from_array(new, name)
             return
         storage = q.spec.dtype.storage_type(enc.signed)
@@ -360,7 +368,16 @@ class _SimBuilder:
         self.memo[name] = (key, value)
         return value
 
-    def _placeholder(self, name: str, values: np.ndarray) -> TensorProto | None:
+    def _deferred(self, name: str, values: np.ndarray, key: tuple, compute: Callable[[], np.ndarray]
+                  ) -> TensorProto | None:
+        """With ``external`` and no ``memo``, for a constant whose ``values`` are mapped from a file
+        (`quantsim.graph.mapped`, immutable): the placeholder of a `session.Deferred` of ``compute()``, keyed
+        by ``name`` and ``key``, so that the session computes it while writing it, or reuses it; else None."""
+        if self.external is None or self.memo is not None or not is_mapped(self.initializers[name]):
+            return None
+        return self._placeholder(name, Deferred(values.shape, values.dtype, compute, key=(name, key)))
+
+    def _placeholder(self, name: str, values: np.ndarray | Deferred) -> TensorProto | None:
         """With ``external``: the stand-in for ``values`` (recorded there), if they may leave the model.
         An initializer that is also a graph input (it can be fed) stays."""
         if self.external is None or name in self.declared_inputs:
@@ -376,7 +393,9 @@ class _SimBuilder:
         or without ``external`` by its values."""
         if is_mapped(tensor):
             values = self.values(tensor.name)
-            placeholder = self._placeholder(tensor.name, values) if self.external is not None else None
+            placeholder = self._deferred(tensor.name, values, ("float",), lambda: values)
+            if placeholder is None and self.external is not None:
+                placeholder = self._placeholder(tensor.name, values)
             return placeholder or numpy_helper.from_array(np.array(values), tensor.name)
         if self.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES or not is_external_candidate(tensor):
             return tensor

@@ -34,7 +34,7 @@ from quantsim.graph.int8_kernels import warn_if_int8_kernels_saturate
 from quantsim.graph.large_models import model_from_parts, model_parts, value_bytes
 from quantsim.graph.loading import load_model
 from quantsim.graph.mapped import MappedWeights
-from quantsim.graph.session import make_session
+from quantsim.graph.session import WeightFiles, make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
 from quantsim.sim.build import build_sim_model
@@ -172,6 +172,7 @@ class QuantizationSimModel:
         self._calibration_cache: tuple | None = None
         self._active_calibration: CalibrationSession | None = None  # inside `compute_encodings(sim)`
         self._constant_memo: dict[str, tuple] = {}  # shared fake-quantized weights (build_sim_model memo)
+        self._weight_files: WeightFiles | None = None  # the same for mapped weights, on disk (`_session_files`)
         self._capture_sessions: dict[tuple, tuple] = {}
         self._open_states: list[SimState] = []
         self.qc_quantize_op_dict: dict[str, QcQuantizeOp] = QuantizerDict()
@@ -197,11 +198,13 @@ class QuantizationSimModel:
         if self._weights is not None:
             self._weights.materialize(self._model)
             self._weights = self._index.weights = None
+            self._weight_files = None  # no longer mapped: sessions get the weights as arrays again
         return self._model
 
     @model.setter
     def model(self, value: onnx.ModelProto) -> None:
         self._model, self._weights = value, None
+        self._weight_files = None
 
     def _invalidate(self) -> None:
         self._version += 1
@@ -312,7 +315,8 @@ class QuantizationSimModel:
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
             session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights,
-                                   file_backed=self._file_backed(), prepack=self._weights is not None)
+                                   file_backed=self._file_backed(), prepack=self._weights is not None,
+                                   weight_files=self._session_files())
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
         samples = frozenset(q.name for q in observed) if self.range_health else frozenset()
@@ -332,6 +336,17 @@ class QuantizationSimModel:
         """The memo that lets the calibration and sim sessions share fake-quantized weights; None for mapped
         weights, whose sessions get them through a file (kept, they would be a second copy)."""
         return None if self._weights is not None else self._constant_memo
+
+    def _session_files(self) -> WeightFiles | None:
+        """For mapped weights with file-backed sessions: the files their fake-quantized weights were written
+        to, kept for the next session (calibration, then the sim, then each AdaRound or AMP rebuild), which
+        computes and writes only the weights whose quantizer or values changed. Disk, not memory: the page
+        cache holds them only while a session reads them (`session.WeightFiles`)."""
+        if self._weights is None or not self._file_backed():
+            return None
+        if self._weight_files is None:
+            self._weight_files = WeightFiles()
+        return self._weight_files
 
     def _file_backed(self) -> bool:
         """Whether sessions get the weights as a memory-mapped file (`session.make_session`)."""
@@ -369,7 +384,7 @@ class QuantizationSimModel:
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,
                                          external_initializers=weights, file_backed=self._file_backed(),
-                                         prepack=self._weights is not None)
+                                         prepack=self._weights is not None, weight_files=self._session_files())
             self._session_version = self._version
             _log.debug("sim %s: session rebuilt in %.3f s (version %d)", self._label, time.perf_counter() - start,
                        self._version)
@@ -450,6 +465,8 @@ class QuantizationSimModel:
     def _write_weight(self, name: str, values: np.ndarray) -> None:
         write_weight(self, name, values)
         self._constant_memo.clear()
+        if self._weight_files is not None:
+            self._weight_files.forget(name)
         self._calibration_cache = None  # its key holds quantizer state, not weight values
         self._invalidate()
 
@@ -500,7 +517,7 @@ class QuantizationSimModel:
         self.model  # noqa: B018 - mapped weights are copied in: the pickle carries the whole model
         state = dict(self.__dict__)
         state.update(_session=None, _session_version=-1, _fused=None, _calibration_cache=None,
-                     _capture_sessions={}, _open_states=[], _constant_memo={})
+                     _capture_sessions={}, _open_states=[], _constant_memo={}, _weight_files=None)
         # the index is rebuilt from the model (its tensors would pickle as a second copy of every weight), and
         # the model travels as its skeleton plus weight bytes (protobuf pickles nothing over 2 GiB)
         del state["_index"]
