@@ -212,6 +212,7 @@ def file_backed_source(model: onnx.ModelProto, arrays: Mapping, weight_files: We
     light = onnx.ModelProto()
     light.CopyFrom(model)
     jobs: list[tuple[int, object]] = []
+    records: list[tuple[str, Hashable, tuple[str, int, int]]] = []  # recorded once written
     end = 0
     for tensor in light.graph.initializer:
         location = {e.key: e.value for e in tensor.external_data}.get("location")
@@ -225,14 +226,17 @@ def file_backed_source(model: onnx.ModelProto, arrays: Mapping, weight_files: We
             end = offset + value.nbytes
             place = (data_name, offset, value.nbytes)
             jobs.append((offset, value))
-            if weight_files is not None and key is not None:
-                weight_files.record(tensor.name, key, place)
+            if key is not None:
+                records.append((tensor.name, key, place))
         del tensor.external_data[:]
         for entry_key, entry_value in zip(("location", "offset", "length"), place):
             entry = tensor.external_data.add()
             entry.key, entry.value = entry_key, str(entry_value)
     if jobs:
         _write_parallel(root / data_name, end, jobs)
+    if weight_files is not None:
+        for name, key, place in records:
+            weight_files.record(name, key, place)
     model_path = root / ("model.onnx" if weight_files is None else f"model-{data_name[:-4]}.onnx")
     model_path.write_bytes(light.SerializeToString())
     return str(model_path), folder if folder is not None else weight_files  # type: ignore[return-value]
