@@ -14,7 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from quantsim.graph import large_models
-from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, prepare
+from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, entry_sync, prepare
 from quantsim.prepare import cache as cache_module
 from quantsim.prepare.cache import cache_key, cache_root, load_cached, pass_identity, store_cached
 from quantsim.prepare.passes import name_nodes
@@ -203,7 +203,7 @@ def test_data_file_is_trusted_in_process_at_once_and_elsewhere_only_once_synced(
     before the sync) a reader hashes the files and discards a torn entry."""
     monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
     started = []
-    monkeypatch.setattr(cache_module.threading, "Thread", lambda target, name: started.append(target) or
+    monkeypatch.setattr(entry_sync.threading, "Thread", lambda target, name: started.append(target) or
                         type("NotStarted", (), {"start": lambda self: None, "is_alive": lambda self: False})())
     model = model_with_bn(size=16)
     prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
@@ -215,7 +215,7 @@ def test_data_file_is_trusted_in_process_at_once_and_elsewhere_only_once_synced(
                         or real_digest(path, sync))
     prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert hashed == [] and CALLS == ["run"]  # this process wrote it: nothing re-read
-    monkeypatch.setattr(cache_module, "_FRESH", {})  # another process (or after a crash): no stamp to trust
+    monkeypatch.setattr(entry_sync, "_FRESH", {})  # another process (or after a crash): no stamp to trust
     data = entry / "model.onnx.data"
     data.write_bytes(bytes(data.stat().st_size))  # the data never reached the disk
     with pytest.warns(PrepareWarning, match="model.onnx.data does not match"):

@@ -17,7 +17,7 @@ for models with at least `EXTERNAL_DATA_BYTES` of initializers: loading reads th
 refused) and ``SHA256SUMS`` (``sha256sum`` format) with the digest of every file. The key is itself a
 digest over the input model, so ``KEY`` binds the entry to that model too.
 Writing: the files go to a temporary folder ``prepared/.tmp-*`` beside the entry, are fsynced (the big
-data file on a thread, after publishing: `_stamp_when_synced`), and the
+data file on a thread, after publishing: `entry_sync`), and the
 folder is renamed into place in one atomic step (``os.replace``); when another process published the
 same key first, its entry is kept and ours dropped, so concurrent preparations both succeed. Removal
 renames to ``.trash-*`` first, so a reader sees a whole entry or none.
@@ -39,7 +39,6 @@ import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -52,6 +51,7 @@ from quantsim.graph.large_models import hash_model, payload_bytes, save_model
 from quantsim.graph.loading import file_signature
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.model_io import write_text_atomic
+from quantsim.prepare.entry_sync import fresh_signatures, fsync_file, stamp_when_synced, wait_for_syncs
 from quantsim.prepare.inputs import INPUTS_FOLDER
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
@@ -167,7 +167,7 @@ def _load_entry(key: str, cache_dir: str | os.PathLike | None, mapped: bool
             if hashlib.sha256(data).hexdigest() != expected[_MODEL]:
                 return _discard(entry, f"{_MODEL} does not match its sha256")
             return onnx.ModelProto.FromString(data), None
-        stamp, checked = {**_read_stamp(entry), **_FRESH.get(str(entry), {})}, False
+        stamp, checked = {**_read_stamp(entry), **fresh_signatures(entry)}, False
         for name, digest in expected.items():
             if name in stamp and stamp[name] == file_signature(entry / name):
                 continue  # hashed when written or last read, and not changed since (module docstring)
@@ -207,7 +207,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             data_files = [path for path in files if path.name not in (_MODEL, _KEY_FILE)]
             for path in files:
                 if path not in data_files:
-                    _fsync_file(path)
+                    fsync_file(path)
             lines = [f"{digests[path.name]}  {path.name}\n" for path in files]
             (staging / _MANIFEST).write_text("".join(lines))
             _file_digest(staging / _MANIFEST, sync=True)
@@ -215,7 +215,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             try:
                 os.replace(staging, entry)
                 if data_files:  # the data file's digest was taken as it was written: no need to read it back
-                    _stamp_when_synced(entry, [path.name for path in files], [entry / p.name for p in data_files])
+                    stamp_when_synced(entry, [path.name for path in files], [entry / p.name for p in data_files], _write_stamp)
             except OSError:
                 if (entry / _MANIFEST).exists():  # another process published the same key first
                     pass
@@ -311,43 +311,6 @@ def _write_stamp(entry: Path, names: list[str]) -> None:
         write_text_atomic(entry / _STAMP, json.dumps(stamp))
     except OSError:
         pass
-
-
-_FRESH: dict[str, dict] = {}  # entry folder -> `file_signature` of its files as this process wrote them
-_SYNCS: list[threading.Thread] = []
-
-
-def wait_for_syncs() -> None:
-    """Wait until the data files this process stored are on disk and stamped (`_stamp_when_synced`)."""
-    while _SYNCS:
-        _SYNCS.pop().join()
-
-
-def _stamp_when_synced(entry: Path, names: list[str], data_files: list[Path]) -> None:
-    """Trust ``entry``'s files as written, now in this process and, once ``data_files`` are on disk, in
-    others: their fsync (seconds for gigabytes) runs on a thread that writes the ``.verified`` stamp when it
-    is done, while the caller goes on. A crash before that leaves no stamp, so the next reader hashes the
-    files and discards a torn entry. Not a daemon thread: the interpreter waits for it at exit."""
-    signatures = {name: file_signature(entry / name) for name in names}
-    _FRESH[str(entry)] = signatures
-
-    def sync() -> None:
-        try:
-            for path in data_files:
-                _fsync_file(path)
-        except OSError:
-            return
-        if all(file_signature(entry / name) == signature for name, signature in signatures.items()):
-            _write_stamp(entry, names)
-
-    thread = threading.Thread(target=sync, name="quantsim-cache-sync")
-    thread.start()
-    _SYNCS[:] = [t for t in _SYNCS if t.is_alive()] + [thread]
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
 
 
 def _read_manifest(path: Path) -> dict[str, str]:
