@@ -191,6 +191,7 @@ def test_cache_entries_of_big_models_keep_weights_in_external_data(monkeypatch, 
     monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
     first = prepare(model, cache_dir=tmp_path)
     (entry,) = (tmp_path / "prepared").iterdir()
+    cache_module.wait_for_syncs()  # the data file's stamp follows its fsync, on a thread
     assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
                                                        "model.onnx.data"]
     again = prepare(model, cache_dir=tmp_path)  # a hit, read from the two files

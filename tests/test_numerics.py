@@ -813,3 +813,40 @@ def test_fp16_round_trip_matches_numpy_and_onnxruntime():
 def test_fp16_round_trip_accepts_lists_and_scalars():
     np.testing.assert_array_equal(fp16_round_trip([0.1, 70000.0]), np.array([0.0999755859375, np.inf], np.float32))
     assert fp16_round_trip(1.0).dtype == np.float32
+
+
+@pytest.mark.parametrize("case", ["per_tensor_asym", "axis0", "axis_last", "block_axis0", "wide_grid", "fp16_input"])
+def test_fake_quantize_in_slices_is_bit_identical(case, monkeypatch):
+    """Big tensors are fake-quantized in row slices (cache-sized): the same bits as in one piece, -0.0,
+    NaN and saturation included, and the element-wise formula of a Q->DQ pair."""
+    import quantsim.core.numerics as numerics
+
+    rng = np.random.default_rng(_seed("slices", case))
+    shape = (37, 5, 6)
+    x = rng.normal(scale=3.0, size=shape).astype(np.float32)
+    x.flat[[0, 7, 100]] = [np.nan, np.inf, -np.inf]
+    x.flat[[3, 5]] = [-0.0, -1e-9]
+    axis, block_axis, block_size, bits, signed = {
+        "per_tensor_asym": (None, None, None, 8, False), "axis0": (0, None, None, 8, True),
+        "axis_last": (-1, None, None, 4, True), "block_axis0": (2, 0, 8, 8, True),
+        "wide_grid": (1, None, None, 32, True), "fp16_input": (None, None, None, 16, False)}[case]
+    pshape = () if axis is None else _param_shape(shape, axis, block_axis, block_size) if block_axis is not None \
+        else (shape[axis],)
+    qmin, qmax = grid_bounds(bits, signed=signed)
+    zero_point = np.zeros(pshape, np.int64) if signed else rng.integers(0, qmax // 2, pshape)
+    enc = Encoding(rng.uniform(0.01, 0.5, pshape), zero_point, bits, signed, qmin, qmax, signed,
+                   axis=axis, block_axis=block_axis, block_size=block_size)
+    if case == "fp16_input":
+        x = x.astype(np.float16)
+    whole = numerics._fake_quantize_whole(x, enc)
+    monkeypatch.setattr(numerics, "FAKE_QUANTIZE_BLOCK", 64)  # slices of 2 rows of 30 values
+    sliced = fake_quantize(x, enc)
+    assert sliced.dtype == np.float32 and sliced.shape == shape
+    np.testing.assert_array_equal(sliced.view(np.uint32), whole.view(np.uint32))
+    if bits <= 16 and block_axis is None:  # the formula, element by element, in float64 (exact here)
+        s = np.broadcast_to(broadcast_param(enc, enc.scale.astype(np.float32), shape), shape)
+        z = np.broadcast_to(broadcast_param(enc, enc.zero_point, shape), shape)
+        xf = np.nan_to_num(x.astype(np.float32), nan=-np.inf)
+        with np.errstate(over="ignore", invalid="ignore"):
+            codes = np.clip(np.rint((xf / s).astype(np.float32)) + z, qmin, qmax)
+        np.testing.assert_array_equal(sliced, ((codes - z) * s).astype(np.float32))

@@ -14,7 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from quantsim.graph import large_models
-from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, prepare
+from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, entry_sync, prepare
 from quantsim.prepare import cache as cache_module
 from quantsim.prepare.cache import cache_key, cache_root, load_cached, pass_identity, store_cached
 from quantsim.prepare.passes import name_nodes
@@ -156,6 +156,7 @@ def test_large_model_is_stored_with_external_data(tmp_path, monkeypatch):
     first = prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert first.graph.initializer[0].HasField("raw_data")  # storing did not take the weights away
     entry = entry_dir(tmp_path)
+    cache_module.wait_for_syncs()  # the data file's fsync, then its stamp, run on a thread
     assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
                                                        "model.onnx.data"]
     assert (entry / "model.onnx.data").stat().st_size > (entry / "model.onnx").stat().st_size
@@ -194,6 +195,34 @@ def test_entry_files_are_rehashed_when_changed_in_place_after_being_stamped(tmp_
     with pytest.warns(PrepareWarning, match="model.onnx.data does not match"):
         prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert "model.onnx.data" in hashed and CALLS == ["run", "run"]
+
+
+def test_data_file_is_trusted_in_process_at_once_and_elsewhere_only_once_synced(tmp_path, monkeypatch):
+    """The big data file's fsync runs after publishing: this process trusts the digests it took while writing
+    (no re-read), other processes only through the stamp written once the file is on disk; without it (a crash
+    before the sync) a reader hashes the files and discards a torn entry."""
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
+    started = []
+    monkeypatch.setattr(entry_sync.threading, "Thread", lambda target, name: started.append(target) or
+                        type("NotStarted", (), {"start": lambda self: None, "is_alive": lambda self: False})())
+    model = model_with_bn(size=16)
+    prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
+    entry = entry_dir(tmp_path)
+    assert len(started) == 1 and not (entry / ".verified").exists()  # not synced yet: no stamp
+    hashed = []
+    real_digest = cache_module._file_digest
+    monkeypatch.setattr(cache_module, "_file_digest", lambda path, sync=False: hashed.append(path.name)
+                        or real_digest(path, sync))
+    prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
+    assert hashed == [] and CALLS == ["run"]  # this process wrote it: nothing re-read
+    monkeypatch.setattr(entry_sync, "_FRESH", {})  # another process (or after a crash): no stamp to trust
+    data = entry / "model.onnx.data"
+    data.write_bytes(bytes(data.stat().st_size))  # the data never reached the disk
+    with pytest.warns(PrepareWarning, match="model.onnx.data does not match"):
+        prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
+    assert "model.onnx.data" in hashed and CALLS == ["run", "run"]
+    started[0]()  # the sync of the discarded entry finishing late stamps nothing
+    assert not (entry / ".verified").exists()
 
 
 def test_publishing_an_existing_key_keeps_the_first_entry(tmp_path):

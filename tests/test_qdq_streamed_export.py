@@ -17,6 +17,7 @@ from test_large_model_memory import _mlp
 import quantsim
 import quantsim.graph.large_models as large_models
 import quantsim.graph.session as session_module
+from quantsim.export.qdq import qdq_skeleton
 from quantsim.graph.deferred import DEFERRED_LOCATION, DeferredWeights
 from quantsim.graph.file_set import STAGING_MARK
 
@@ -87,7 +88,7 @@ def test_streamed_export_computes_one_weight_at_a_time(monkeypatch, tmp_path):
         return values
 
     monkeypatch.setattr(DeferredWeights, "array", tracked)
-    skeleton, weights = sim._qdq_skeleton()
+    skeleton, weights = qdq_skeleton(sim)
     deferred = [t.name for t in skeleton.graph.initializer if weights.holds(t)]
     assert len(deferred) >= 4 and not computed  # three MatMul weights' codes and the head, nothing computed yet
     assert all(len(t.raw_data) < 1024 for t in skeleton.graph.initializer)

@@ -271,7 +271,8 @@ def broadcast_param(enc: Encoding, values: np.ndarray, shape: tuple[int, ...]) -
 _EXACT_FLOAT32_GRID = 1 << 23  # grids within +-2^23: codes, zero points and their differences are exact in float32
 
 
-def _float_codes(x: np.ndarray, enc: Encoding) -> np.ndarray:
+def _float_codes(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
+                 zero_point: np.ndarray | None = None) -> np.ndarray:
     """The codes of `quantize` as a fresh float array: float32 for grids within ``+-2^23``, else float64.
 
     ``x / scale`` is the float32 division of QuantizeLinear. For a grid within ``+-2^23``,
@@ -280,13 +281,16 @@ def _float_codes(x: np.ndarray, enc: Encoding) -> np.ndarray:
     ``fmax`` sends NaN to ``qmin``; adding the zero point turns a ``-0.0`` into ``0.0``.
     """
     x = np.asarray(x, dtype=np.float32)
-    scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
+    if scale is None:
+        scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
     with np.errstate(over="ignore", invalid="ignore"):
         codes = np.asarray(np.divide(x, scale, dtype=np.float32))
     np.rint(codes, out=codes)
     ftype = np.float32 if max(-enc.qmin, enc.qmax) < _EXACT_FLOAT32_GRID else np.float64
     codes = codes.astype(ftype, copy=False)
-    np.add(codes, broadcast_param(enc, enc.zero_point.astype(ftype), x.shape), out=codes)
+    if zero_point is None:
+        zero_point = broadcast_param(enc, enc.zero_point, x.shape)
+    np.add(codes, zero_point.astype(ftype), out=codes)
     np.fmax(codes, ftype(enc.qmin), out=codes)  # NaN saturates low, like onnxruntime's CPU QuantizeLinear
     np.fmin(codes, ftype(enc.qmax), out=codes)
     return codes
@@ -307,13 +311,47 @@ def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:
     return (q.astype(np.int64) - zp).astype(np.float32) * scale
 
 
+FAKE_QUANTIZE_BLOCK = 1 << 18
+"""Elements per slice `fake_quantize` works on for big tensors: its seven elementwise steps then run on a
+slice that stays in the CPU's cache instead of streaming the whole tensor through memory seven times."""
+
+
 def fake_quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
     """Quantize then dequantize (what a Q->DQ pair in the sim computes): `dequantize` of `quantize`,
-    with the codes kept as floats (``code - zero_point`` is an exact integer there too)."""
-    codes = _float_codes(x, enc)
-    np.subtract(codes, broadcast_param(enc, enc.zero_point.astype(codes.dtype), codes.shape), out=codes)
+    with the codes kept as floats (``code - zero_point`` is an exact integer there too).
+
+    A tensor of more than `FAKE_QUANTIZE_BLOCK` elements is done in slices along its first axis (whole
+    rows, each element the same operations in the same order: the same values, bit for bit)."""
+    x = np.asarray(x)
+    rows = x.shape[0] if x.ndim else 0
+    step = FAKE_QUANTIZE_BLOCK // max(1, x.size // max(1, rows))
+    if x.ndim == 0 or x.size <= FAKE_QUANTIZE_BLOCK or step < 1:
+        return _fake_quantize_whole(x, enc)
+    out = np.empty(x.shape, dtype=np.float32)
+    scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
+    zero_point = broadcast_param(enc, enc.zero_point, x.shape)
+    for start in range(0, rows, step):
+        part = slice(start, start + step)
+        out[part] = _fake_quantize_whole(x[part], enc, _rows(scale, part), _rows(zero_point, part))
+    return out
+
+
+def _rows(param: np.ndarray, part: slice) -> np.ndarray:
+    """The slice ``part`` of a broadcast parameter along the first axis (itself where it does not vary there)."""
+    return param if param.ndim == 0 or param.shape[0] == 1 else param[part]
+
+
+def _fake_quantize_whole(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
+                         zero_point: np.ndarray | None = None) -> np.ndarray:
+    """`fake_quantize` in one piece; ``scale``/``zero_point`` given already broadcast against ``x``."""
+    codes = _float_codes(x, enc, scale, zero_point)
+    if zero_point is None:
+        zero_point = broadcast_param(enc, enc.zero_point, codes.shape)
+    np.subtract(codes, zero_point.astype(codes.dtype), out=codes)
     values = codes.astype(np.float32, copy=False)
-    np.multiply(values, broadcast_param(enc, enc.scale.astype(np.float32), values.shape), out=values)
+    if scale is None:
+        scale = broadcast_param(enc, enc.scale.astype(np.float32), values.shape)
+    np.multiply(values, scale, out=values)
     return values[()]  # a numpy scalar for a 0-d ``x``, like numpy's own operators
 
 

@@ -5,8 +5,9 @@ fake-quantized or dequantized float values, a mapped weight copied unchanged) as
 dims, external data at `DEFERRED_LOCATION` (never a file). `DeferredWeights` keeps, for each, the function
 that computes its values. Writers read them one at a time (`large_models.save_model` with ``weights=``), so
 the whole model is never in memory; `materialize` fills them into the model for a caller that wants the
-ModelProto itself. Anything that reads values (a `GraphIndex` built with ``weights=``) gets them the same way,
-and a rewrite of a deferred constant defers its own result (`derive`).
+ModelProto itself. Anything that reads values (a `GraphIndex` built with ``weights=``) gets them the same
+way, and a rewrite of a deferred constant defers its own result (`derive`). Sessions' weight files defer
+the same way without names: a `DeferredArray` is computed while `quantsim.graph.session` writes it.
 
 Only tensors whose ONNX raw bytes are their numpy array's bytes are deferred (float16/32/64 and 8/16/32/64-bit
 integers, not packed 4-bit types) and only from `large_models`' external-data size up, so a file written from
@@ -14,7 +15,7 @@ the placeholders has the same layout and bytes as one written from the materiali
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 import numpy as np
@@ -24,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantsim.errors import InvalidStateError
 from quantsim.graph.mapped import external_info, is_mapped
 
-__all__ = ["DeferredWeights", "WeightSource", "DEFERRED_LOCATION", "DEFERRED_MIN_BYTES"]
+__all__ = ["DeferredArray", "DeferredWeights", "WeightSource", "DEFERRED_LOCATION", "DEFERRED_MIN_BYTES"]
 
 DEFERRED_LOCATION = "quantsim-deferred"  # external-data location of the placeholders (never a file)
 DEFERRED_MIN_BYTES = 1024  # smaller values stay in the model (`large_models` writes them inline too)
@@ -43,6 +44,23 @@ class WeightSource(Protocol):
 
 def _is_deferred(tensor: onnx.TensorProto) -> bool:
     return is_mapped(tensor) and external_info(tensor).get("location") == DEFERRED_LOCATION
+
+
+class DeferredArray:
+    """Values of ``shape`` and ``dtype`` that ``compute()`` makes only when they are written: the unnamed
+    counterpart of a `DeferredWeights` placeholder, which sessions' weight files take
+    (`quantsim.graph.session`); ``key`` (hashable, or None) names them for `session.WeightFiles`: equal keys,
+    equal values."""
+
+    __slots__ = ("shape", "dtype", "compute", "key")
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, compute: Callable[[], np.ndarray],
+                 key: Hashable | None = None):
+        self.shape, self.dtype, self.compute, self.key = tuple(shape), np.dtype(dtype), compute, key
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
 class DeferredWeights:

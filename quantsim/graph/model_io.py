@@ -16,6 +16,7 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -23,6 +24,9 @@ from onnx import TensorProto, helper
 
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.large_models import is_large, save_model
+
+if TYPE_CHECKING:
+    from quantsim.graph.deferred import DeferredArray
 
 __all__ = ["save_model_atomic", "session_model_source",
            "in_memory_placeholder", "IN_MEMORY_LOCATION", "IN_MEMORY_MIN_BYTES", "IN_MEMORY_ELEM_TYPES"]
@@ -34,13 +38,14 @@ _IN_MEMORY_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t))
                               for t in (*IN_MEMORY_ELEM_TYPES, TensorProto.INT8, TensorProto.UINT8))
 
 
-def in_memory_placeholder(name: str, values: np.ndarray) -> TensorProto | None:
+def in_memory_placeholder(name: str, values: np.ndarray | DeferredArray) -> TensorProto | None:
     """An initializer standing in for ``values``, which onnxruntime gets separately: name, type and dims,
     external data at `IN_MEMORY_LOCATION` (never read). None for values that stay in the model: smaller
     than `IN_MEMORY_MIN_BYTES`, not float32/16/64 (or int8/uint8 weight codes), or not a native-order contiguous
     array."""
+    contiguous = values.flags.c_contiguous if isinstance(values, np.ndarray) else True  # or a `DeferredArray`
     if (values.nbytes < IN_MEMORY_MIN_BYTES or values.dtype not in _IN_MEMORY_DTYPES or not values.dtype.isnative
-            or not values.flags.c_contiguous):
+            or not contiguous):
         return None
     placeholder = TensorProto(name=name, dims=values.shape, data_location=TensorProto.EXTERNAL,
                               data_type=helper.np_dtype_to_tensor_dtype(values.dtype))

@@ -5,11 +5,18 @@ Big weights reach onnxruntime without a copy of its own: ``external_initializers
 memory-maps (page cache, shared, dropped with the session), with weight prepacking off (a prepacked weight
 is a second, anonymous copy). ``SessionOptions.add_external_initializers`` copies every array into
 onnxruntime's own buffers (measured with onnxruntime 1.32), so it only serves smaller sets.
+
+Values may be `DeferredArray`: computed only when written, by two threads, each written straight to its place
+in the file and let go (a large model's fake-quantized weights are never all in memory at once). With a
+`WeightFiles` (the sim keeps one per large mapped model), a deferred value with a ``key`` already written
+for an earlier session is not computed again: the new session's model points at the bytes written then.
 """
 from __future__ import annotations
 
+import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +24,17 @@ import onnx
 import onnxruntime as ort
 
 from quantsim.errors import InvalidStateError, SessionError
+from quantsim.graph.deferred import DeferredArray
 from quantsim.graph.model_io import IN_MEMORY_LOCATION, session_model_source
 
-__all__ = ["make_session", "DEFAULT_PROVIDERS", "FILE_BACKED_MIN_BYTES"]
+__all__ = ["make_session", "DEFAULT_PROVIDERS", "FILE_BACKED_MIN_BYTES", "WeightFiles"]
 
 FILE_BACKED_MIN_BYTES = 64 << 20
 """External initializers of at least this many bytes in all go to onnxruntime as a memory-mapped file
 (module docstring). Read at call time, so tests can lower it."""
 _ALIGNMENT = 1 << 16  # onnxruntime maps external data in place only at offsets aligned to this
+
+_WRITERS = 2  # threads computing and writing deferred values (numpy and file writes release the GIL)
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
 EXACT_SIM_DISABLED_OPTIMIZERS = ("ReluQuantRewrite", "ClipQuantRewrite")
@@ -39,6 +49,7 @@ def make_session(
     external_initializers: Mapping[str, np.ndarray] | None = None,
     file_backed: bool | None = None,
     prepack: bool = False,
+    weight_files: WeightFiles | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession over ``model``.
 
@@ -49,7 +60,8 @@ def make_session(
     (the caller's dict), so the arrays can go before onnxruntime reads the file; with ``prepack`` onnxruntime
     then repacks weights for its kernels (runs as fast as a float session's; the packed copy replaces the
     mapped pages, which onnxruntime releases: for weights nothing else holds). The session keeps what it
-    needs alive.
+    needs alive. Values may be `DeferredArray` (module docstring); ``weight_files`` lets a memory-mapped set reuse
+    the keyed values written for earlier sessions and keeps the new ones for later sessions.
 
     ``fuse_qdq=False`` (the exact sim) sets ``session.disable_quant_qdq`` so onnxruntime runs every
     QuantizeLinear/DequantizeLinear as written: the outputs are the float fake-quantization the sim
@@ -75,11 +87,11 @@ def make_session(
     external = dict(external_initializers or {})
     values: list = []
     source: bytes | str
-    keepalive: tempfile.TemporaryDirectory | None
+    keepalive: tempfile.TemporaryDirectory | WeightFiles | None
     if file_backed is None:
         file_backed = sum(array.nbytes for array in external.values()) >= FILE_BACKED_MIN_BYTES
     if file_backed and external and not fuse_qdq:
-        source, keepalive = file_backed_source(model, external)
+        source, keepalive = file_backed_source(model, external, weight_files)
         external.clear()
         if isinstance(external_initializers, dict):
             external_initializers.clear()
@@ -91,7 +103,7 @@ def make_session(
         # keep the dequantization of integer weights as written: folding it would make a float copy
         disabled = [*(disabled or ()), "ConstantFolding"]
     else:
-        values = [ort.OrtValue.ortvalue_from_numpy(array) for array in external.values()]
+        values = [ort.OrtValue.ortvalue_from_numpy(_materialized(array)) for array in external.values()]
         if values:
             options.add_external_initializers(list(external), values)
         source, keepalive = session_model_source(model)
@@ -102,6 +114,8 @@ def make_session(
         )
         # a large model's files and the external initializers' buffers live as long as the session
         session._quantsim_external_data = (keepalive, values)
+        if weight_files is not None and keepalive is weight_files:
+            weight_files.tidy(keep=Path(str(source)).name)
         return session
     except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
         if not fuse_qdq:
@@ -113,30 +127,127 @@ def make_session(
         ) from error
 
 
-def file_backed_source(model: onnx.ModelProto, arrays: Mapping[str, np.ndarray]
-                       ) -> tuple[str, tempfile.TemporaryDirectory]:
+def _materialized(value) -> np.ndarray:
+    if not isinstance(value, DeferredArray):
+        return np.ascontiguousarray(value)
+    array = np.ascontiguousarray(value.compute(), dtype=value.dtype)
+    if array.shape != value.shape:
+        raise InvalidStateError(f"deferred values of shape {value.shape} computed as {array.shape}")
+    return array
+
+
+class WeightFiles:
+    """A folder of external-data files written for sessions, and where each keyed `DeferredArray` value lies in
+    them (module docstring). Sessions' models are written into the same folder, so they name the files by
+    their plain names. A file stops being tracked (and is removed: an open session keeps its mapped bytes on
+    Linux and macOS) once none of its values is current; when the tracked files hold more than twice the
+    bytes still current, everything is forgotten and the next session writes afresh, so the folder stays
+    within about two copies of the weights on disk (none in memory: the page cache can drop them)."""
+
+    def __init__(self) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="quantsim-weights-")
+        self.folder = Path(self._folder.name)
+        self._where: dict[Hashable, tuple[str, int, int]] = {}  # key -> (file, offset, length)
+        self._names: dict[Hashable, Hashable] = {}  # tensor name -> its current key
+        self._count = 0
+
+    def find(self, name: str, key: Hashable) -> tuple[str, int, int] | None:
+        return self._where.get(key) if self._names.get(name) == key else None
+
+    def new_file(self) -> str:
+        self._count += 1
+        return f"weights-{self._count}.bin"
+
+    def record(self, name: str, key: Hashable, place: tuple[str, int, int]) -> None:
+        old = self._names.get(name)
+        if old is not None and old != key:
+            self._where.pop(old, None)
+        self._names[name], self._where[key] = key, place
+
+    def forget(self, name: str) -> None:
+        """Drop what is recorded for tensor ``name`` (its values changed)."""
+        key = self._names.pop(name, None)
+        if key is not None:
+            self._where.pop(key, None)
+
+    def tidy(self, keep: str) -> None:
+        """Remove files holding no current value (but ``keep``, just written, and the models, read already);
+        forget everything when the files hold far more than the current values."""
+        live = {place[0] for place in self._where.values()} | {keep}
+        for path in [*self.folder.glob("weights-*.bin"), *self.folder.glob("model-*.onnx")]:
+            if path.name not in live:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:  # mapped by a live session where that forbids removal (Windows): next time
+                    pass
+        held = sum(path.stat().st_size for path in self.folder.glob("weights-*.bin"))
+        if held > 2 * sum(place[2] for place in self._where.values()) + (1 << 20):
+            self._where.clear()
+            self._names.clear()
+
+
+def file_backed_source(model: onnx.ModelProto, arrays: Mapping, weight_files: WeightFiles | None = None
+                       ) -> tuple[str, tempfile.TemporaryDirectory | WeightFiles]:
     """The path of a temporary copy of ``model`` whose `model_io.in_memory_placeholder` initializers point
-    into one external-data file holding ``arrays`` (each at an aligned offset), and the folder to keep alive
-    as long as the session. ``model`` is not modified; only the small graph is copied."""
-    folder = tempfile.TemporaryDirectory(prefix="quantsim-session-")
-    path = Path(folder.name) / "model.onnx"
-    data_name = "weights.bin"
+    into an external-data file holding ``arrays`` (arrays or `DeferredArray`, each at an aligned offset), and the
+    folder to keep alive as long as the session (``weight_files`` itself when given: its folder is used). ``model``
+    is not modified; only the small graph is copied."""
+    folder = tempfile.TemporaryDirectory(prefix="quantsim-session-") if weight_files is None else None
+    root = Path(folder.name) if folder is not None else weight_files.folder  # type: ignore[union-attr]
+    data_name = "weights.bin" if weight_files is None else weight_files.new_file()
     light = onnx.ModelProto()
     light.CopyFrom(model)
-    with open(Path(folder.name) / data_name, "wb") as data:
-        for tensor in light.graph.initializer:
-            location = {e.key: e.value for e in tensor.external_data}.get("location")
-            if tensor.name not in arrays or location != IN_MEMORY_LOCATION:
-                continue
-            offset = -(-data.tell() // _ALIGNMENT) * _ALIGNMENT
-            data.seek(offset)
-            length = data.write(np.ascontiguousarray(arrays[tensor.name]).reshape(-1).view(np.uint8).data)
-            del tensor.external_data[:]
-            for key, value in (("location", data_name), ("offset", offset), ("length", length)):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, str(value)
-    path.write_bytes(light.SerializeToString())
-    return str(path), folder
+    jobs: list[tuple[int, object]] = []
+    records: list[tuple[str, Hashable, tuple[str, int, int]]] = []  # recorded once written
+    end = 0
+    for tensor in light.graph.initializer:
+        location = {e.key: e.value for e in tensor.external_data}.get("location")
+        if tensor.name not in arrays or location != IN_MEMORY_LOCATION:
+            continue
+        value = arrays[tensor.name]
+        key = value.key if isinstance(value, DeferredArray) else None
+        place = weight_files.find(tensor.name, key) if weight_files is not None and key is not None else None
+        if place is None:
+            offset = -(-end // _ALIGNMENT) * _ALIGNMENT
+            end = offset + value.nbytes
+            place = (data_name, offset, value.nbytes)
+            jobs.append((offset, value))
+            if key is not None:
+                records.append((tensor.name, key, place))
+        del tensor.external_data[:]
+        for entry_key, entry_value in zip(("location", "offset", "length"), place):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = entry_key, str(entry_value)
+    if jobs:
+        _write_parallel(root / data_name, end, jobs)
+    if weight_files is not None:
+        for name, key, place in records:
+            weight_files.record(name, key, place)
+    model_path = root / ("model.onnx" if weight_files is None else f"model-{data_name[:-4]}.onnx")
+    model_path.write_bytes(light.SerializeToString())
+    return str(model_path), folder if folder is not None else weight_files  # type: ignore[return-value]
+
+
+def _write_parallel(path: Path, size: int, jobs: list[tuple[int, object]]) -> None:
+    """Write each ``(offset, value)`` of ``jobs`` at its offset in a new file ``path`` of ``size`` bytes,
+    computing `DeferredArray` values on `_WRITERS` threads: at most that many are in memory at once."""
+    with open(path, "wb") as file:
+        file.truncate(size)
+        descriptor = file.fileno()
+
+        def write(job: tuple[int, object]) -> None:
+            offset, value = job
+            view = _materialized(value).reshape(-1).view(np.uint8).data
+            while view.nbytes:
+                written = os.pwrite(descriptor, view, offset)
+                view, offset = view[written:], offset + written
+
+        if len(jobs) == 1 or not any(isinstance(value, DeferredArray) for _, value in jobs):
+            for job in jobs:
+                write(job)
+            return
+        with ThreadPoolExecutor(max_workers=_WRITERS) as pool:
+            list(pool.map(write, jobs))
 
 
 def _one_line(message: str) -> str:

@@ -16,7 +16,8 @@ for models with at least `EXTERNAL_DATA_BYTES` of initializers: loading reads th
 (the entry's own key: an entry copied or renamed under another key, which would run another model, is
 refused) and ``SHA256SUMS`` (``sha256sum`` format) with the digest of every file. The key is itself a
 digest over the input model, so ``KEY`` binds the entry to that model too.
-Writing: the files go to a temporary folder ``prepared/.tmp-*`` beside the entry, are fsynced, and the
+Writing: the files go to a temporary folder ``prepared/.tmp-*`` beside the entry, are fsynced (the big
+data file on a thread, after publishing: `entry_sync`), and the
 folder is renamed into place in one atomic step (``os.replace``); when another process published the
 same key first, its entry is kept and ours dropped, so concurrent preparations both succeed. Removal
 renames to ``.trash-*`` first, so a reader sees a whole entry or none.
@@ -50,11 +51,12 @@ from quantsim.graph.large_models import hash_model, payload_bytes, save_model
 from quantsim.graph.loading import file_signature
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.model_io import write_text_atomic
+from quantsim.prepare.entry_sync import fresh_signatures, fsync_file, stamp_when_synced, wait_for_syncs
 from quantsim.prepare.inputs import INPUTS_FOLDER
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
            "pass_identities", "pass_identity", "load_cached", "load_cached_mapped",
-           "store_cached", "clear_cache", "cache_info", "cache_size"]
+           "store_cached", "clear_cache", "cache_info", "cache_size", "wait_for_syncs"]
 
 ENV_VAR = "QUANTSIM_CACHE_DIR"
 EXTERNAL_DATA_BYTES = 64 << 20
@@ -165,7 +167,7 @@ def _load_entry(key: str, cache_dir: str | os.PathLike | None, mapped: bool
             if hashlib.sha256(data).hexdigest() != expected[_MODEL]:
                 return _discard(entry, f"{_MODEL} does not match its sha256")
             return onnx.ModelProto.FromString(data), None
-        stamp, checked = _read_stamp(entry), False
+        stamp, checked = {**_read_stamp(entry), **fresh_signatures(entry)}, False
         for name, digest in expected.items():
             if name in stamp and stamp[name] == file_signature(entry / name):
                 continue  # hashed when written or last read, and not changed since (module docstring)
@@ -202,16 +204,18 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             (staging / _KEY_FILE).write_text(key + "\n")
             digests[_KEY_FILE] = hashlib.sha256((key + "\n").encode()).hexdigest()
             files.append(staging / _KEY_FILE)
+            data_files = [path for path in files if path.name not in (_MODEL, _KEY_FILE)]
             for path in files:
-                _fsync_file(path)
+                if path not in data_files:
+                    fsync_file(path)
             lines = [f"{digests[path.name]}  {path.name}\n" for path in files]
             (staging / _MANIFEST).write_text("".join(lines))
             _file_digest(staging / _MANIFEST, sync=True)
             _sync_folder(staging)
             try:
                 os.replace(staging, entry)
-                if len(files) > 2:  # the data file's digest was taken as it was written: no need to read it back
-                    _write_stamp(entry, [path.name for path in files])
+                if data_files:  # the data file's digest was taken as it was written: no need to read it back
+                    stamp_when_synced(entry, [path.name for path in files], [entry / p.name for p in data_files], _write_stamp)
             except OSError:
                 if (entry / _MANIFEST).exists():  # another process published the same key first
                     pass
@@ -307,11 +311,6 @@ def _write_stamp(entry: Path, names: list[str]) -> None:
         write_text_atomic(entry / _STAMP, json.dumps(stamp))
     except OSError:
         pass
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
 
 
 def _read_manifest(path: Path) -> dict[str, str]:

@@ -43,7 +43,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantsim.core.dtypes import int8, int16, qtype
 from quantsim.core.numerics import Encoding, broadcast_param, fake_quantize, fp16_round_trip, grid_bounds, quantize
 from quantsim.errors import InvalidArgumentError, InvalidStateError
-from quantsim.graph.deferred import DeferredWeights
+from quantsim.graph.deferred import DeferredArray, DeferredWeights
 from quantsim.graph.edit import default_opset
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.large_models import copy_without_initializers, is_external_candidate, is_large, skeleton
@@ -244,7 +244,7 @@ class _SimBuilder:
     """
 
     def __init__(self, model: onnx.ModelProto, initializers, weights: str,
-                 values: Callable[[str], np.ndarray] | None, external: dict[str, np.ndarray] | None,
+                 values: Callable[[str], np.ndarray] | None, external: dict | None,
                  memo: dict[str, tuple] | None = None, integer_weights: bool = False,
                  deferred: DeferredWeights | None = None):
         self.model = model
@@ -274,8 +274,15 @@ class _SimBuilder:
             return
         values = self.values(name)
         if enc is None or self.weights == "fake" or q.role != "param":
-            new = self._remembered(name, _constant_key(q), lambda: (
-                fp16_round_trip(values) if enc is None else fake_quantize(values, enc)).astype(values.dtype, copy=False))
+            def compute() -> np.ndarray:
+                return (fp16_round_trip(values) if enc is None else fake_quantize(values, enc)).astype(
+                    values.dtype, copy=False)
+
+            deferred = self._deferred(name, values, ("quantized", *_constant_key(q)), compute)
+            if deferred is not None:
+                self.replaced[name] = deferred
+                return
+            new = self._remembered(name, _constant_key(q), compute)
             self.replaced[name] = self._placeholder(name, new) or numpy_helper.from_array(new, name)
             return
         storage = q.spec.dtype.storage_type(enc.signed)
@@ -402,7 +409,16 @@ class _SimBuilder:
         self.memo[name] = (key, value)
         return value
 
-    def _placeholder(self, name: str, values: np.ndarray) -> TensorProto | None:
+    def _deferred(self, name: str, values: np.ndarray, key: tuple, compute: Callable[[], np.ndarray]
+                  ) -> TensorProto | None:
+        """With ``external`` and no ``memo``, for a constant whose ``values`` are mapped from a file
+        (`quantsim.graph.mapped`, immutable): the placeholder of a `DeferredArray` of ``compute()``, keyed
+        by ``name`` and ``key``, so that the session computes it while writing it, or reuses it; else None."""
+        if self.external is None or self.memo is not None or not is_mapped(self.initializers[name]):
+            return None
+        return self._placeholder(name, DeferredArray(values.shape, values.dtype, compute, key=(name, key)))
+
+    def _placeholder(self, name: str, values: np.ndarray | DeferredArray) -> TensorProto | None:
         """With ``external``: the stand-in for ``values`` (recorded there), if they may leave the model.
         An initializer that is also a graph input (it can be fed) stays."""
         if self.external is None or name in self.declared_inputs:
@@ -421,7 +437,9 @@ class _SimBuilder:
                                      lambda: self.values(tensor.name))
         if is_mapped(tensor):
             values = self.values(tensor.name)
-            placeholder = self._placeholder(tensor.name, values) if self.external is not None else None
+            placeholder = self._deferred(tensor.name, values, ("float",), lambda: values)
+            if placeholder is None and self.external is not None:
+                placeholder = self._placeholder(tensor.name, values)
             return placeholder or numpy_helper.from_array(np.array(values), tensor.name)
         if self.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES or not is_external_candidate(tensor):
             return tensor

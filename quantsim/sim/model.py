@@ -30,13 +30,12 @@ from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.core.numerics import Encoding
 from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
 from quantsim.graph import session as session_module
-from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import CONSTANT_CACHE_BYTES, GraphIndex
 from quantsim.graph.large_models import model_from_parts, model_parts, value_bytes
 from quantsim.graph.loading import load_model
 from quantsim.graph.mapped import MappedWeights
-from quantsim.graph.session import make_session
+from quantsim.graph.session import WeightFiles, make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
 from quantsim.sim.build import build_sim_model
@@ -180,6 +179,7 @@ class QuantizationSimModel:
         self._calibration_cache: tuple | None = None
         self._active_calibration: CalibrationSession | None = None  # inside `compute_encodings(sim)`
         self._constant_memo: dict[str, tuple] = {}  # shared fake-quantized weights (build_sim_model memo)
+        self._weight_files: WeightFiles | None = None  # the same for mapped weights, on disk (`_session_files`)
         self._capture_sessions: dict[tuple, tuple] = {}
         self._open_states: list[SimState] = []
         self.qc_quantize_op_dict: dict[str, QcQuantizeOp] = QuantizerDict()
@@ -205,11 +205,13 @@ class QuantizationSimModel:
         if self._weights is not None:
             self._weights.materialize(self._model)
             self._weights = self._index.weights = None
+            self._weight_files = None  # no longer mapped: sessions get the weights as arrays again
         return self._model
 
     @model.setter
     def model(self, value: onnx.ModelProto) -> None:
         self._model, self._weights = value, None
+        self._weight_files = None
 
     def _invalidate(self) -> None:
         self._version += 1
@@ -320,7 +322,8 @@ class QuantizationSimModel:
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
             session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights,
-                                   file_backed=self._file_backed(), prepack=self._weights is not None)
+                                   file_backed=self._file_backed(), prepack=self._weights is not None,
+                                   weight_files=self._session_files())
             self._calibration_cache = (key, session, outputs)
         _, session, outputs = self._calibration_cache
         samples = frozenset(q.name for q in observed) if self.range_health else frozenset()
@@ -340,6 +343,17 @@ class QuantizationSimModel:
         """The memo that lets the calibration and sim sessions share fake-quantized weights; None for mapped
         weights, whose sessions get them through a file (kept, they would be a second copy)."""
         return None if self._weights is not None else self._constant_memo
+
+    def _session_files(self) -> WeightFiles | None:
+        """For mapped weights with file-backed sessions: the files their fake-quantized weights were written
+        to, kept for the next session (calibration, then the sim, then each AdaRound or AMP rebuild), which
+        computes and writes only the weights whose quantizer or values changed. Disk, not memory: the page
+        cache holds them only while a session reads them (`session.WeightFiles`)."""
+        if self._weights is None or not self._file_backed():
+            return None
+        if self._weight_files is None:
+            self._weight_files = WeightFiles()
+        return self._weight_files
 
     def _file_backed(self) -> bool:
         """Whether sessions get the weights as a memory-mapped file (`session.make_session`)."""
@@ -377,7 +391,7 @@ class QuantizationSimModel:
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,
                                          external_initializers=weights, file_backed=self._file_backed(),
-                                         prepack=self._weights is not None)
+                                         prepack=self._weights is not None, weight_files=self._session_files())
             self._session_version = self._version
             _log.debug("sim %s: session rebuilt in %.3f s (version %d)", self._label, time.perf_counter() - start,
                        self._version)
@@ -416,7 +430,9 @@ class QuantizationSimModel:
         ``"uint8"`` (code + 128 and zero point + 128: the same values, run exactly by onnxruntime's U8U8
         kernels on CPUs without VNNI) or ``"auto"`` (uint8 where this machine's U8S8 kernels saturate); see
         `quantsim.export.weight_codes`. The encodings files are unaffected."""
-        skeleton, weights = self._qdq_skeleton(int32_bias, weight_codes)
+        from quantsim.export.qdq import qdq_skeleton
+
+        skeleton, weights = qdq_skeleton(self, int32_bias, weight_codes)
         if path is None:
             return weights.materialize(skeleton)
         target = Path(path)
@@ -424,30 +440,6 @@ class QuantizationSimModel:
             files.add_model(skeleton, target.name, weights=weights)
             files.commit()
         return None
-
-    def _qdq_skeleton(self, int32_bias: bool = True,
-                      weight_codes: str = "int8") -> tuple[onnx.ModelProto, DeferredWeights]:
-        """The QDQ model with its big weights as placeholders, and what computes them (`to_qdq_model`)."""
-        from quantsim.export.qdq import to_qdq_model
-        from quantsim.export.weight_codes import resolve_weight_codes
-
-        codes = resolve_weight_codes(weight_codes, self.providers, warn_as="to_onnx_qdq")
-        self._ensure_param_encodings()
-        self._check_activations_calibrated("to_onnx_qdq")
-        weights = DeferredWeights()
-        return to_qdq_model(self, int32_bias=int32_bias, weights=weights, weight_codes=codes), weights
-
-    def _check_activations_calibrated(self, what: str) -> None:
-        """An error when no enabled activation quantizer has an encoding (the export would hold no activation
-        Q/DQ at all); a warning naming them when only some lack one."""
-        missing = [q.name for q in self.quantizers if q.enabled and q.role == "activation" and not q.is_initialized()]
-        if not missing:
-            return
-        if all(not q.is_initialized() for q in self.quantizers if q.enabled and q.role == "activation"):
-            raise InvalidStateError(f"{what}: no activation quantizer has an encoding; call compute_encodings "
-                                    "(or load encodings) first")
-        warn_at_caller(f"{what}: {len(missing)} enabled activation quantizer(s) have no encoding and get no Q/DQ, "
-                       f"e.g. {missing[:3]}", RuntimeWarning)
 
     def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
                        input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8"):
@@ -493,6 +485,8 @@ class QuantizationSimModel:
     def _write_weight(self, name: str, values: np.ndarray) -> None:
         write_weight(self, name, values)
         self._constant_memo.clear()
+        if self._weight_files is not None:
+            self._weight_files.forget(name)
         self._calibration_cache = None  # its key holds quantizer state, not weight values
         self._invalidate()
 
@@ -543,7 +537,7 @@ class QuantizationSimModel:
         self.model  # noqa: B018 - mapped weights are copied in: the pickle carries the whole model
         state = dict(self.__dict__)
         state.update(_session=None, _session_version=-1, _fused=None, _calibration_cache=None,
-                     _capture_sessions={}, _open_states=[], _constant_memo={})
+                     _capture_sessions={}, _open_states=[], _constant_memo={}, _weight_files=None)
         # the index is rebuilt from the model (its tensors would pickle as a second copy of every weight), and
         # the model travels as its skeleton plus weight bytes (protobuf pickles nothing over 2 GiB)
         del state["_index"]
@@ -567,13 +561,14 @@ class QuantizationSimModel:
         requantization table (key ``quantsim_requantization``). ``weight_codes`` is the storage type of the QDQ
         model's 8-bit weight codes (see `to_onnx_qdq`); the encodings file keeps int8 symmetric semantics."""
         from quantsim.encodings.transfer import export_sim
+        from quantsim.export.qdq import qdq_skeleton
         from quantsim.export.weight_codes import check_weight_codes
         from quantsim.graph.file_set import check_file_name
 
         check_file_name(filename_prefix)
         check_weight_codes(weight_codes)
         requant = self.export_integer().requant_document() if requant_table else None
-        extra = {".qdq.onnx": self._qdq_skeleton(weight_codes=weight_codes)} if qdq else None
+        extra = {".qdq.onnx": qdq_skeleton(self, weight_codes=weight_codes)} if qdq else None
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
                    force_activation_as, requant, extra)
 

@@ -1,0 +1,100 @@
+"""Sessions of a sim whose weights are mapped from the preparation cache (large models) reuse the
+fake-quantized weights written for earlier sessions: calibration, then the sim session, then each rebuild
+after a change computes only the weights whose quantizer or values changed, with the bits of a sim that
+holds its weights in memory (the oracle), and the files stay bounded on disk. Small models exercise the
+large-model paths by lowering the size thresholds."""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import onnx
+from test_large_model_memory import _mlp, _outputs
+
+import quantsim
+import quantsim.graph.session as session_module
+import quantsim.sim.build as build_module
+from quantsim.graph.deferred import DeferredArray
+
+cache_module = importlib.import_module("quantsim.prepare.cache")
+
+
+def _counting(monkeypatch) -> list[int]:
+    """Counts the weights fake-quantized for sessions (``calls[0]``)."""
+    calls = [0]
+    original = build_module.fake_quantize
+
+    def counted(values, enc):
+        calls[0] += 1
+        return original(values, enc)
+
+    monkeypatch.setattr(build_module, "fake_quantize", counted)
+    return calls
+
+
+def test_sessions_of_mapped_weights_compute_only_what_changed(monkeypatch, tmp_path):
+    model, feeds = _mlp()
+    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "memory-cache"))
+    oracle = quantsim.QuantizationSimModel(model, progress=False)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, str(path))
+    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
+    monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
+    sim = quantsim.QuantizationSimModel(path, progress=False)
+    assert sim._index.weights is not None  # mapped
+    weights = [q for q in sim.quantizers if q.role == "param" and q.enabled]
+    calls = _counting(monkeypatch)
+    for s in (oracle, sim):
+        s.compute_encodings(feeds)
+    assert calls[0] == 2 * len(weights)  # the oracle's calibration session, then the mapped sim's
+    oracle_outputs = _outputs(oracle, feeds)
+    calls[0] = 0
+    assert _outputs(sim, feeds) == oracle_outputs
+    assert calls[0] == 0  # the sim session reads the weights its calibration session wrote
+
+    for s in (oracle, sim):  # one weight's grid changes: that weight alone is computed again
+        s.qc_quantize_op_dict["w1"].set_bitwidth(4)
+    _outputs(oracle, feeds)
+    calls[0] = 0
+    assert _outputs(sim, feeds) == _outputs(oracle, feeds)
+    assert calls[0] == 1
+
+    new = np.full((48, 48), 0.01, np.float32)  # a replaced weight: computed from its new values
+    for s in (oracle, sim):
+        s.replace_weight("w0", new)
+    assert _outputs(sim, feeds) == _outputs(oracle, feeds)
+    for bits in (8, 4, 8, 4, 8):  # flipping back and forth keeps the files within two copies of the weights
+        for s in (oracle, sim):
+            s.qc_quantize_op_dict["w2"].set_bitwidth(bits)
+        assert _outputs(sim, feeds) == _outputs(oracle, feeds)
+    files = sim._weight_files
+    assert files is not None
+    held = sum(p.stat().st_size for p in files.folder.glob("weights-*.bin"))
+    mapped = sum(sim.get_weight(n).nbytes for n in ("w1", "w2", "head"))
+    assert held <= 2 * mapped + 8 * (1 << 16) + (1 << 20)  # aligned offsets pad each weight to 64 KiB
+
+
+def test_deferred_values_are_written_by_worker_threads_to_their_offsets(tmp_path):
+    """`file_backed_source` computes `DeferredArray` values while writing: the file holds each at its offset."""
+    from onnx import TensorProto, helper
+
+    from quantsim.graph.model_io import in_memory_placeholder
+
+    arrays = {f"t{i}": np.arange(300 * (i + 1), dtype=np.float32) * (i + 1) for i in range(4)}
+    values = {name: DeferredArray(a.shape, a.dtype, lambda a=a: a, key=(name,)) for name, a in arrays.items()}
+    values["t3"] = arrays["t3"]  # a plain array among them
+    graph = helper.make_graph([], "g", [], [], [in_memory_placeholder(n, a) for n, a in arrays.items()])
+    model = helper.make_model(graph)
+    files = session_module.WeightFiles()
+    source, keep = session_module.file_backed_source(model, values, files)
+    assert keep is files
+    written = onnx.load(source, load_external_data=False)
+    for tensor in written.graph.initializer:
+        assert tensor.data_location == TensorProto.EXTERNAL
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor, base_dir=str(files.folder)), arrays[tensor.name])
+    again, _ = session_module.file_backed_source(model, values, files)  # keyed values are found, not written
+    places = {t.name: {e.key: e.value for e in t.external_data}
+              for t in onnx.load(again, load_external_data=False).graph.initializer}
+    assert places["t0"] == {e.key: e.value for e in written.graph.initializer[0].external_data}
+    assert places["t3"]["location"] != places["t0"]["location"]  # the plain array is written afresh
