@@ -201,7 +201,7 @@ def test_unsupported_op_is_reported_and_exact():
     sim.compute_encodings([feeds(i, 4) for i in range(4)])
     exported = _export_checked(sim)
     assert [(r.node, r.op_type) for r in exported.report] == [("ln", "LayerNormalization")]
-    assert "no integer lowering" in exported.report[0].reason
+    assert "no integer LayerNorm kernel" in exported.report[0].reason
     assert "QLinearMatMul" in {n.op_type for n in exported.model.graph.node}
     assert _steps(sim, exported, feeds(7, 8))["y"].max() == 0
 
