@@ -29,7 +29,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
 from quantsim.core.numerics import Encoding, encoding_from_range
-from quantsim.export.integer.export import IntegerExportError, export_integer
+from quantsim.export.integer.export import IntegerExportError
+from quantsim.export.integer.export import export_integer as _export_integer
 from quantsim.export.reference import compare_with_onnxruntime
 
 INTEGER_OPS = frozenset(
@@ -39,6 +40,13 @@ INTEGER_OPS = frozenset(
 )
 FLOAT_COMPUTE = frozenset({"Conv", "MatMul", "Gemm", "Add", "Mul", "Sub", "Div", "Relu", "Sigmoid", "Softmax",
                            "AveragePool", "GlobalAveragePool", "Tanh", "Erf", "HardSwish", "HardSigmoid"})
+
+
+def export_integer(sim, **kwargs):
+    """The integer export with ``weight_codes="auto"``: int8 weight codes where this CPU's uint8 x int8
+    kernels are exact, uint8 codes (the same values) where they saturate, so these comparisons with
+    onnxruntime's kernels run on every CPU."""
+    return _export_integer(sim, weight_codes="auto", **kwargs)
 
 
 # helpers -------------------------------------------------------------------------------------------------
@@ -136,7 +144,6 @@ def _cnn():
 
 
 # the small CNN ---------------------------------------------------------------------------------------------
-@pytest.mark.int8_kernels
 def test_small_cnn_is_fully_integer_and_within_one_step():
     model, _ = _cnn()
     sim = _sim(model, (4, 3, 16, 16))
@@ -160,7 +167,6 @@ def test_small_cnn_is_fully_integer_and_within_one_step():
     assert len(mantissas) >= 3 * 8 + 2 + 2 + 1 + 10 and all(2**30 <= m < 2**31 for m in mantissas)
 
 
-@pytest.mark.int8_kernels
 @pytest.mark.parametrize("name", sorted(set(BUILDERS) - {"layernorm"}))
 def test_model_zoo_integer(name):
     model, feeds = BUILDERS[name]()
@@ -179,7 +185,6 @@ def test_model_zoo_integer(name):
             assert np.mean(steps > 0) <= 0.03, (output, np.mean(steps > 0))
 
 
-@pytest.mark.int8_kernels
 @pytest.mark.parametrize("name", ["conv_relu", "conv_relu6", "residual", "concat", "gemm", "matmul", "pool", "resize"])
 def test_without_biases_the_integer_model_equals_the_sim(name):
     """The int32 bias is the only approximation: with zero biases every kernel reproduces the sim exactly."""
@@ -194,7 +199,6 @@ def test_without_biases_the_integer_model_equals_the_sim(name):
         assert steps.max() == 0, (output, np.mean(steps > 0))
 
 
-@pytest.mark.int8_kernels
 def test_unsupported_op_is_reported_and_exact():
     model, feeds = BUILDERS["layernorm"]()
     sim = quantsim.QuantizationSimModel(model, progress=False)
@@ -242,7 +246,6 @@ def test_lookup_tables_are_exact(opset):
 
 
 # elementwise kernels ---------------------------------------------------------------------------------------------
-@pytest.mark.int8_kernels
 def test_elementwise_kernels():
     rng = np.random.default_rng(3)
     inits = [_named(_w(rng, 4, 3, 3, 3), "c.w"), _named(_w(rng, 4, scale=0.1), "c.b"),
@@ -303,7 +306,6 @@ def test_data_movement_is_exact():
         assert steps.max() == 0, output
 
 
-@pytest.mark.int8_kernels
 def test_relu_clip_fold_or_clamp():
     model, feeds = BUILDERS["conv_relu6"]()
     sim = quantsim.QuantizationSimModel(model, progress=False)
@@ -337,7 +339,6 @@ def test_int16_activations_fall_back_exactly():
     assert kept.io == {} and kept.model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
 
 
-@pytest.mark.int8_kernels
 def test_float16_layer_and_disabled_quantizer_are_reported():
     model, _ = _cnn()
     sim = _sim(model, (4, 3, 16, 16))
@@ -388,7 +389,6 @@ def test_w4a4_integer_model_agrees_with_the_reference_executor():
     assert _steps(sim, exported, feed)["y"].max() <= 1
 
 
-@pytest.mark.int8_kernels
 @pytest.mark.parametrize("weight_bits", range(2, 9))
 def test_every_precision_combination_loads_and_matches_the_sim(weight_bits):
     """W2..W8 x A2..A16 on a CNN with every lowering family: the model loads in onnxruntime (4-bit codes
@@ -427,7 +427,6 @@ def test_export_refuses_a_model_onnxruntime_cannot_load(monkeypatch):
 
 
 # integer I/O, requant table, files, errors ------------------------------------------------------------------------
-@pytest.mark.int8_kernels
 def test_integer_io_gives_uint8_graph_boundaries():
     model, _ = _cnn()
     sim = _sim(model, (4, 3, 16, 16))
@@ -457,7 +456,6 @@ def _one_conv():
     return _model(nodes, [_vi("x", "N", 8, 6, 6)], [_vi("y", "N", 16, 6, 6)], inits)
 
 
-@pytest.mark.int8_kernels
 def test_requant_table_reproduces_onnxruntime_conv():
     from quantsim.core import fixed_point as fp
 
@@ -471,7 +469,9 @@ def test_requant_table_reproduces_onnxruntime_conv():
     # integer-only recomputation: int32 accumulator, fixed-point multiplier, zero point, clamp
     inits = {t.name: numpy_helper.to_array(t) for t in exported.model.graph.initializer}
     conv = next(n for n in exported.model.graph.node if n.op_type == "QLinearConv")
-    w, bias = inits[conv.input[3]].astype(np.int64), inits[conv.input[8]].astype(np.int64)
+    w_zero_point = inits[conv.input[5]].astype(np.int64).reshape(-1, 1, 1, 1)  # 0 for int8 codes, 128 for uint8
+    w = inits[conv.input[3]].astype(np.int64) - w_zero_point
+    bias = inits[conv.input[8]].astype(np.int64)
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (2, 8, 6, 6)).astype(np.uint8)
     padded = np.pad(x.astype(np.int64) - entry["input_zero_point"], ((0, 0), (0, 0), (1, 1), (1, 1)))
@@ -509,7 +509,6 @@ def test_uncalibrated_and_zero_scale_errors_name_the_tensor():
         export_integer(sim)
 
 
-@pytest.mark.int8_kernels
 def test_gemm_and_matmul_variants():
     rng = np.random.default_rng(5)
     inits = [_named(_w(rng, 6, 5), "g.w"), numpy_helper.from_array(np.float32(0.3), "g.b"),
@@ -547,7 +546,6 @@ def test_signed_int8_activations_become_uint8():
     assert exported.model.graph.input[0].type.tensor_type.elem_type == TensorProto.UINT8
 
 
-@pytest.mark.int8_kernels
 @pytest.mark.parametrize("opset", [13, 14])
 def test_paddle_hardswish_chain_is_one_hardswish(opset):
     """Paddle's x * clip(x + 3, 0, 6) / 6 after a Conv: preparation fuses it (HardSwish at opset 14,
@@ -629,7 +627,6 @@ def _lcnet_like():
     return _model(nodes, [_vi("x", "N", 3, 12, 12)], outputs, inits)
 
 
-@pytest.mark.int8_kernels
 def test_piecewise_linear_activations_run_on_qlinear_kernels():
     """HardSwish, HardSigmoid, LeakyRelu and scalar Mul become QLinear kernels (no table); the one true
     table (Tanh) is a GatherElements; within one step per op of the sim, and within one LSB of the
@@ -666,7 +663,6 @@ def test_standalone_clip_onto_another_grid_is_a_requantizing_kernel():
     assert _steps(sim, exported, _feeds((64, 4, 6), 8, spread=4.0))["y"].max() == 0
 
 
-@pytest.mark.int8_kernels
 def test_per_channel_input_normalisation_runs_on_integer_kernels():
     """``(x - mean) / std`` with [1, 3, 1, 1] constants in front of the stem: QLinearAdd with the exactly
     negated mean codes and QLinearMul by the reciprocal std (it used to stay float)."""
@@ -692,7 +688,6 @@ def test_per_channel_input_normalisation_runs_on_integer_kernels():
         assert result["max_lsb_diff"] <= 1 and result["frac_within_1_lsb"] == 1.0, (name, result)
 
 
-@pytest.mark.int8_kernels
 def test_decomposed_leaky_relu_runs_as_qlinear_leaky_relu():
     """``Max(x, 0.1 x)`` after a Conv: preparation spells it LeakyRelu, the export a QLinearLeakyRelu."""
     rng = np.random.default_rng(5)

@@ -206,10 +206,9 @@ def test_attention_block_lowers_everything_but_the_layer_norm():
         assert steps.max() <= 2 and (steps >= 1).mean() <= 0.06, (steps.max(), (steps >= 1).mean())
 
 
-@pytest.mark.int8_kernels
 def test_attention_block_on_onnxruntime_kernels():
     sim = _sim(_block())
-    exported = export_integer(sim)
+    exported = export_integer(sim, weight_codes="auto")  # uint8 codes where this CPU's u8 x s8 kernels saturate
     session = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
     feed = _feed(10)
     steps = _steps(sim, session.run(None, feed)[0], sim.session.run(None, feed)[0], "y")

@@ -73,7 +73,6 @@ def _yolo_like() -> onnx.ModelProto:
     return _model(h.nodes, [_vi("x", "N", 3, 16, 16)], outputs, h.inits)
 
 
-@pytest.mark.int8_kernels
 def test_yolo_like_head_runs_on_integer_kernels_within_one_step():
     sim = _sim(_yolo_like(), (4, 3, 16, 16))
     exported = _export_checked(sim)
@@ -95,7 +94,6 @@ def test_yolo_like_head_runs_on_integer_kernels_within_one_step():
         assert result["max_lsb_diff"] <= 3 and result["frac_within_1_lsb"] >= 0.99, (name, result)
 
 
-@pytest.mark.int8_kernels
 def test_activation_difference_is_qlinear_add_of_negated_codes():
     """``a - b`` of two quantized activations equals the sim's float difference requantized (<= 1 step)."""
     h = _Head(9)
@@ -118,7 +116,6 @@ def test_activation_difference_is_qlinear_add_of_negated_codes():
     (3, 2, [1, 1, 1, 1], [1, 1], True),
     (3, 1, [1, 0, 1, 0], [0, 0], False),
 ])
-@pytest.mark.int8_kernels
 def test_conv_transpose_is_zero_insertion_and_qlinear_conv(kernel, stride, pads, output_padding, bias):
     """ConvTranspose -> QLinearConv (sub-pixel + DepthToSpace, or zero insertion): equal to the sim bit for bit without a bias
     (the same sums), within one step with one, and equal to the reference executor within one LSB."""
