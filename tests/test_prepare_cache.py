@@ -178,6 +178,7 @@ def test_entry_files_are_rehashed_when_changed_in_place_after_being_stamped(tmp_
     monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
     model = model_with_bn(size=16)
     prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
+    cache_module.wait_for_syncs()  # stamped: the data file's fsync, then its stamp, run on a thread
     entry = entry_dir(tmp_path)
     data = entry / "model.onnx.data"
     hashed = []
@@ -305,3 +306,19 @@ def test_an_incomplete_entry_is_rebuilt_once_not_missed_forever(tmp_path, damage
         warnings.simplefilter("error")
         prepare(model_with_bn(), cache_dir=cache)  # a clean hit now
     assert not [p for p in cache_root(cache).iterdir() if p.name.startswith(".")]
+
+
+def test_cache_info_lists_an_entry_whose_staged_stamp_is_renamed_while_listing(tmp_path, monkeypatch):
+    """The sync thread renames the `.verified` stamp's staged file into place while `cache_info` may be listing
+    the entry: a file gone between the listing and its stat does not hide the entry."""
+    prepare(model_with_bn(), cache_dir=tmp_path / "c")
+    (entry,) = cache_info(tmp_path / "c")
+    real_iterdir = Path.iterdir
+
+    def iterdir_with_a_vanished_file(self):
+        yield from real_iterdir(self)
+        if self.name == entry.key:
+            yield self / ".verified.staged-gone"
+
+    monkeypatch.setattr(Path, "iterdir", iterdir_with_a_vanished_file)
+    assert [e.key for e in cache_info(tmp_path / "c")] == [entry.key]

@@ -254,7 +254,7 @@ def cache_info(cache_dir: str | os.PathLike | None = None) -> list[CacheEntry]:
         if not _KEY.fullmatch(child.name):
             continue
         try:
-            size = sum(path.stat().st_size for path in child.iterdir())
+            size = sum(_size_if_present(path) for path in child.iterdir())
             entries.append(CacheEntry(child.name, size, (child / _MANIFEST).stat().st_mtime))
         except OSError:  # incomplete or being removed
             continue
@@ -267,6 +267,15 @@ def cache_size(cache_dir: str | os.PathLike | None = None) -> int:
 
 
 # helpers ---------------------------------------------------------------------------------------
+def _size_if_present(path: Path) -> int:
+    """A file's size, 0 if it went away since it was listed (the `.verified` stamp's staged file is renamed
+    into place by the sync thread of `entry_sync` while another thread may be listing the entry)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 @functools.cache
 def _source_digest_cached(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
