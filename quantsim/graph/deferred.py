@@ -62,6 +62,13 @@ class DeferredArray:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
+    def array(self) -> np.ndarray:
+        """The values, computed now (C-contiguous, ``dtype``), checked against the declared ``shape``."""
+        values = np.ascontiguousarray(self.compute(), dtype=self.dtype)
+        if values.shape != self.shape:
+            raise InvalidStateError(f"deferred values of shape {self.shape} computed as {values.shape}")
+        return values
+
 
 class DeferredWeights:
     """The functions computing a model's deferred initializers (module docstring), by tensor name."""

@@ -128,12 +128,7 @@ def make_session(
 
 
 def _materialized(value) -> np.ndarray:
-    if not isinstance(value, DeferredArray):
-        return np.ascontiguousarray(value)
-    array = np.ascontiguousarray(value.compute(), dtype=value.dtype)
-    if array.shape != value.shape:
-        raise InvalidStateError(f"deferred values of shape {value.shape} computed as {array.shape}")
-    return array
+    return value.array() if isinstance(value, DeferredArray) else np.ascontiguousarray(value)
 
 
 class WeightFiles:

@@ -236,6 +236,12 @@ def _redundant_activation_quantizers(index: GraphIndex, planned: dict[str, tuple
     return redundant
 
 
+def _fake_values(values: np.ndarray, enc: Encoding | None) -> np.ndarray:
+    """What the sim computes for a quantized constant: float16's round trip without an encoding (FP16),
+    else its fake quantization."""
+    return fp16_round_trip(values) if enc is None else fake_quantize(values, enc)
+
+
 class _SimBuilder:
     """Collects the sim's changes to ``model`` (a copy without initializers) and assembles it in `finish`.
 
@@ -275,8 +281,7 @@ class _SimBuilder:
         values = self.values(name)
         if enc is None or self.weights == "fake" or q.role != "param":
             def compute() -> np.ndarray:
-                return (fp16_round_trip(values) if enc is None else fake_quantize(values, enc)).astype(
-                    values.dtype, copy=False)
+                return _fake_values(values, enc).astype(values.dtype, copy=False)
 
             deferred = self._deferred(name, values, ("quantized", *_constant_key(q)), compute)
             if deferred is not None:
@@ -310,8 +315,7 @@ class _SimBuilder:
                 return False
 
             def fake() -> np.ndarray:
-                values = self.values(name)
-                return fp16_round_trip(values) if enc is None else fake_quantize(values, enc)
+                return _fake_values(self.values(name), enc)
 
             self.replaced[name] = self.deferred.add(name, tensor.data_type, shape, fake)
             return True

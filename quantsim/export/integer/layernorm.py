@@ -55,13 +55,6 @@ class LayerNormMatch:
     epsilon: float
 
 
-def _only_use(index: GraphIndex, name: str) -> onnx.NodeProto | None:
-    uses = index.uses(name)
-    if len(uses) != 1 or uses[0].index < 0 or name in index.graph_outputs:
-        return None
-    return uses[0].node
-
-
 def _reduced_axes(index: GraphIndex, node: onnx.NodeProto) -> tuple[int, ...] | None:
     attrs = node_attributes(node)
     if int(attrs.get("keepdims", 1)) != 1:
@@ -93,7 +86,7 @@ def match_decomposed_layer_norm(index: GraphIndex, mean_node: onnx.NodeProto) ->
     if mean_node.op_type != "ReduceMean" or not mean_node.input or not mean_node.output[0]:
         return None
     x, mean = mean_node.input[0], mean_node.output[0]
-    sub = _only_use(index, mean)
+    sub = index.single_consumer(mean)
     if sub is None or sub.op_type != "Sub" or list(sub.input) != [x, mean]:
         return None
     centered = sub.output[0]
@@ -108,18 +101,18 @@ def match_decomposed_layer_norm(index: GraphIndex, mean_node: onnx.NodeProto) ->
         return None
     if square.op_type == "Mul" and list(square.input) != [centered, centered]:
         return None
-    var_node = _only_use(index, square.output[0])
+    var_node = index.single_consumer(square.output[0])
     if var_node is None or var_node.op_type != "ReduceMean" or var_node.input[0] != square.output[0]:
         return None
-    add = _only_use(index, var_node.output[0])
+    add = index.single_consumer(var_node.output[0])
     if add is None or add.op_type != "Add":
         return None
     eps_name = add.input[1] if add.input[0] == var_node.output[0] else add.input[0]
     epsilon = _scalar(index, eps_name)
-    sqrt = _only_use(index, add.output[0])
+    sqrt = index.single_consumer(add.output[0])
     if epsilon is None or epsilon < 0 or sqrt is None or sqrt.op_type != "Sqrt":
         return None
-    if _only_use(index, sqrt.output[0]) is not div or list(div.input) != [centered, sqrt.output[0]]:
+    if index.single_consumer(sqrt.output[0]) is not div or list(div.input) != [centered, sqrt.output[0]]:
         return None
     shape = index.shape.get(x)
     axes, var_axes = _reduced_axes(index, mean_node), _reduced_axes(index, var_node)
