@@ -104,3 +104,28 @@ def test_float_cast_kept_for_other_readers():
     feed = {"ids": np.arange(10).reshape(2, 5)}
     for a, b in zip(sim.session.run(None, feed), _session(qdq, fused=False).run(None, feed)):
         np.testing.assert_allclose(a, b, atol=0)
+
+
+def test_unnamed_nodes_get_the_codes_once_and_in_order():
+    """Nodes are inserted by position, not by name: with unnamed MatMuls (names are optional in ONNX) the
+    bool input's codes are built once, ahead of their first reader, and the model computes the same."""
+    from quantsim.export.qdq import codes_for_boolean_inputs
+
+    w = np.arange(-8, 8, dtype=np.int8).reshape(4, 4)
+    inits = [numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(np.array(0.5, np.float32), "w_s"),
+             numpy_helper.from_array(np.array(0, np.int8), "w_zp")]
+    nodes = [helper.make_node("Cast", ["hot"], ["hot_f"], to=TensorProto.FLOAT),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_zp"], ["w"]),
+             helper.make_node("MatMul", ["hot_f", "w"], ["y1"]),
+             helper.make_node("MatMul", ["hot_f", "w"], ["y2"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("hot", TensorProto.BOOL, [3, 4])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [3, 4]) for y in ("y1", "y2")],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feed = {"hot": np.eye(4, dtype=bool)[[0, 2, 3]]}
+    want = _session(model, fused=False).run(None, feed)
+    converted = codes_for_boolean_inputs(onnx.ModelProto.FromString(model.SerializeToString()))
+    onnx.checker.check_model(converted, full_check=True)
+    assert [n.op_type for n in converted.graph.node].count("DequantizeLinear") == 2  # the weight's and the codes'
+    for a, b in zip(want, _session(converted, fused=False).run(None, feed)):
+        np.testing.assert_array_equal(a, b)

@@ -292,6 +292,19 @@ def _boolean_cast_source(index: GraphIndex, name: str) -> str | None:
     return cast.input[0] if index.elem_type.get(cast.input[0]) == TensorProto.BOOL else None
 
 
+def _insert_before(model: onnx.ModelProto, before: dict[int, list[onnx.NodeProto]]) -> None:
+    """Insert ``before[i]`` ahead of the graph's node at position ``i`` (positions, not names: names may be
+    empty or repeat), in place."""
+    if not before:
+        return
+    ordered: list[onnx.NodeProto] = []
+    for position, node in enumerate(model.graph.node):
+        ordered.extend(before.get(position, ()))
+        ordered.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(ordered)
+
+
 def codes_for_boolean_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     """Give a weighted op whose activation input is a bool tensor cast to float (a one-hot encoding, a
     mask) that input as uint8 codes behind ``DequantizeLinear(scale 1)`` (module docstring): the values 0
@@ -299,8 +312,8 @@ def codes_for_boolean_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     DequantizeLinear the op becomes a node unit onnxruntime runs on integer kernels."""
     index = GraphIndex(model)
     converted: dict[str, str] = {}  # bool tensor -> its dequantized uint8 codes
-    before: dict[str, list[onnx.NodeProto]] = {}
-    for node in index.nodes:
+    before: dict[int, list[onnx.NodeProto]] = {}  # position of a node -> nodes to insert before it (names may repeat)
+    for position, node in enumerate(index.nodes):
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not node.input[0]:
             continue
         source = _boolean_cast_source(index, node.input[0])
@@ -315,20 +328,17 @@ def codes_for_boolean_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
             model.graph.initializer.extend([numpy_helper.from_array(np.array(1.0, np.float32), scale),
                                             numpy_helper.from_array(np.array(0, np.uint8), zero_point)])
             converted[source] = index.fresh_name(f"{node.input[0]}/dequantized")
-            before.setdefault(node.name, []).extend([
+            before.setdefault(position, []).extend([
                 helper.make_node("Cast", [source], [base], name=base, to=TensorProto.UINT8),
                 helper.make_node("DequantizeLinear", [base, scale, zero_point], [converted[source]],
                                  name=index.fresh_name(f"{base}/dequantize")),
             ])
         node.input[0] = converted[source]
     if before:
-        ordered: list[onnx.NodeProto] = []
-        for node in model.graph.node:
-            ordered.extend(before.get(node.name, ()))
-            ordered.append(node)
-        read = {i for n in ordered for i in n.input if i} | {o.name for o in model.graph.output}
-        kept = [n for n in ordered if not (n.op_type == "Cast" and _boolean_cast_source(index, n.output[0])
-                                          and n.output[0] not in read)]
+        _insert_before(model, before)
+        read = {i for n in model.graph.node for i in n.input if i} | {o.name for o in model.graph.output}
+        kept = [n for n in model.graph.node if not (n.op_type == "Cast" and _boolean_cast_source(index, n.output[0])
+                                                    and n.output[0] not in read)]
         del model.graph.node[:]
         model.graph.node.extend(kept)
     return model
@@ -386,8 +396,8 @@ def float_weights_for_float_inputs(model: onnx.ModelProto, weights: DeferredWeig
 def protect_float_weights(model: onnx.ModelProto, weights: DeferredWeights | None = None) -> onnx.ModelProto:
     """Read DQ outputs through Cast/Sub/Mul for ops whose weight is float (module docstring)."""
     index = GraphIndex(model, weights=weights)
-    before: dict[str, list[onnx.NodeProto]] = {}
-    for node in index.nodes:
+    before: dict[int, list[onnx.NodeProto]] = {}  # position of a node -> nodes to insert before it (names may repeat)
+    for position, node in enumerate(index.nodes):
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
             continue
         dq = index.producer_of(node.input[0])
@@ -404,15 +414,9 @@ def protect_float_weights(model: onnx.ModelProto, weights: DeferredWeights | Non
             chain.append(helper.make_node("Sub", [shifted, zp_float], [f"{base}/sub"], name=f"{base}/sub"))
             shifted = f"{base}/sub"
         chain.append(helper.make_node("Mul", [shifted, scale], [base], name=f"{base}/mul"))
-        before.setdefault(node.name, []).extend(chain)
+        before.setdefault(position, []).extend(chain)
         node.input[0] = base
-    if before:
-        ordered: list[onnx.NodeProto] = []
-        for node in model.graph.node:
-            ordered.extend(before.get(node.name, ()))
-            ordered.append(node)
-        del model.graph.node[:]
-        model.graph.node.extend(ordered)
+    _insert_before(model, before)
     return model
 
 
