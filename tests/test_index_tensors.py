@@ -157,3 +157,30 @@ def test_gathered_embeddings_and_topk_ranked_logits_stay_data():
     for name in ("h", "logits"):
         assert sim.qc_quantize_op_dict[name].enabled, name
     assert "top_ids" not in sim.qc_quantize_op_dict and "k" not in sim.qc_quantize_op_dict
+
+
+def test_bias_add_is_one_float_constant_added_to_the_only_use():
+    """`GraphIndex.bias_add`, the one home of "MatMul + bias Add": a second use, a graph output, an Add of two
+    activations or an Add whose constant is the tensor itself are not a bias."""
+    from quantsim.graph.index import GraphIndex
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["b", "mm"], ["biased"]),  # constant first: still a bias
+        helper.make_node("MatMul", ["biased", "w"], ["mm2"]),
+        helper.make_node("Add", ["mm2", "x"], ["joined"]),  # two activations
+        helper.make_node("MatMul", ["joined", "w"], ["mm3"]),
+        helper.make_node("Add", ["mm3", "b"], ["out"]),
+        helper.make_node("Relu", ["mm3"], ["side"]),  # a second use of mm3
+    ]
+    inits = [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+             numpy_helper.from_array(np.ones(4, np.float32), "b")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                       [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 4]),
+                        helper.make_tensor_value_info("side", TensorProto.FLOAT, [2, 4])], inits)
+    index = GraphIndex(model)
+    pair = index.bias_add("mm")
+    assert pair is not None and pair[0].output == ["biased"] and pair[1] == "b"
+    assert index.bias_add("mm2") is None
+    assert index.bias_add("mm3") is None
+    assert index.bias_add("out") is None

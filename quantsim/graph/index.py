@@ -175,6 +175,19 @@ class GraphIndex:
             return None
         return uses[0].node
 
+    def bias_add(self, name: str) -> tuple[onnx.NodeProto, str] | None:
+        """``(Add node, constant name)`` when ``name``'s only consumer adds one float constant to it (a bias).
+
+        The one home of "MatMul followed by a constant Add": placement puts the pair's output quantizer after
+        the Add, the int32-bias fit and the integer export fold the constant into the kernel's bias."""
+        add = self.single_consumer(name)
+        if add is None or add.op_type != "Add":
+            return None
+        others = [n for n in add.input if n != name]
+        if len(others) != 1 or not self.is_constant(others[0]) or not self.is_float(others[0]):
+            return None
+        return add, others[0]
+
     def opset(self, domain: str = "") -> int:
         for entry in self.model.opset_import:
             if entry.domain in (domain, "ai.onnx" if domain == "" else domain):

@@ -31,11 +31,10 @@ def _layer_bias(sim: QuantizationSimModel, layer: WeightedLayer) -> np.ndarray |
     """The float bias the integer kernel adds (Gemm: ``beta * C``; MatMul: a constant bias Add after it)."""
     index = sim._index
     if layer.op_type == "MatMul":
-        add = index.single_consumer(layer.output)
-        if add is None or add.op_type != "Add" or sim.qc_quantize_op_dict.get(layer.output) is not None:
+        pair = index.bias_add(layer.output)
+        if pair is None or sim.qc_quantize_op_dict.get(layer.output) is not None:
             return None
-        others = [n for n in add.input if n != layer.output]
-        return index.constant_value(others[0]) if len(others) == 1 and index.is_constant(others[0]) else None
+        return index.constant_value(pair[1])
     if layer.bias is None:
         return None
     bias = np.asarray(index.constant_value(layer.bias), np.float64)

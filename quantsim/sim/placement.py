@@ -98,10 +98,9 @@ def linear_op_activations(index: GraphIndex, within: frozenset[str]) -> frozense
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
             continue
         found.update(o for o in node.output if o in within)
-        consumer = index.single_consumer(node.output[0])
-        if (consumer is not None and consumer.op_type == "Add" and consumer.output[0] in within
-                and any(index.is_constant(n) for n in consumer.input)):
-            found.add(consumer.output[0])  # MatMul + bias Add: the pair's output quantizer is after the Add
+        pair = index.bias_add(node.output[0])
+        if pair is not None and pair[0].output[0] in within:
+            found.add(pair[0].output[0])  # MatMul + bias Add: the pair's output quantizer is after the Add
         name = node.input[0]
         while name in within and name not in found:
             found.add(name)
@@ -267,12 +266,9 @@ def _matmul_add_biases(index: GraphIndex, config: QuantsimConfig) -> dict[str, o
     for node in index.nodes:
         if node.op_type != "MatMul" or not node.output:
             continue
-        add = index.single_consumer(node.output[0])
-        if add is None or add.op_type != "Add":
-            continue
-        others = [n for n in add.input if n != node.output[0]]
-        if len(others) == 1 and index.is_constant(others[0]) and index.is_float(others[0]):
-            found[others[0]] = add
+        pair = index.bias_add(node.output[0])
+        if pair is not None:
+            found[pair[1]] = pair[0]
     return found
 
 

@@ -76,12 +76,12 @@ def epilogue(ctx: LoweringContext, node: onnx.NodeProto, *, allow_bias: bool = F
         if consumer is None:
             raise Unsupported(f"output {tensor!r} has no quantizer and is not followed by a quantized op")
         if allow_bias and bias is None and not activations and consumer.op_type == "Add":
-            others = [n for n in consumer.input if n != tensor]
-            if len(others) != 1 or not index.is_constant(others[0]) or not index.is_float(others[0]):
+            pair = index.bias_add(tensor)
+            if pair is None:
                 raise Unsupported(f"output {tensor!r} feeds an Add that is not a constant bias")
-            values = np.asarray(ctx.constant(others[0]), dtype=np.float32)
+            values = np.asarray(ctx.constant(pair[1]), dtype=np.float32)
             if values.ndim > 1 and int(np.prod(values.shape[:-1])) != 1:
-                raise Unsupported(f"bias {others[0]!r} of shape {values.shape} is not a per-column bias")
+                raise Unsupported(f"bias {pair[1]!r} of shape {values.shape} is not a per-column bias")
             bias = values.reshape(-1)
         elif consumer.op_type in ACTIVATIONS and consumer.input[0] == tensor:
             activations.append(clip_bounds(ctx, consumer))
