@@ -58,7 +58,7 @@ def _weight(ctx: LoweringContext, name: str, axis: int, extra_scale: float = 1.0
     if enc.axis is not None and enc.axis % len(shape) != axis:
         raise Unsupported(f"weight {name!r} is per-channel along axis {enc.axis}, the kernel needs axis {axis}")
     dtype = np.int8 if enc.signed else np.uint8
-    codes = ctx.lazy_constant(name, dtype, lambda: quantize(ctx.index.constant_value(name), enc))
+    codes = ctx.lazy_constant(name, dtype, lambda: quantize(ctx.index.constant_value(name), enc, dtype))
     scale = (np.float32(enc.scale) * np.float32(extra_scale)).astype(np.float32)
     if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
         raise Unsupported(f"weight {name!r} has a zero or non-finite float32 scale")
