@@ -12,7 +12,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_large_model_memory import _mlp
 from test_qdq_streamed_export import _mapped_sim
 
 import quantsim

@@ -27,6 +27,13 @@ same integer kernels and match the sim like 8-bit ones. Before returning, the mo
 onnxruntime (no graph optimizations): a model onnxruntime refuses raises `IntegerExportError`, so nothing
 unloadable is ever written.
 
+Models of any size: the graph is built over placeholders (`quantsim.graph.deferred`, as the QDQ export):
+each weight's codes, a constant's codes and each float constant of an op left in float are computed only
+when `IntegerExport.save` writes them, one at a time (external data past 2 GiB), or when ``.model`` is
+first read. The float model is read without ``sim.model`` (a large model's mapped weights stay mapped), and
+onnx.checker and the load check read the graph with the placeholders as typed graph inputs (types and
+shapes are all they check), so no step holds the float or the integer weights all at once.
+
 With ``input_shapes`` (or when every graph input is declared with static dims) the model is exported for
 those shapes: its shape arithmetic (a detector's anchors and strides, computed from ``Shape``) is folded
 into constants first (`shapes`), the graph inputs declare the static dims, and onnxruntime refuses other
