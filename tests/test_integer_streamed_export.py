@@ -4,7 +4,6 @@
 export materialized in memory (``.model``, then saved): the streamed files must be the same bytes."""
 from __future__ import annotations
 
-import importlib
 import weakref
 
 import numpy as np
@@ -19,8 +18,6 @@ import quantsim.graph.large_models as large_models
 from quantsim.export.integer.shapes import fold_shape_arithmetic
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.file_set import STAGING_MARK
-
-cache_module = importlib.import_module("quantsim.prepare.cache")
 
 
 def _files(folder) -> dict[str, bytes]:
