@@ -4,6 +4,7 @@
 export materialized in memory (``.model``, then saved): the streamed files must be the same bytes."""
 from __future__ import annotations
 
+import pickle
 import weakref
 
 import numpy as np
@@ -91,11 +92,13 @@ def test_an_export_of_a_changed_sim_is_refused(monkeypatch, tmp_path):
     with pytest.raises(quantsim.InvalidStateError, match="export_integer"):
         exported.model  # noqa: B018
     assert not (tmp_path / "out" / "m.onnx").exists()
+    copied = pickle.loads(pickle.dumps(sim.export_integer()))  # pickled complete, before the sim changes
     fresh = sim.export_integer()
     model = fresh.model  # read once, complete: later changes to the sim do not reach it
     sim.compute_encodings(feeds[:1])
     assert fresh.model is model
     fresh.save(tmp_path / "out" / "m")
+    assert copied.model.SerializeToString() == model.SerializeToString()
 
 
 def test_shape_folding_copies_no_weight():

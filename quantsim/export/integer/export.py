@@ -148,6 +148,12 @@ class IntegerExport:
             self._weights = self._current = None
         return self._model
 
+    def __getstate__(self) -> dict:
+        """Pickling (copying, shipping to a worker process) fills the placeholders in first: what computes them
+        stays with the original."""
+        self.model  # noqa: B018 - materializes
+        return dict(self.__dict__)
+
     def _check_current(self) -> None:
         if self._current is not None and not self._current():
             raise InvalidStateError("the sim changed (quantizers or weights) since export_integer() built this export, "
