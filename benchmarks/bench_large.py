@@ -6,11 +6,13 @@ step's own:
 
 * ``fp32``: an onnxruntime session of the float model and the calibration batches through it;
 * ``sim``: ``QuantizationSimModel(path)`` (preparation cache cold, then warm), ``compute_encodings`` over
-  the same batches, one ``sim.session`` run, and optionally ``sim.export`` (encodings + QDQ model).
+  the same batches, one ``sim.session`` run, and optionally ``sim.export`` (encodings + QDQ model) and
+  ``sim.export_integer(weight_codes="auto").save`` (the written model then run in onnxruntime against the sim,
+  differences in steps of the output grid).
 
 Prints times and the peak-RSS ratio sim / fp32 per model::
 
-    python -m benchmarks.bench_large [--sizes 0.1 0.8] [--batches 16] [--export]
+    python -m benchmarks.bench_large [--sizes 0.1 0.8] [--batches 16] [--export] [--export-integer]
 
 ``--amp`` measures instead what automatic mixed precision adds on top of a sim of the model, each step's
 time and peak RSS over the sim's resident size: the score cache's key (`mixed_precision.amp_cache.cache_key`),
@@ -22,6 +24,7 @@ ships (``pickle.dumps``); a step that fails (e.g. protobuf's 2 GiB limit) prints
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -177,13 +180,46 @@ def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
             sim.session.run(None, feed)
         result["run_s"] = time.perf_counter() - start
         result["after_run_gb"] = _peak_gb()
-        if step == "sim_export":
+        if "+qdq" in step:
             _reset_peak()
             start = time.perf_counter()
             sim.export(out_dir, "mlp", qdq=True)
             result["export_s"] = time.perf_counter() - start
             result["export_peak_gb"] = _peak_gb()
+        if "+integer" in step:
+            result.update(_export_integer(sim, data[0], out_dir))
     result["peak_gb"] = max(_peak_gb(), result.get("after_run_gb", 0.0))
+    return result
+
+
+def _export_integer(sim, feed: dict, out_dir: str) -> dict:
+    """``sim.export_integer(weight_codes="auto").save(...)``: time, peak RSS and the RSS it started from; then
+    (after the peak is read) the written model in onnxruntime against the sim on one batch, in steps of the
+    output's grid."""
+    import onnxruntime as ort
+
+    result: dict = {}
+    _reset_peak()
+    result["integer_start_gb"] = _rss_gb()
+    start, cpu = time.perf_counter(), time.process_time()
+    model_path, _ = sim.export_integer(weight_codes="auto").save(Path(out_dir) / "mlp.integer")
+    result["integer_s"], result["integer_cpu_s"] = time.perf_counter() - start, time.process_time() - cpu
+    result["integer_peak_gb"] = _peak_gb()
+    files = sorted(Path(out_dir).glob("mlp.integer.onnx*"))
+    result["integer_files_gb"] = sum(p.stat().st_size for p in files) / 1e9
+    digest = hashlib.sha256()
+    for file in files:
+        with open(file, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 24), b""):
+                digest.update(block)
+    result["integer_sha256"] = digest.hexdigest()[:16]
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    output = session.get_outputs()[0].name
+    (got,) = session.run([output], feed)
+    (want,) = sim.session.run([output], feed)
+    steps = np.abs(got.astype(np.float64) - want) / float(sim.qc_quantize_op_dict[output].encoding.scale)
+    result["integer_steps"] = {"max": float(steps.max()), "over_1": float(np.mean(steps > 1.01)),
+                               "at_least_1": float(np.mean(steps > 0.99))}
     return result
 
 
@@ -204,6 +240,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--export", action="store_true", help="also export encodings + QDQ model")
+    parser.add_argument("--export-integer", action="store_true",
+                        help="also export the integer model (export_integer(...).save) and check it in onnxruntime")
     parser.add_argument("--amp", action="store_true", help="measure AMP's key, bit operations and pickled sim instead")
     args = parser.parse_args()
     if args.amp:
@@ -219,7 +257,8 @@ def main() -> None:
             cache, out_dir = str(Path(folder) / "cache"), str(Path(folder) / "export")
             fp32 = _run_child("fp32", path, args.batches, args.width, cache, out_dir)
             cold = _run_child("sim", path, args.batches, args.width, cache, out_dir)
-            warm = _run_child("sim_export" if args.export else "sim", path, args.batches, args.width, cache, out_dir)
+            warm_step = "sim" + ("+qdq" if args.export else "") + ("+integer" if args.export_integer else "")
+            warm = _run_child(warm_step, path, args.batches, args.width, cache, out_dir)
             if "error" in cold or "error" in warm:
                 print(f"{size:>8.1f}GB {layers:>6} | sim failed: {cold.get('error') or warm.get('error')}")
                 continue
@@ -228,7 +267,10 @@ def main() -> None:
                   f"{fp32['peak_gb']:>8.2f}G | {cold['create_s']:>7.2f}s {warm['create_s']:>7.2f}s "
                   f"{warm['calibrate_s']:>5.2f}s {warm['run_s']:>5.2f}s {warm['peak_gb']:>6.2f}G | {ratio:>10.2f} "
                   f"{warm['create_s'] / fp32['create_s']:>9.2f} {warm['calibrate_s'] / fp32['run_s']:>10.2f}"
-                  + (f"  export {warm['export_s']:.1f}s {warm['export_peak_gb']:.2f}G" if "export_s" in warm else ""))
+                  + (f"  export {warm['export_s']:.1f}s {warm['export_peak_gb']:.2f}G" if "export_s" in warm else "")
+                  + (f"  integer {warm['integer_s']:.1f}s (cpu {warm['integer_cpu_s']:.1f}s) peak "
+                     f"{warm['integer_peak_gb']:.2f}G from {warm['integer_start_gb']:.2f}G, "
+                     f"max {warm['integer_steps']['max']:.0f} steps" if "integer_s" in warm else ""))
             print("   steps:", json.dumps({"fp32": fp32, "cold": cold, "warm": warm}))
             sys.stdout.flush()
 

@@ -839,7 +839,14 @@ def test_fake_quantize_in_slices_is_bit_identical(case, monkeypatch):
     if case == "fp16_input":
         x = x.astype(np.float16)
     whole = numerics._fake_quantize_whole(x, enc)
+    whole_codes = numerics._float_codes(x, enc).astype(np.int64)
     monkeypatch.setattr(numerics, "FAKE_QUANTIZE_BLOCK", 64)  # slices of 2 rows of 30 values
+    np.testing.assert_array_equal(numerics.quantize(x, enc), whole_codes)  # `quantize` slices alike
+    if bits <= 8:
+        narrow = np.int8 if signed else np.uint8
+        codes = numerics.quantize(x, enc, narrow)
+        assert codes.dtype == narrow and codes.shape == shape
+        np.testing.assert_array_equal(codes, whole_codes.astype(narrow))
     sliced = fake_quantize(x, enc)
     assert sliced.dtype == np.float32 and sliced.shape == shape
     np.testing.assert_array_equal(sliced.view(np.uint32), whole.view(np.uint32))

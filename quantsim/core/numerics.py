@@ -299,8 +299,21 @@ def _float_codes(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
 def quantize(x: np.ndarray, enc: Encoding, dtype=np.int64) -> np.ndarray:
     """ONNX QuantizeLinear on the grid: float32 division, ties to even, saturation (+-inf to the ends,
     NaN to ``qmin`` like onnxruntime's CPU kernel). Returns ``dtype`` codes, int64 unless said otherwise
-    (a numpy scalar for a 0-d ``x``); a narrower ``dtype`` must hold ``[qmin, qmax]``."""
-    return _float_codes(x, enc).astype(dtype)[()]
+    (a numpy scalar for a 0-d ``x``); a narrower ``dtype`` must hold ``[qmin, qmax]``. A tensor of more than
+    `FAKE_QUANTIZE_BLOCK` elements is done in slices of whole rows, like `fake_quantize` (the same codes; the
+    scratch is one slice's, not the tensor's: exports quantize weights of hundreds of megabytes)."""
+    x = np.asarray(x)
+    rows = x.shape[0] if x.ndim else 0
+    step = FAKE_QUANTIZE_BLOCK // max(1, x.size // max(1, rows))
+    if x.ndim == 0 or x.size <= FAKE_QUANTIZE_BLOCK or step < 1:
+        return _float_codes(x, enc).astype(dtype)[()]
+    out = np.empty(x.shape, dtype=dtype)
+    scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
+    zero_point = broadcast_param(enc, enc.zero_point, x.shape)
+    for start in range(0, rows, step):
+        part = slice(start, start + step)
+        out[part] = _float_codes(x[part], enc, _rows(scale, part), _rows(zero_point, part))
+    return out
 
 
 def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:

@@ -18,6 +18,12 @@ and float16 are not `Grid`s: tensors on them stay float.
 
 A rule that cannot lower a node raises `Unsupported(reason)`; the driver rolls the context back to its
 `snapshot` and runs the node in float instead.
+
+Big constants of the new graph (weight codes, a constant's codes, a float constant copied for a float op) are
+built as `DeferredArray`s: shape and type known, values computed by a function. With ``deferred`` (a
+`quantsim.graph.deferred.DeferredWeights`) the context keeps those of at least
+``DEFERRED_MIN_BYTES`` as placeholders, computed only when the model is written or materialized, one at a
+time (`add_initializer`); smaller ones, and all without ``deferred``, are computed at once.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.numerics import Encoding, dequantize, fake_quantize, fp16_round_trip, quantize
+from quantsim.graph.deferred import DeferredArray, DeferredWeights
 from quantsim.graph.index import GraphIndex
 
 __all__ = ["Grid", "QTensor", "Unsupported", "LoweringContext", "MS_DOMAIN", "exact_grid"]
@@ -133,10 +140,11 @@ class QTensor:
 class LoweringContext:
     """Builder of the integer graph over ``sim.model`` (see the module docstring)."""
 
-    def __init__(self, sim, index: GraphIndex, opset: int):
+    def __init__(self, sim, index: GraphIndex, opset: int, deferred: DeferredWeights | None = None):
         self.sim = sim
         self.index = index
         self.opset = opset
+        self.deferred = deferred
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.ints: dict[str, QTensor] = {}
@@ -230,10 +238,24 @@ class LoweringContext:
     def fresh(self, base: str) -> str:
         return self.index.fresh_name(base)
 
-    def add_initializer(self, array: np.ndarray, base: str) -> str:
+    def add_initializer(self, array: np.ndarray | DeferredArray, base: str) -> str:
+        """A new initializer named after ``base`` holding ``array`` (a `DeferredArray` stays a placeholder
+        where the module docstring says so); returns its name."""
         name = self.fresh(base)
-        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        self.initializers.append(self._tensor(array, name))
         return name
+
+    def _tensor(self, array: np.ndarray | DeferredArray, name: str) -> TensorProto:
+        if isinstance(array, DeferredArray):
+            elem_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+            if self.deferred is not None and self.deferred.accepts(elem_type, array.shape):
+                return self.deferred.add(name, elem_type, array.shape, array.array)
+            array = array.array()
+        return numpy_helper.from_array(np.asarray(array), name)
+
+    def lazy_constant(self, name: str, dtype, compute) -> DeferredArray:
+        """``compute()`` (values of ``dtype`` in the shape of constant ``name``) as a `DeferredArray`."""
+        return DeferredArray(tuple(self.index.initializers[name].dims), np.dtype(dtype), compute)
 
     def scalar(self, value, dtype, base: str = "const") -> str:
         """A scalar initializer, shared between identical values."""
@@ -282,7 +304,7 @@ class LoweringContext:
         if grid is None:
             raise Unsupported(self.why_not_8bit(tensor))
         if self.index.is_constant(tensor):
-            values = grid.quantize(self.index.constant_value(tensor)).astype(np.uint8)
+            values = self.lazy_constant(tensor, np.uint8, lambda: grid.quantize(self.index.constant_value(tensor)))
             return self.set_int(tensor, self.add_initializer(values, f"{tensor}/codes"), grid)
         source = self.floats.get(tensor)
         if source is None:
@@ -342,7 +364,12 @@ class LoweringContext:
         if self.index.is_constant(tensor):
             if tensor not in self._copied:
                 self._copied.add(tensor)
-                self.initializers.append(numpy_helper.from_array(self.constant(tensor), tensor))
+                stored = self.index.initializers[tensor]
+                if self.deferred is not None and self.deferred.accepts(stored.data_type, tuple(stored.dims)):
+                    self.initializers.append(self.deferred.add(tensor, stored.data_type, tuple(stored.dims),
+                                                               lambda: self.constant(tensor)))
+                else:
+                    self.initializers.append(numpy_helper.from_array(self.constant(tensor), tensor))
             return tensor
         if not self.index.is_float(tensor):
             return tensor  # shape / index arithmetic keeps its name

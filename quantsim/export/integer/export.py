@@ -27,6 +27,13 @@ same integer kernels and match the sim like 8-bit ones. Before returning, the mo
 onnxruntime (no graph optimizations): a model onnxruntime refuses raises `IntegerExportError`, so nothing
 unloadable is ever written.
 
+Models of any size: the graph is built over placeholders (`quantsim.graph.deferred`, as the QDQ export):
+each weight's codes, a constant's codes and each float constant of an op left in float are computed only
+when `IntegerExport.save` writes them, one at a time (external data past 2 GiB), or when ``.model`` is
+first read. The float model is read without ``sim.model`` (a large model's mapped weights stay mapped), and
+onnx.checker and the load check read the graph with the placeholders as typed graph inputs (types and
+shapes are all they check), so no step holds the float or the integer weights all at once.
+
 With ``input_shapes`` (or when every graph input is declared with static dims) the model is exported for
 those shapes: its shape arithmetic (a detector's anchors and strides, computed from ``Shape``) is folded
 into constants first (`shapes`), the graph inputs declare the static dims, and onnxruntime refuses other
@@ -47,7 +54,7 @@ those rules refuse and the nodes run in float.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,7 +63,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from quantsim.errors import IntegerExportError, InvalidArgumentError, SessionError
+from quantsim.errors import IntegerExportError, InvalidArgumentError, InvalidStateError, SessionError
 from quantsim.export.integer import elementwise as lowering_elementwise
 from quantsim.export.integer import layernorm as lowering_layernorm
 from quantsim.export.integer import linear as lowering_linear
@@ -66,8 +73,10 @@ from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsuppor
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
 from quantsim.export.integer.shapes import fold_shape_arithmetic, shape_derived, static_input_shapes
 from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
+from quantsim.graph.deferred import DeferredWeights, WeightSource
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
+from quantsim.graph.large_models import copy_without_initializers
 from quantsim.graph.session import make_session
 from quantsim.sim.build import IR_FOR_OPSET
 
@@ -114,18 +123,41 @@ class IntegerReport(list):
         return "\n".join(lines)
 
 
-@dataclass
 class IntegerExport:
-    """The integer model, what stayed float, the fixed-point requant table and the I/O grids."""
+    """The integer model, what stayed float, the fixed-point requant table and the I/O grids.
 
-    model: onnx.ModelProto
-    report: list[ReportEntry] = field(default_factory=IntegerReport)
+    The model's big constants (weight codes, float constants of ops left in float) are placeholders
+    (`quantsim.graph.deferred`) until they are needed: ``save`` computes and writes them one at a time, and
+    ``model`` fills them in when first read. Both compute them from the sim, which must not have changed
+    since the export (quantizers, weights): else `InvalidStateError` (export again)."""
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.report, IntegerReport):
-            self.report = IntegerReport(self.report)
-    requant: dict = field(default_factory=dict)
-    io: dict = field(default_factory=dict)
+    def __init__(self, model: onnx.ModelProto, report: list[ReportEntry] | None = None, requant: dict | None = None,
+                 io: dict | None = None, *, weights: DeferredWeights | None = None,
+                 current: Callable[[], bool] | None = None):
+        self._model, self._weights, self._current = model, weights, current
+        self.report: list[ReportEntry] = report if isinstance(report, IntegerReport) else IntegerReport(report or [])
+        self.requant: dict = {} if requant is None else requant
+        self.io: dict = {} if io is None else io
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The integer ModelProto, its placeholders filled in (on first read, in place, one at a time)."""
+        if self._weights is not None:
+            self._check_current()
+            self._weights.materialize(self._model)
+            self._weights = self._current = None
+        return self._model
+
+    def __getstate__(self) -> dict:
+        """Pickling (copying, shipping to a worker process) fills the placeholders in first: what computes them
+        stays with the original."""
+        self.model  # noqa: B018 - materializes
+        return dict(self.__dict__)
+
+    def _check_current(self) -> None:
+        if self._current is not None and not self._current():
+            raise InvalidStateError("the sim changed (quantizers or weights) since export_integer() built this export, "
+                                    "whose weights are computed when saved or read: call export_integer() again")
 
     def requant_document(self) -> dict:
         """The JSON document ``save`` writes next to the model."""
@@ -135,20 +167,33 @@ class IntegerExport:
 
     def save(self, path_prefix) -> tuple[Path, Path]:
         """Write ``<prefix>.onnx`` (external data past 2 GiB) and ``<prefix>.requant.json`` as one set: both
-        are staged before either replaces an old file (`quantsim.graph.file_set`)."""
+        are staged before either replaces an old file (`quantsim.graph.file_set`). Each big weight is computed
+        and written in turn (class docstring): the model is never whole in memory."""
         prefix = Path(path_prefix)
         model_name, table_name = prefix.name + ".onnx", prefix.name + ".requant.json"
+        if self._weights is not None:
+            self._check_current()
         with FileSet(prefix.parent, prefix.name) as files:
-            files.add_model(self.model, model_name)
+            files.add_model(self._model, model_name, weights=self._weights)  # placeholders computed as written
             files.add_json(table_name, self.requant_document())
             files.commit()
         return prefix.parent / model_name, prefix.parent / table_name
 
 
+def _float_model(sim) -> tuple[onnx.ModelProto, WeightSource | None]:
+    """The sim's prepared model and the reader of its initializers held outside it (memory-mapped weights of a
+    large model), without copying them in as ``sim.model`` would."""
+    index = getattr(sim, "_index", None)
+    if index is None:
+        return sim.model, None
+    return sim._model, index.weights
+
+
 def _check_sim(sim) -> None:
-    wide = sorted({TensorProto.DataType.Name(t.data_type) for t in sim.model.graph.initializer
+    model, _ = _float_model(sim)
+    wide = sorted({TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer
                    if t.data_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)}
-                  | {TensorProto.DataType.Name(i.type.tensor_type.elem_type) for i in sim.model.graph.input
+                  | {TensorProto.DataType.Name(i.type.tensor_type.elem_type) for i in model.graph.input
                      if i.type.tensor_type.elem_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)})
     if wide:
         raise IntegerExportError(f"export_integer lowers float32 models; this one computes in {', '.join(wide)}. "
@@ -169,14 +214,16 @@ def _check_sim(sim) -> None:
                                      f"{q.encoding.scale!r}")
 
 
-def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, int]:
-    """The sim's float model at the requested ai.onnx opset (converted only when a higher one is asked)."""
-    model = sim.model
+def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, WeightSource | None, int]:
+    """The sim's float model at the requested ai.onnx opset (converted only when a higher one is asked: then
+    with its weights copied in), the reader of its weights held outside it, and the opset."""
+    model, weights = _float_model(sim)
     current = GraphIndex(model).opset()
     target = current if opset is None else int(opset)
     if target < current:
         raise InvalidArgumentError(f"opset {target} is below the model's opset {current}")
     if target > current:
+        model, weights = sim.model, None
         try:
             model = onnx.version_converter.convert_version(model, target)
         except Exception as error:  # noqa: BLE001 - re-raised with context
@@ -185,7 +232,7 @@ def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, int]:
     if target < MIN_OPSET:
         raise InvalidArgumentError(f"integer export needs ai.onnx opset >= {MIN_OPSET} (QuantizeLinear); the model has "
                          f"{target}: pass opset={MIN_OPSET} or convert the model")
-    return model, target
+    return model, weights, target
 
 
 def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportEntry], from_shapes: set[str]) -> None:
@@ -233,13 +280,15 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     of the integer kernels (`quantsim.export.weight_codes`); the requant table does not depend on it."""
     code_type = resolve_weight_codes(weight_codes, getattr(sim, "providers", None))
     _check_sim(sim)
-    model, opset = _prepared_model(sim, opset)
+    model, weights, opset = _prepared_model(sim, opset)
     shapes = static_input_shapes(model, input_shapes)
+    kept_out: list[TensorProto] = []
     if shapes is not None:
-        model, _ = fold_shape_arithmetic(model, shapes)
-    index = GraphIndex(model)
+        model, kept_out, _ = fold_shape_arithmetic(model, shapes, weights)
+    index = GraphIndex(model, [*model.graph.initializer, *kept_out], weights=weights)
     from_shapes = shape_derived(index)
-    ctx = LoweringContext(sim, index, opset)
+    deferred = DeferredWeights()
+    ctx = LoweringContext(sim, index, opset, deferred)
     report: list[ReportEntry] = []
     io: dict = {}
     inputs = []
@@ -299,10 +348,27 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     helper.set_model_props(result, {"quantsim.io": json.dumps(io, sort_keys=True),
                                      "quantsim.float_nodes": str(len(report))})
     if code_type == "uint8":
-        result, _ = shift_weight_codes(result, getattr(getattr(sim, "_index", None), "weights", None))
-    onnx.checker.check_model(result)
-    _check_loads(result)
-    return IntegerExport(result, report, ctx.requant, io)
+        result, _ = shift_weight_codes(result, deferred)
+    checked = _without_placeholders(result, deferred)
+    onnx.checker.check_model(checked)
+    _check_loads(checked)
+    version = getattr(sim, "_version", None)
+    return IntegerExport(result, report, ctx.requant, io, weights=deferred,
+                         current=None if version is None else lambda: sim._version == version)
+
+
+def _without_placeholders(model: onnx.ModelProto, weights: DeferredWeights) -> onnx.ModelProto:
+    """``model`` for onnx.checker and the load check, which need no weight values: each deferred initializer
+    is a graph input of its type and shape instead (nothing computed); ``model`` itself when it has none."""
+    if not any(weights.holds(t) for t in model.graph.initializer):
+        return model
+    checked = copy_without_initializers(model)
+    for tensor in model.graph.initializer:
+        if weights.holds(tensor):
+            checked.graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+        else:
+            checked.graph.initializer.append(tensor)
+    return checked
 
 
 def _check_loads(model: onnx.ModelProto) -> None:

@@ -31,6 +31,8 @@ Relu/Clip after the op and the MatMul bias Add are absorbed (`epilogue`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 
@@ -39,6 +41,7 @@ from quantsim.core.fixed_point import multiplier_record
 from quantsim.core.numerics import quantize
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, QTensor, Unsupported
 from quantsim.export.integer.epilogue import epilogue, finish
+from quantsim.graph.deferred import DeferredArray
 from quantsim.graph.index import node_attributes
 
 __all__ = ["RULES", "lower_conv", "lower_conv_transpose", "lower_gemm", "lower_matmul"]
@@ -47,18 +50,24 @@ _INT32_MAX = float(np.iinfo(np.int32).max)
 
 
 def _weight(ctx: LoweringContext, name: str, axis: int, extra_scale: float = 1.0) -> dict:
-    """Weight codes, scales and zero points laid out for the kernels (channel axis ``axis``)."""
+    """Weight codes (a `DeferredArray`, computed when written), scales and zero points laid out for the
+    kernels (channel axis ``axis``)."""
     enc = ctx.param_encoding(name)
     shape = ctx.index.shape[name]
     assert shape is not None  # a constant always has its shape
     if enc.axis is not None and enc.axis % len(shape) != axis:
         raise Unsupported(f"weight {name!r} is per-channel along axis {enc.axis}, the kernel needs axis {axis}")
-    codes = quantize(ctx.index.constant_value(name), enc)
     dtype = np.int8 if enc.signed else np.uint8
+    codes = ctx.lazy_constant(name, dtype, lambda: quantize(ctx.index.constant_value(name), enc, dtype))
     scale = (np.float32(enc.scale) * np.float32(extra_scale)).astype(np.float32)
     if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
         raise Unsupported(f"weight {name!r} has a zero or non-finite float32 scale")
-    return {"codes": codes.astype(dtype), "scale": scale, "zero_point": enc.zero_point.astype(dtype), "enc": enc}
+    return {"codes": codes, "scale": scale, "zero_point": enc.zero_point.astype(dtype), "enc": enc}
+
+
+def _rearranged(codes: DeferredArray, shape: tuple, rearrange: Callable[[np.ndarray], np.ndarray]) -> DeferredArray:
+    """``rearrange`` of the weight ``codes`` (of shape ``shape``), computed when they are."""
+    return DeferredArray(shape, codes.dtype, lambda: rearrange(codes.array()))
 
 
 def _add_weight(ctx: LoweringContext, name: str, w: dict) -> tuple[str, str, str]:
@@ -144,13 +153,17 @@ def lower_conv_transpose(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     codes = x.name
     if subpixel:  # channel (i s + j) C_out + c of a 1x1 conv is output pixel (i, j) of each s x s block (DCR)
         blocks = stride * stride
-        w = {**w, "codes": np.ascontiguousarray(w["codes"].transpose(2, 3, 1, 0)).reshape(-1, w_shape[0], 1, 1),
+        c_in, c_out, kh, kw = (int(d) for d in w_shape)
+        w = {**w, "codes": _rearranged(w["codes"], (kh * kw * c_out, c_in, 1, 1),
+                                       lambda c: np.ascontiguousarray(c.transpose(2, 3, 1, 0)).reshape(-1, c_in, 1, 1)),
              "scale": np.tile(w["scale"], blocks) if w["scale"].ndim else w["scale"],
              "zero_point": np.tile(w["zero_point"], blocks) if w["zero_point"].ndim else w["zero_point"]}
         bias = None if bias is None else np.tile(np.asarray(bias).reshape(-1), blocks)
         kernel, conv_pads = [1, 1], [0, 0, 0, 0]
     else:
-        w = {**w, "codes": np.ascontiguousarray(w["codes"].transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])}
+        c_in, c_out, kh, kw = (int(d) for d in w_shape)
+        w = {**w, "codes": _rearranged(w["codes"], (c_out, c_in, kh, kw),
+                                       lambda c: np.ascontiguousarray(c.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]))}
         kernel = list(w_shape[2:])
     if stride > 1 and not subpixel:
         padded = ctx.fresh(f"{node.input[0]}/zero_blocks")

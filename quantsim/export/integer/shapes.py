@@ -27,15 +27,19 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from quantsim.errors import InvalidArgumentError
+from quantsim.graph.deferred import WeightSource
 from quantsim.graph.index import GraphIndex
+from quantsim.graph.large_models import copy_without_initializers, value_bytes
+from quantsim.graph.mapped import is_mapped
 from quantsim.prepare.folding import fold_constants
 
 __all__ = ["static_input_shapes", "fold_shape_arithmetic", "shape_derived"]
 
 _SHAPE_OPS = ("Shape", "Size")
+_STAND_IN_MIN_BYTES = 1024  # initializers this big that the fold cannot read stay out of its copy
 
 
 def _declared(info: onnx.ValueInfoProto) -> list[int | None] | None:
@@ -79,11 +83,28 @@ def static_input_shapes(model: onnx.ModelProto,
     return shapes
 
 
-def fold_shape_arithmetic(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> tuple[onnx.ModelProto, int]:
-    """A copy of ``model`` with static input ``shapes`` and its shape arithmetic folded (module docstring), and
-    the number of nodes folded away."""
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
+def fold_shape_arithmetic(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
+                          weights: WeightSource | None = None) -> tuple[onnx.ModelProto, list[onnx.TensorProto], int]:
+    """A copy of ``model`` with static input ``shapes`` and its shape arithmetic folded (module docstring), the
+    initializers of ``model`` the copy reads without holding them, and the number of nodes folded away.
+
+    The copy holds only the initializers the fold may evaluate (those read by nodes whose inputs are all
+    constants or computed from shapes) and those under 1 KiB; each other one (a weight) is a typed graph
+    input while folding, then left out of the copy and returned instead, so that the weights are never copied
+    (``GraphIndex(copy, initializers=[*copy.graph.initializer, *returned])`` sees the whole model). ``weights``
+    reads the initializers of ``model`` held outside it (`quantsim.graph.mapped`) that the fold needs."""
+    index = GraphIndex(model, weights=weights)
+    usable = set(index.initializers) | shape_derived(index)
+    needed = {n for node in index.nodes if all(i in usable for i in node.input if i) for n in node.input if n}
+    work = copy_without_initializers(model)
+    kept_out: list[onnx.TensorProto] = []
+    for tensor in model.graph.initializer:
+        if tensor.name in needed or value_bytes([tensor]) < _STAND_IN_MIN_BYTES:
+            work.graph.initializer.append(numpy_helper.from_array(index.constant_value(tensor.name), tensor.name)
+                                          if is_mapped(tensor) else tensor)
+        else:
+            kept_out.append(tensor)
+            work.graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
     for info in work.graph.input:
         if info.name in shapes:
             shape = info.type.tensor_type.shape
@@ -108,7 +129,11 @@ def fold_shape_arithmetic(model: onnx.ModelProto, shapes: Mapping[str, Sequence[
     work, _ = fold_constants(work)
     del work.graph.value_info[:]
     work.graph.value_info.extend(onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True).graph.value_info)
-    return work, before - len(work.graph.node)
+    stand_ins = {t.name for t in kept_out}
+    real_inputs = [i for i in work.graph.input if i.name not in stand_ins]
+    del work.graph.input[:]
+    work.graph.input.extend(real_inputs)
+    return work, kept_out, before - len(work.graph.node)
 
 
 def _static_shape_value(node: onnx.NodeProto, dims: list[int | None] | None) -> np.ndarray | None:
