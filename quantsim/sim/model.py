@@ -346,13 +346,13 @@ class QuantizationSimModel:
 
     def _session_files(self) -> WeightFiles | None:
         """For mapped weights with file-backed sessions: the files their fake-quantized weights were written
-        to, kept for the next session (calibration, then the sim, then each AdaRound or AMP rebuild), which
-        computes and writes only the weights whose quantizer or values changed. Disk, not memory: the page
-        cache holds them only while a session reads them (`session.WeightFiles`)."""
+        to, kept for the next session (calibration, then the sim, then each AdaRound or AMP rebuild) and, in
+        the cache entry, for later processes (`weight_store`): only weights whose quantizer or values changed
+        are computed. Disk, not memory: the page cache holds them while a session reads them (`WeightFiles`)."""
         if self._weights is None or not self._file_backed():
             return None
         if self._weight_files is None:
-            self._weight_files = WeightFiles()
+            self._weight_files = WeightFiles.for_entry(self._weights.folder)
         return self._weight_files
 
     def _file_backed(self) -> bool:
