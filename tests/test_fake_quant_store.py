@@ -120,3 +120,56 @@ def test_the_store_keeps_its_limit_and_drops_stale_temporary_files(tmp_path):
     assert not store.take(left[1], 99, sessions)  # wrong size: torn, removed
     assert not (store.folder / left[1]).exists()
     assert store.name("t", ("a",), (2,), np.dtype(np.float32)) != store.name("t", ("b",), (2,), np.dtype(np.float32))
+
+
+def _counting_encodings(monkeypatch) -> list[int]:
+    """Counts the constants whose encodings are computed from their values (``calls[0]``)."""
+    import quantsim.sim.param_encodings as param_module
+
+    calls = [0]
+    original = param_module.encodings_for_values
+
+    def counted(items):
+        calls[0] += len(items)
+        return original(items)
+
+    monkeypatch.setattr(param_module, "encodings_for_values", counted)
+    return calls
+
+
+def test_weight_encodings_are_found_by_a_new_sim(monkeypatch, tmp_path):
+    oracle, path, feeds = _setup(monkeypatch, tmp_path)
+    calls = _counting_encodings(monkeypatch)
+    for scheme in ("tf_enhanced", "min_max"):
+        calls[0] = 0
+        first = _calibrated(path, feeds, quant_scheme=scheme)
+        computed = calls[0]
+        assert computed == len([q for q in first.quantizers if q.role == "param" and q.enabled])
+        calls[0] = 0
+        second = _calibrated(path, feeds, quant_scheme=scheme)
+        assert calls[0] == 0  # found in the store
+        assert _encodings(second) == _encodings(first)
+        assert _outputs(second, feeds) == _outputs(first, feeds)
+        assert list((first._weights.folder / STORE_FOLDER).glob("enc-*.npz"))
+    assert _encodings(second) == _encodings(oracle)  # min_max last, the oracle's scheme
+
+
+def test_weight_encodings_of_replaced_or_torn_values_are_computed(monkeypatch, tmp_path):
+    oracle, path, feeds = _setup(monkeypatch, tmp_path)
+    _calibrated(path, feeds)
+    calls = _counting_encodings(monkeypatch)
+    sim = quantsim.QuantizationSimModel(path, progress=False)
+    sim.replace_weight("w0", np.full((48, 48), 0.01, np.float32))
+    oracle.replace_weight("w0", np.full((48, 48), 0.01, np.float32))
+    for s in (sim, oracle):
+        s.compute_encodings(feeds)
+    assert calls[0] == 1 + len([q for q in oracle.quantizers if q.role == "param" and q.enabled])
+    assert _encodings(sim) == _encodings(oracle)
+    for stored in (sim._weights.folder / STORE_FOLDER).glob("enc-*.npz"):
+        stored.write_bytes(stored.read_bytes()[:40])
+    calls[0] = 0
+    again = _calibrated(path, feeds)
+    assert calls[0] == len([q for q in again.quantizers if q.role == "param" and q.enabled])
+    calls[0] = 0
+    assert _encodings(_calibrated(path, feeds)) == _encodings(again)
+    assert calls[0] == 0  # written again whole

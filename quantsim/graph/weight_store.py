@@ -20,7 +20,10 @@ the entry's own data (least recently used files go first); ``clear_cache`` remov
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -30,6 +33,8 @@ from collections.abc import Hashable
 from pathlib import Path
 
 import numpy as np
+
+from quantsim.core.numerics import Encoding
 
 __all__ = ["FakeQuantStore", "STORE_FACTOR", "STORE_FOLDER", "fake_quant_store", "wait_for_publishing"]
 
@@ -41,15 +46,20 @@ _STALE_SECONDS = 3600
 _PUBLISHERS: list[threading.Thread] = []
 
 
-def _numerics_digest() -> bytes:
-    """What the stored values' computation depends on besides the key: the numerics' source and the version."""
+@functools.cache
+def _code_digest(*packages: str) -> bytes:
+    """What stored values depend on besides their key: the version and the sources of ``packages``' modules
+    (folders under ``quantsim/``, or one module's file)."""
     import quantsim
-    from quantsim.core import numerics
 
     digest = hashlib.sha256(_FORMAT)
     digest.update(quantsim.__version__.encode())
-    for module in (numerics, ):
-        digest.update(Path(module.__file__ or "").read_bytes())
+    root = Path(quantsim.__file__).parent
+    for package in packages:
+        path = root / package
+        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]:
+            digest.update(str(source.relative_to(root)).encode())
+            digest.update(source.read_bytes())
     return digest.digest()
 
 
@@ -60,12 +70,13 @@ def wait_for_publishing() -> None:
 
 
 class FakeQuantStore:
-    """The ``fakequant/`` folder of one preparation-cache entry (module docstring)."""
+    """The ``fakequant/`` folder of one preparation-cache entry (module docstring), which also keeps the
+    encodings computed from the entry's constants (`quantsim.sim.param_encodings`)."""
 
     def __init__(self, folder: Path, limit_bytes: int):
         self.folder = folder
         self.limit_bytes = limit_bytes
-        self._salt = _numerics_digest()
+        self._salt = _code_digest("core/numerics")
         self._usable: bool | None = None
         self._in_use: set[str] = set()  # final names this process's sessions read: never evicted by it
 
@@ -74,6 +85,40 @@ class FakeQuantStore:
         digest = hashlib.sha256(self._salt)
         digest.update(repr((tensor, key, tuple(int(d) for d in shape), np.dtype(dtype).str)).encode())
         return f"fq-{digest.hexdigest()[:40]}.bin"
+
+    def encoding_name(self, key: Hashable) -> str:
+        """The file name of a constant's encoding under ``key`` (what its computation depends on besides the
+        values, which the entry implies, and the calibration and numerics code)."""
+        digest = hashlib.sha256(_code_digest("calibration", "core"))
+        digest.update(repr(key).encode())
+        return f"enc-{digest.hexdigest()[:40]}.npz"
+
+    def load_encoding(self, name: str) -> Encoding | None:
+        """The encoding stored as ``name``; None if missing or unreadable (then removed)."""
+        path = self.folder / name
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                fields = json.loads(str(stored["fields"]))
+                return Encoding(scale=stored["scale"], zero_point=stored["zero_point"], **fields)
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - a torn or foreign file is a miss
+            path.unlink(missing_ok=True)
+            return None
+
+    def save_encoding(self, name: str, encoding: Encoding) -> None:
+        """Store ``encoding`` as ``name`` (whole or not at all; a store that cannot be written is skipped)."""
+        fields = {f.name: getattr(encoding, f.name) for f in dataclasses.fields(encoding)
+                  if f.name not in ("scale", "zero_point")}
+        temporary = self.folder / f".tmp-{uuid.uuid4().hex}-{name}"
+        try:
+            self.folder.mkdir(exist_ok=True)
+            with open(temporary, "wb") as file:
+                np.savez(file, scale=encoding.scale, zero_point=encoding.zero_point,
+                         fields=np.array(json.dumps(fields, default=lambda value: value.item())))
+            os.replace(temporary, self.folder / name)
+        except OSError:
+            temporary.unlink(missing_ok=True)
 
     def usable(self, sessions_folder: Path) -> bool:
         """Whether the store can be written (checked once); removes stale temporary files on the way."""
