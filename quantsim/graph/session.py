@@ -194,7 +194,6 @@ class WeightFiles:
             self._where.clear()
             self._names.clear()
 
-
     def _data_files(self) -> list[Path]:
         return [*self.folder.glob("weights-*.bin"), *self.folder.glob("fq-*.bin")]
 
