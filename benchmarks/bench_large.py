@@ -10,7 +10,13 @@ step's own:
   ``sim.export_integer(weight_codes="auto").save`` (the written model then run in onnxruntime against the sim,
   differences in steps of the output grid).
 
-Prints times and the peak-RSS ratio sim / fp32 per model::
+Prints times and the peak-RSS ratio sim / fp32 per model. What is counted: ``fp32 create`` the float
+session's creation, ``fp32 run`` the batches through it (the FP32 pass); ``calib`` all of
+``compute_encodings``: the weight encodings, the calibration session (fake-quantized weights written or, in a
+later process, found in the preparation cache entry's store, then onnxruntime's session creation with its
+weight prepacking), the batches and the activation encodings; ``run`` the sim session's creation and its
+batches. ``calib/fp32`` is wall time over the FP32 pass, ``cpu`` the same with process CPU time (all
+threads; steadier on a shared machine)::
 
     python -m benchmarks.bench_large [--sizes 0.1 0.8] [--batches 16] [--export] [--export-integer]
 
@@ -160,10 +166,10 @@ def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
         start = time.perf_counter()
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         result["create_s"] = time.perf_counter() - start
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for feed in data:
             session.run(None, feed)
-        result["run_s"] = time.perf_counter() - start
+        result["run_s"], result["run_cpu_s"] = time.perf_counter() - start, time.process_time() - cpu
     else:
         from quantsim import QuantizationSimModel
 
@@ -171,9 +177,9 @@ def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
         sim = QuantizationSimModel(path, progress=False)
         result["create_s"] = time.perf_counter() - start
         result["after_create_gb"] = _peak_gb()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         sim.compute_encodings(data)
-        result["calibrate_s"] = time.perf_counter() - start
+        result["calibrate_s"], result["calibrate_cpu_s"] = time.perf_counter() - start, time.process_time() - cpu
         result["after_calibrate_gb"] = _peak_gb()
         start = time.perf_counter()
         for feed in data:
@@ -249,7 +255,7 @@ def main() -> None:
         return
     print(f"{'model':>10} {'layers':>6} | {'fp32 create':>11} {'fp32 run':>8} {'fp32 peak':>9} | "
           f"{'sim cold':>8} {'sim warm':>8} {'calib':>6} {'run':>6} {'peak':>7} | {'peak ratio':>10} "
-          f"{'warm/fp32':>9} {'calib/fp32':>10}")
+          f"{'warm/fp32':>9} {'calib/fp32':>10} {'cpu':>5}")
     for size in args.sizes:
         with tempfile.TemporaryDirectory(prefix="quantsim-large-") as folder:
             path = Path(folder) / "mlp.onnx"
@@ -266,7 +272,8 @@ def main() -> None:
             print(f"{size:>8.1f}GB {layers:>6} | {fp32['create_s']:>10.2f}s {fp32['run_s']:>7.2f}s "
                   f"{fp32['peak_gb']:>8.2f}G | {cold['create_s']:>7.2f}s {warm['create_s']:>7.2f}s "
                   f"{warm['calibrate_s']:>5.2f}s {warm['run_s']:>5.2f}s {warm['peak_gb']:>6.2f}G | {ratio:>10.2f} "
-                  f"{warm['create_s'] / fp32['create_s']:>9.2f} {warm['calibrate_s'] / fp32['run_s']:>10.2f}"
+                  f"{warm['create_s'] / fp32['create_s']:>9.2f} {warm['calibrate_s'] / fp32['run_s']:>10.2f} "
+                  f"{warm['calibrate_cpu_s'] / fp32['run_cpu_s']:>5.2f}"
                   + (f"  export {warm['export_s']:.1f}s {warm['export_peak_gb']:.2f}G" if "export_s" in warm else "")
                   + (f"  integer {warm['integer_s']:.1f}s (cpu {warm['integer_cpu_s']:.1f}s) peak "
                      f"{warm['integer_peak_gb']:.2f}G from {warm['integer_start_gb']:.2f}G, "

@@ -360,6 +360,11 @@ def _tensor_item(x, axis: int | None, num_bins: int):
         return _observer_item(obs)
     x = np.asarray(x)
     moved = np.moveaxis(x, axis % x.ndim, 0)
+    if (x.size and x.dtype in (np.float32, np.float64) and x.ndim > 1 and axis % x.ndim == x.ndim - 1
+            and x.flags.c_contiguous):
+        item = _last_axis_item(x, num_bins)
+        if item is not None:
+            return (*item, axis)
     rows = np.ascontiguousarray(moved, dtype=np.float64).reshape(moved.shape[0], -1)  # one copy at most
     if rows.shape[1] == 0:
         raise InvalidArgumentError("no data observed: a channel has no finite values")
@@ -377,6 +382,38 @@ def _tensor_item(x, axis: int | None, num_bins: int):
     flat = (idx + num_bins * np.arange(rows.shape[0])[:, None]).ravel()
     counts = np.bincount(flat, weights=finite.ravel().astype(np.float64), minlength=rows.shape[0] * num_bins)
     return counts.reshape(rows.shape[0], num_bins), lo, w, omin, omax, axis
+
+
+_TILE_ROWS, _TILE_CHANNELS = 512, 64  # a tile of `_last_axis_item`: 256 KiB of float64 temporaries
+
+
+def _last_axis_item(x: np.ndarray, num_bins: int) -> tuple | None:
+    """`_tensor_item`'s (counts, lo, w, omin, omax) of a C-contiguous float ``x`` whose channels are its last
+    axis (a MatMul or Gemm weight) when every channel is finite, else None: the same values without the float64
+    copy of ``x`` in channel order, whose strided gather dominated (0.3-0.5 s for a 4096x4096 weight, a TLB miss
+    per value). The ranges are reductions of ``x`` as it lies (exact in its own type); the histograms bin tiles
+    of ``x`` in place, each value with `_channel_histograms`' float64 arithmetic on its channel's grid."""
+    channels = x.shape[-1]
+    table = x.reshape(-1, channels)
+    omin = table.min(axis=0).astype(np.float64)
+    omax = table.max(axis=0).astype(np.float64)
+    if not (np.isfinite(omin).all() and np.isfinite(omax).all()):
+        return None
+    lo, w = _initial_grid(omin, omax, num_bins)
+    counts = np.zeros((channels, num_bins))
+    for c in range(0, channels, _TILE_CHANNELS):
+        part = slice(c, c + _TILE_CHANNELS)
+        width = len(lo[part])
+        offsets = num_bins * np.arange(width, dtype=np.float64)  # exact: small integers
+        for r in range(0, table.shape[0], _TILE_ROWS):
+            with np.errstate(over="ignore", invalid="ignore"):
+                idx = np.subtract(table[r : r + _TILE_ROWS, part], lo[part], dtype=np.float64)
+                idx /= w[part]
+            np.floor(idx, out=idx)
+            np.clip(idx, 0, num_bins - 1, out=idx)
+            idx += offsets
+            counts[part] += np.bincount(idx.astype(np.intp).ravel(), minlength=width * num_bins).reshape(width, -1)
+    return counts, lo, w, omin, omax
 
 
 _BIN_CHUNK = 1 << 15  # values binned per step of `_channel_histograms` (temporaries stay in cache)

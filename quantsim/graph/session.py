@@ -9,14 +9,19 @@ onnxruntime's own buffers (measured with onnxruntime 1.32), so it only serves sm
 Values may be `DeferredArray`: computed only when written, by two threads, each written straight to its place
 in the file and let go (a large model's fake-quantized weights are never all in memory at once). With a
 `WeightFiles` (the sim keeps one per large mapped model), a deferred value with a ``key`` already written
-for an earlier session is not computed again: the new session's model points at the bytes written then.
+for an earlier session is not computed again: the new session's model points at the bytes written then;
+one with a `weight_store.FakeQuantStore` also finds the values written by earlier processes there, and keeps
+the ones it computes for later processes.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +31,7 @@ import onnxruntime as ort
 from quantsim.errors import InvalidStateError, SessionError
 from quantsim.graph.deferred import DeferredArray
 from quantsim.graph.model_io import IN_MEMORY_LOCATION, session_model_source
+from quantsim.graph.weight_store import FakeQuantStore, fake_quant_store
 
 __all__ = ["make_session", "DEFAULT_PROVIDERS", "FILE_BACKED_MIN_BYTES", "WeightFiles"]
 
@@ -137,14 +143,22 @@ class WeightFiles:
     their plain names. A file stops being tracked (and is removed: an open session keeps its mapped bytes on
     Linux and macOS) once none of its values is current; when the tracked files hold more than twice the
     bytes still current, everything is forgotten and the next session writes afresh, so the folder stays
-    within about two copies of the weights on disk (none in memory: the page cache can drop them)."""
+    within about two copies of the weights on disk (none in memory: the page cache can drop them). With a
+    ``store``, keyed values live in files of their own, linked from the store (`weight_store`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: FakeQuantStore | None = None) -> None:
+        self.store = store
         self._folder = tempfile.TemporaryDirectory(prefix="quantsim-weights-")
         self.folder = Path(self._folder.name)
         self._where: dict[Hashable, tuple[str, int, int]] = {}  # key -> (file, offset, length)
         self._names: dict[Hashable, Hashable] = {}  # tensor name -> its current key
         self._count = 0
+
+    @classmethod
+    def for_entry(cls, entry: Path | None) -> WeightFiles:
+        """Weight files whose keyed values are kept in the store of preparation-cache entry ``entry``, if it is
+        one (`weight_store.fake_quant_store`)."""
+        return cls(fake_quant_store(entry))
 
     def find(self, name: str, key: Hashable) -> tuple[str, int, int] | None:
         return self._where.get(key) if self._names.get(name) == key else None
@@ -169,16 +183,32 @@ class WeightFiles:
         """Remove files holding no current value (but ``keep``, just written, and the models, read already);
         forget everything when the files hold far more than the current values."""
         live = {place[0] for place in self._where.values()} | {keep}
-        for path in [*self.folder.glob("weights-*.bin"), *self.folder.glob("model-*.onnx")]:
+        for path in [*self._data_files(), *self.folder.glob("model-*.onnx")]:
             if path.name not in live:
                 try:
                     path.unlink(missing_ok=True)
                 except OSError:  # mapped by a live session where that forbids removal (Windows): next time
                     pass
-        held = sum(path.stat().st_size for path in self.folder.glob("weights-*.bin"))
+        held = sum(path.stat().st_size for path in self._data_files())
         if held > 2 * sum(place[2] for place in self._where.values()) + (1 << 20):
             self._where.clear()
             self._names.clear()
+
+    def _data_files(self) -> list[Path]:
+        return [*self.folder.glob("weights-*.bin"), *self.folder.glob("fq-*.bin")]
+
+    def stored(self, name: str, value: object, writes: list[tuple[Path, str, DeferredArray]]
+               ) -> tuple[str, int, int] | None:
+        """Where the keyed `DeferredArray` ``value`` of tensor ``name`` lies in a file of its own taken from the
+        store, or will once the write this appends to ``writes`` is done; None without a usable store."""
+        store = self.store
+        if (store is None or not isinstance(value, DeferredArray) or value.key is None
+                or not store.usable(self.folder)):
+            return None
+        file = store.name(name, value.key, value.shape, value.dtype)
+        if not store.take(file, value.nbytes, self.folder):
+            writes.append((store.temporary(file), file, value))
+        return file, 0, value.nbytes
 
 
 def file_backed_source(model: onnx.ModelProto, arrays: Mapping, weight_files: WeightFiles | None = None
@@ -194,6 +224,7 @@ def file_backed_source(model: onnx.ModelProto, arrays: Mapping, weight_files: We
     light.CopyFrom(model)
     jobs: list[tuple[int, object]] = []
     records: list[tuple[str, Hashable, tuple[str, int, int]]] = []  # recorded once written
+    stored: list[tuple[Path, str, DeferredArray]] = []  # (temporary file in the store, final name, value)
     end = 0
     for tensor in light.graph.initializer:
         location = {e.key: e.value for e in tensor.external_data}.get("location")
@@ -202,6 +233,10 @@ def file_backed_source(model: onnx.ModelProto, arrays: Mapping, weight_files: We
         value = arrays[tensor.name]
         key = value.key if isinstance(value, DeferredArray) else None
         place = weight_files.find(tensor.name, key) if weight_files is not None and key is not None else None
+        if place is None and weight_files is not None:
+            place = weight_files.stored(tensor.name, value, stored)
+            if place is not None:
+                records.append((tensor.name, key, place))
         if place is None:
             offset = -(-end // _ALIGNMENT) * _ALIGNMENT
             end = offset + value.nbytes
@@ -213,8 +248,8 @@ def file_backed_source(model: onnx.ModelProto, arrays: Mapping, weight_files: We
         for entry_key, entry_value in zip(("location", "offset", "length"), place):
             entry = tensor.external_data.add()
             entry.key, entry.value = entry_key, str(entry_value)
-    if jobs:
-        _write_parallel(root / data_name, end, jobs)
+    if jobs or stored:
+        _write_parallel(root / data_name, end, jobs, stored, weight_files)
     if weight_files is not None:
         for name, key, place in records:
             weight_files.record(name, key, place)
@@ -223,26 +258,58 @@ def file_backed_source(model: onnx.ModelProto, arrays: Mapping, weight_files: We
     return str(model_path), folder if folder is not None else weight_files  # type: ignore[return-value]
 
 
-def _write_parallel(path: Path, size: int, jobs: list[tuple[int, object]]) -> None:
-    """Write each ``(offset, value)`` of ``jobs`` at its offset in a new file ``path`` of ``size`` bytes,
-    computing `DeferredArray` values on `_WRITERS` threads: at most that many are in memory at once."""
-    with open(path, "wb") as file:
-        file.truncate(size)
-        descriptor = file.fileno()
+def _write_parallel(path: Path, size: int, jobs: list[tuple[int, object]],
+                    stored: list[tuple[Path, str, DeferredArray]] = (),  # type: ignore[assignment]
+                    weight_files: WeightFiles | None = None) -> None:
+    """Write each ``(offset, value)`` of ``jobs`` at its offset in a new file ``path`` of ``size`` bytes, and each
+    ``(temporary file, name, value)`` of ``stored`` to a file of its own in ``weight_files``' store, linked into its
+    folder as ``name`` and published in the store once written (`weight_store`); computing `DeferredArray`
+    values on `_WRITERS` threads: at most that many are in memory at once."""
+    tasks: list[Callable[[], object]] = []
+    with ExitStack() as stack:
+        if jobs:
+            file = stack.enter_context(open(path, "wb"))
+            file.truncate(size)
+            tasks += [partial(_pwrite, file.fileno(), offset, value) for offset, value in jobs]
+        if stored and weight_files is not None:
+            tasks += [partial(_write_stored, temporary, weight_files.folder / name, value)
+                      for temporary, name, value in stored]
+        if len(tasks) == 1 or not any(isinstance(value, DeferredArray) for _, value in jobs) and not stored:
+            done = [task() for task in tasks]
+        else:
+            with ThreadPoolExecutor(max_workers=_WRITERS) as pool:
+                done = list(pool.map(lambda task: task(), tasks))
+    if stored and weight_files is not None and weight_files.store is not None:
+        written = done[len(done) - len(stored):]
+        weight_files.store.publish([(temporary, name) for (temporary, name, _), ok in zip(stored, written) if ok])
 
-        def write(job: tuple[int, object]) -> None:
-            offset, value = job
-            view = _materialized(value).reshape(-1).view(np.uint8).data
-            while view.nbytes:
-                written = os.pwrite(descriptor, view, offset)
-                view, offset = view[written:], offset + written
 
-        if len(jobs) == 1 or not any(isinstance(value, DeferredArray) for _, value in jobs):
-            for job in jobs:
-                write(job)
-            return
-        with ThreadPoolExecutor(max_workers=_WRITERS) as pool:
-            list(pool.map(write, jobs))
+def _pwrite(descriptor: int, offset: int, value: object) -> bool:
+    view = _materialized(value).reshape(-1).view(np.uint8).data
+    while view.nbytes:
+        written = os.pwrite(descriptor, view, offset)
+        view, offset = view[written:], offset + written
+    return True
+
+
+def _write_stored(temporary: Path, target: Path, value: DeferredArray) -> bool:
+    """Write ``value`` to ``temporary`` (in the store) and link it as ``target``; where the store cannot be
+    written (full, read-only), write ``target`` itself: the session still gets its values. True if stored."""
+    array = value.array()
+    try:
+        with open(temporary, "wb") as file:
+            _pwrite(file.fileno(), 0, array)
+        if not target.exists():
+            try:
+                os.link(temporary, target)
+            except OSError:
+                shutil.copyfile(temporary, target)
+        return True
+    except OSError:
+        temporary.unlink(missing_ok=True)
+    with open(target, "wb") as file:
+        _pwrite(file.fileno(), 0, array)
+    return False
 
 
 def _one_line(message: str) -> str:

@@ -17,7 +17,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantsim.calibration.encode import encodings_for_values
 from quantsim.calibration.run import (
     CALIBRATION_EXECUTION_ORDER,
     RANGE_SAMPLE,
@@ -31,8 +30,8 @@ from quantsim.core.numerics import Encoding
 from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
 from quantsim.graph import session as session_module
 from quantsim.graph.file_set import FileSet
-from quantsim.graph.index import CONSTANT_CACHE_BYTES, GraphIndex
-from quantsim.graph.large_models import model_from_parts, model_parts, value_bytes
+from quantsim.graph.index import GraphIndex
+from quantsim.graph.large_models import model_from_parts, model_parts
 from quantsim.graph.loading import load_model
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.session import WeightFiles, make_session
@@ -46,6 +45,7 @@ from quantsim.sim.decisions import Decision, untie_candidates
 from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
 from quantsim.sim.legacy_args import map_legacy_arguments
+from quantsim.sim.param_encodings import compute_constant_encodings
 from quantsim.sim.placement import place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.quantizer_dict import QuantizerDict
@@ -268,19 +268,7 @@ class QuantizationSimModel:
         return values[0] if len(values) == 1 else np.concatenate([v.reshape(-1) for v in values])
 
     def _compute_constant_encodings(self, only_missing: bool) -> None:
-        todo = [q for q in self._quantizers
-                if q.enabled and not q.spec.is_float and not q.is_encoding_frozen() and self._is_constant_quantizer(q)
-                and not (only_missing and q.encoding is not None)]
-        # in batches of bounded size: a large model's weights are never all converted at once
-        start, size = 0, 0
-        for end, q in enumerate(todo, 1):
-            size += value_bytes(self._index.initializers[t] for t in q.tensors)
-            if size >= CONSTANT_CACHE_BYTES or end == len(todo):
-                batch = todo[start:end]
-                items = [(q.calibration_scheme, q.encoding_request(), self._constant_values(q)) for q in batch]
-                for q, encoding in zip(batch, encodings_for_values(items)):
-                    q.set_encoding(encoding)
-                start, size = end, 0
+        compute_constant_encodings(self, only_missing)  # `quantsim.sim.param_encodings`
 
     def compute_encodings(self, inputs=None, forward_pass_callback_args=_NOT_SPECIFIED, *, forward_pass_callback=None):
         """Calibrate: weight encodings from the initializers, activation encodings from streamed data.
@@ -346,13 +334,13 @@ class QuantizationSimModel:
 
     def _session_files(self) -> WeightFiles | None:
         """For mapped weights with file-backed sessions: the files their fake-quantized weights were written
-        to, kept for the next session (calibration, then the sim, then each AdaRound or AMP rebuild), which
-        computes and writes only the weights whose quantizer or values changed. Disk, not memory: the page
-        cache holds them only while a session reads them (`session.WeightFiles`)."""
+        to, kept for the next session (calibration, then the sim, then each AdaRound or AMP rebuild) and, in
+        the cache entry, for later processes (`weight_store`): only weights whose quantizer or values changed
+        are computed. Disk, not memory: the page cache holds them while a session reads them (`WeightFiles`)."""
         if self._weights is None or not self._file_backed():
             return None
         if self._weight_files is None:
-            self._weight_files = WeightFiles()
+            self._weight_files = WeightFiles.for_entry(self._weights.folder)
         return self._weight_files
 
     def _file_backed(self) -> bool:
