@@ -80,3 +80,82 @@ def test_option_quantizes_the_linear_ops_input_and_output_and_the_statistics_sta
                                  providers=["CPUExecutionProvider"])
     feed = {"x": np.random.default_rng(9).standard_normal((2, 4, D)).astype(np.float32)}
     np.testing.assert_array_equal(sim.session.run(None, feed)[0], exact.run(None, feed)[0])
+
+
+# ``linear_ops_in_norm_blocks="all"``: only each norm layer's own statistics stay float -------------------------
+_LN_STATS = ("mean", "d", "sq", "var", "ve", "std")
+
+
+def _shape_leak_norms() -> onnx.ModelProto:
+    """`_two_norms` plus shape arithmetic read from the first norm's output (Shape -> Reshape of the MatMul's
+    output): a shape edge is not a path of values, so it must not join the two norm layers."""
+    model = _two_norms()
+    g = model.graph
+    mm = next(n for n in g.node if n.op_type == "MatMul")
+    mm.output[0] = "m0"
+    at = list(g.node).index(mm) + 1
+    for offset, node in enumerate([helper.make_node("Shape", ["ln0_out"], ["s"]),
+                                   helper.make_node("Reshape", ["m0", "s"], ["m"])]):
+        g.node.insert(at + offset, node)
+    return model
+
+
+def test_per_layer_statistics_are_each_norm_layers_own():
+    from quantsim.graph.index import GraphIndex
+    from quantsim.graph.tensor_roles import find_normalization_statistics
+
+    for model in (_two_norms(), _shape_leak_norms()):
+        index = GraphIndex(model)
+        own = {f"{tag}_{s}" for tag in ("ln0", "ln1") for s in _LN_STATS}
+        assert find_normalization_statistics(index, per_layer=True) == own
+        assert {"ln0_out", "m", "h"} <= find_normalization_statistics(index)  # the span rule: one block
+
+
+def _moments_norm(x: str, tag: str) -> list[onnx.NodeProto]:
+    """LayerNorm as E[x^2] - E[x]^2 with a Reciprocal of the Sqrt (jax2tf's form): x - mean is only scaled."""
+    return [helper.make_node("ReduceMean", [x, "axes"], [f"{tag}_mean"]),
+            helper.make_node("Mul", [x, x], [f"{tag}_sq"]),
+            helper.make_node("ReduceMean", [f"{tag}_sq", "axes"], [f"{tag}_msq"]),
+            helper.make_node("Mul", [f"{tag}_mean", f"{tag}_mean"], [f"{tag}_m2"]),
+            helper.make_node("Sub", [f"{tag}_msq", f"{tag}_m2"], [f"{tag}_var"]),
+            helper.make_node("Add", [f"{tag}_var", "eps"], [f"{tag}_ve"]),
+            helper.make_node("Sqrt", [f"{tag}_ve"], [f"{tag}_std"]),
+            helper.make_node("Reciprocal", [f"{tag}_std"], [f"{tag}_inv"]),
+            helper.make_node("Mul", [f"{tag}_inv", "gamma"], [f"{tag}_scale"]),
+            helper.make_node("Sub", [x, f"{tag}_mean"], [f"{tag}_d"]),
+            helper.make_node("Mul", [f"{tag}_d", f"{tag}_scale"], [f"{tag}_out"])]
+
+
+def test_per_layer_statistics_of_the_moments_form_stop_at_the_reciprocal():
+    from quantsim.graph.index import GraphIndex
+    from quantsim.graph.tensor_roles import find_normalization_statistics
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(np.array([-1], np.int64), "axes"), numpy_helper.from_array(np.float32(1e-5), "eps"),
+             numpy_helper.from_array(rng.standard_normal(D).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.standard_normal((D, D)).astype(np.float32), "W")]
+    nodes = [*_moments_norm("x", "a"), helper.make_node("MatMul", ["a_out", "W"], ["c"]), *_moments_norm("c", "b")]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, [2, 4, D])],
+                              [helper.make_tensor_value_info("b_out", f, [2, 4, D])], inits)
+    index = GraphIndex(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8))
+    own = {f"{t}_{s}" for t in "ab" for s in ("mean", "sq", "msq", "m2", "var", "ve", "std", "inv")}
+    assert find_normalization_statistics(index, per_layer=True) == own
+    assert "c" in find_normalization_statistics(index)
+
+
+def test_option_all_quantizes_the_block_between_norms_and_exports_it_on_integer_kernels():
+    sim = _sim("all")  # type: ignore[arg-type]
+    assert all(_quantized(sim, n) for n in ("ln0_out", "h", "ln1_out"))
+    assert not any(_quantized(sim, f"{tag}_{s}") for tag in ("ln0", "ln1") for s in _LN_STATS)
+    float_ops = [e.op_type for e in sim.export_integer(weight_codes="auto").report]
+    assert "MatMul" not in float_ops and float_ops.count("Add") <= 2  # left float: the norms' own ops (eps Adds)
+
+
+def test_option_rejects_other_values():
+    import pytest
+
+    from quantsim import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="linear_ops_in_norm_blocks"):
+        QuantizationSimModel(_two_norms(), progress=False, linear_ops_in_norm_blocks="some")

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from quantsim.graph.index import GraphIndex
 
@@ -62,18 +63,34 @@ def find_index_tensors(index: GraphIndex) -> frozenset[str]:
 
 STATISTIC_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"})
 _ROOT_OPS = frozenset({"Sqrt", "Reciprocal"})
+_LINEAR_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "MatMulInteger", "ConvInteger", "Einsum"})
 
 
-def find_normalization_statistics(index: GraphIndex) -> frozenset[str]:
-    """Tensors on a path from a reduction's output to a Sqrt/Reciprocal output (module docstring)."""
+def find_normalization_statistics(index: GraphIndex, *, per_layer: bool = False) -> frozenset[str]:
+    """Tensors on a path from a reduction's output to a Sqrt/Reciprocal output (module docstring). With
+    ``per_layer`` a path ends at its last Sqrt/Reciprocal (Sqrt -> Reciprocal) and goes through neither the
+    op that applies that 1/std, nor a Conv/Gemm/MatMul (no norm layer holds one), nor a shape edge, so the
+    statistics of one norm layer do not run on through the normalized output and the layers after it to the
+    next norm layer's statistics; what is computed only to be reduced must feed nothing but reductions."""
     forward: set[str] = set()
+    roots = {o for n in index.nodes if n.op_type in _ROOT_OPS for o in n.output if o}
+
+    def continues(node: onnx.NodeProto, slot: int) -> bool:
+        return not per_layer or node.op_type in _ROOT_OPS or (
+            node.op_type not in _LINEAR_OPS and node.op_type not in SHAPE_SOURCES
+            and slot not in SHAPE_SLOTS.get(node.op_type, ()) and not any(i in roots for i in node.input))
+
     frontier = [o for n in index.nodes if n.op_type in STATISTIC_REDUCTIONS for o in n.output if o]
     while frontier:
         name = frontier.pop()
         if name in forward:
             continue
         forward.add(name)
-        frontier.extend(o for use in index.uses(name) if use.index >= 0 for o in use.node.output if o)
+        if per_layer and name in roots:  # a 1/std: only a Reciprocal of it (Sqrt -> Reciprocal) goes on
+            frontier.extend(o for use in index.uses(name) if use.node.op_type in _ROOT_OPS for o in use.node.output if o)
+            continue
+        frontier.extend(o for use in index.uses(name) if use.index >= 0 and continues(use.node, use.index)
+                        for o in use.node.output if o)
     backward: set[str] = set()
     frontier = [o for n in index.nodes if n.op_type in _ROOT_OPS for o in n.output if o]
     while frontier:
@@ -84,7 +101,10 @@ def find_normalization_statistics(index: GraphIndex) -> frozenset[str]:
         producer = index.producer_of(name)
         if producer is not None:
             frontier.extend(n for n in producer.input if n)
-    # what is computed only to be reduced into a statistic (x * x before ReduceSum) is part of it
+    # what is computed only to be reduced into a statistic (x * x before ReduceSum) is part of it; per layer,
+    # only what feeds nothing but the reductions (else a norm's input, read only by the mean and x - mean,
+    # would pull in the layers before it)
+    reduced_only = (lambda u: u.node.op_type in STATISTIC_REDUCTIONS) if per_layer else (lambda u: True)
     changed = True
     while changed:
         changed = False
@@ -95,7 +115,8 @@ def find_normalization_statistics(index: GraphIndex) -> frozenset[str]:
                 uses = index.uses(name)
                 if (name and name not in backward and index.producer_of(name) is not None and uses
                         and name not in index.graph_outputs
-                        and all(u.index >= 0 and all(o in backward for o in u.node.output if o) for u in uses)):
+                        and all(u.index >= 0 and reduced_only(u) and all(o in backward for o in u.node.output if o)
+                                for u in uses)):
                     backward.add(name)
                     changed = True
     return frozenset(backward)

@@ -46,7 +46,7 @@ from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
 from quantsim.sim.legacy_args import map_legacy_arguments
 from quantsim.sim.param_encodings import compute_constant_encodings
-from quantsim.sim.placement import place_quantizers
+from quantsim.sim.placement import checked_norm_block_option, place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.quantizer_dict import QuantizerDict
 from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state, transaction
@@ -87,7 +87,8 @@ class QuantizationSimModel:
     8-bit activations whose values collapse onto a few codes; see `quantsim.sim.decisions`) and
     ``linear_ops_in_norm_blocks`` (default False: a Conv/Gemm/MatMul between the statistics of decomposed
     norm layers keeps float input and output; True quantizes them so QDQ runtimes run it on integer kernels,
-    a speed-for-accuracy choice, `quantsim.sim.placement` rule 3). Every automatic
+    ``"all"`` every op between the norm layers' own statistics: speed-for-accuracy choices,
+    `quantsim.sim.placement` rule 3). Every automatic
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
     """
@@ -110,7 +111,7 @@ class QuantizationSimModel:
         progress: bool = True,
         fold_batchnorm: bool = True,
         range_health: bool = True,
-        linear_ops_in_norm_blocks: bool = False,
+        linear_ops_in_norm_blocks: bool | str = False,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -148,7 +149,7 @@ class QuantizationSimModel:
         self.use_integer_kernels = bool(use_integer_kernels)
         self.progress = bool(progress)
         self.range_health = bool(range_health)
-        self.linear_ops_in_norm_blocks = bool(linear_ops_in_norm_blocks)
+        self.linear_ops_in_norm_blocks = checked_norm_block_option(linear_ops_in_norm_blocks)
         try:
             if cached is not None:
                 self._model, self._weights = cached
