@@ -37,8 +37,8 @@ from quantsim.graph.loading import load_model, load_model_mapped
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.session import WeightFiles, make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
+from quantsim.prepare import cache as prepare_cache
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
-from quantsim.prepare.cache import EXTERNAL_DATA_BYTES
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
@@ -128,7 +128,7 @@ class QuantizationSimModel:
         self._weights: MappedWeights | None = None
         signatures: dict[str, list[int] | None] = {}
         if cached is None:  # a file's big weights stay in it, mapped, until the cache entry copies them
-            proto, self._label, mapped = load_model_mapped(model, signatures, EXTERNAL_DATA_BYTES)
+            proto, self._label, mapped = load_model_mapped(model, signatures, prepare_cache.EXTERNAL_DATA_BYTES)
         else:
             self._label = str(Path(model))
         self.param_type = qtype.as_qtype(options["param_type"] or int8)
