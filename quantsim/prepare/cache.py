@@ -205,7 +205,8 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
     bytes are copied file to file. When they are all of its big weights, in the order ``content`` (the input's
     `digest.ContentDigest`) hashed them, the data file's digest is ``content.payload`` and nothing is hashed
     again; ``unchanged`` then tells whether the input's files are still as they were hashed, checked once the
-    entry is written: if not, nothing is published (the copy may hold other bytes than the key promises)."""
+    entry is written: if not, nothing is published (what the passes read or the entry copied may not be the
+    bytes the key promises)."""
     root = cache_root(cache_dir)
     entry = root / key
     mapped = [tensor for tensor in model.graph.initializer if is_mapped(tensor)] if weights is not None else []
@@ -219,7 +220,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             big = payload_bytes(model.graph.initializer) + value_bytes(mapped) >= EXTERNAL_DATA_BYTES
             files = save_model(model, staging / _MODEL, digests,  # hashed as written, never read back
                                external=big or None, weights=weights, data_digest=known if big else None)
-            if mapped and unchanged is not None and not unchanged():
+            if weights is not None and unchanged is not None and not unchanged():
                 _log.info("prepare: the model's files changed while it was prepared; not caching it")
                 return None
             (staging / _KEY_FILE).write_text(key + "\n")
