@@ -54,6 +54,13 @@ def _folding_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def _folding_model_opset11() -> onnx.ModelProto:
+    """The same at opset 11: preparation converts it to opset 13 with its weights still mapped."""
+    model = _folding_model()
+    model.opset_import[0].version, model.ir_version = 11, 6
+    return model
+
+
 def _mlp() -> onnx.ModelProto:
     """MatMul -> Add -> Relu -> MatMul: nothing for the passes to change."""
     rng = np.random.default_rng(4)
@@ -101,7 +108,7 @@ def _outputs(source, feeds) -> list[bytes]:
     return [o.tobytes() for feed in feeds for o in sim.session.run(None, feed)]
 
 
-@pytest.mark.parametrize("build", [_folding_model, _mlp])
+@pytest.mark.parametrize("build", [_folding_model, _folding_model_opset11, _mlp])
 def test_the_entry_is_byte_for_byte_the_one_of_the_loaded_model(tmp_path, monkeypatch, build):
     path = _save(build(), tmp_path / "m.onnx")
     _prepare(path, tmp_path / "loaded", False, monkeypatch)
