@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
+import quantsim.graph.large_models as large_models
 import quantsim.graph.loading as loading_module
 from quantsim.graph.loading import load_model, load_model_mapped
 from quantsim.graph.mapped import MappedWeights, is_mapped
@@ -137,7 +138,7 @@ def test_unchanged_weights_are_hashed_once_and_copied(tmp_path, monkeypatch):
     path = _save(_mlp(), tmp_path / "m.onnx")
     copies: list[str] = []
     real = MappedWeights.copy_into
-    monkeypatch.setattr(MappedWeights, "copy_into", lambda self, t, fd: copies.append(t.name) or real(self, t, fd))
+    monkeypatch.setattr(MappedWeights, "copy_into", lambda self, t, *a: copies.append(t.name) or real(self, t, *a))
     _prepare(path, tmp_path / "c", True, monkeypatch)
     files = _entry_files(tmp_path / "c")
     loaded = onnx.load(str(path))
@@ -150,16 +151,16 @@ def test_unchanged_weights_are_hashed_once_and_copied(tmp_path, monkeypatch):
     assert content_digest(mapped, weights).payload == hashlib.sha256(payload).hexdigest()
 
 
-def test_weights_are_written_through_the_map_where_the_kernel_cannot_copy(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["small buffer", "no preadv"])
+def test_the_copy_is_the_same_in_pieces_and_through_the_map(tmp_path, monkeypatch, how):
     path = _save(_mlp(), tmp_path / "m.onnx")
-    _prepare(path, tmp_path / "kernel", True, monkeypatch)
-
-    def refuse(*args, **kwargs):
-        raise OSError(18, "Invalid cross-device link")
-
-    monkeypatch.setattr(os, "copy_file_range", refuse, raising=False)
-    _prepare(path, tmp_path / "map", True, monkeypatch)
-    assert _entry_files(tmp_path / "map") == _entry_files(tmp_path / "kernel")
+    _prepare(path, tmp_path / "whole", True, monkeypatch)
+    if how == "small buffer":  # pieces that end inside a tensor
+        monkeypatch.setattr(large_models, "COPY_BUFFER_BYTES", 1000)
+    else:  # platforms without it write from the memory map
+        monkeypatch.delattr(os, "preadv", raising=False)
+    _prepare(path, tmp_path / "pieces", True, monkeypatch)
+    assert _entry_files(tmp_path / "pieces") == _entry_files(tmp_path / "whole")
 
 
 def test_a_file_changed_while_it_is_prepared_is_not_cached(tmp_path, monkeypatch):

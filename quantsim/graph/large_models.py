@@ -21,7 +21,7 @@ import onnx
 from onnx import helper
 
 from quantsim.graph.deferred import WeightSource
-from quantsim.graph.mapped import is_mapped
+from quantsim.graph.mapped import COPY_BUFFER_BYTES, is_mapped
 
 __all__ = [
     "LARGE_MODEL_BYTES",
@@ -214,7 +214,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[st
     With ``digests`` (a dict), each file's sha256 (hex) is recorded under its name as it is written, so a
     caller that needs them never reads the files back. ``data_digest`` is the sha256 the caller knows the
     data file will have (that of its big weights' bytes in order, hashed already, as `prepare`'s cache does):
-    the file is then written without hashing, mapped weights copied file to file (`MappedWeights.copy_into`).
+    the file is then written without hashing, mapped weights copied from their files (`MappedWeights.copy_into`).
     """
     path = Path(path)
     mapped = [t for t in model.graph.initializer if is_mapped(t)] if weights is not None else []
@@ -307,10 +307,11 @@ class _HashingWriter:
 
 class _CopyingWriter:
     """An unbuffered binary file written at its position, without hashing, where mapped weights are copied
-    file to file (``copy_from``, as ``skeleton`` uses it)."""
+    from their files through one reused buffer (``copy_from``, as ``skeleton`` uses it)."""
 
     def __init__(self, file):
         self.file, self.name = file, file.name
+        self._buffer: memoryview | None = None
 
     def tell(self) -> int:
         return os.lseek(self.file.fileno(), 0, os.SEEK_CUR)
@@ -325,4 +326,6 @@ class _CopyingWriter:
         copy = getattr(weights, "copy_into", None)
         if copy is None:
             return self.write(as_bytes(weights.array(tensor)))
-        return copy(tensor, self.file.fileno())
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(COPY_BUFFER_BYTES))
+        return copy(tensor, self.file.fileno(), self._buffer)

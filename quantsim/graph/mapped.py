@@ -27,8 +27,11 @@ from onnx import helper, numpy_helper
 
 from quantsim.errors import InvalidArgumentError
 
-__all__ = ["MappedWeights", "external_info", "is_mapped", "reading_from", "active_weights", "tensor_values"]
+__all__ = ["MappedWeights", "COPY_BUFFER_BYTES", "external_info", "is_mapped", "reading_from", "active_weights",
+           "tensor_values"]
 
+COPY_BUFFER_BYTES = 16 << 20
+"""Size of the buffer `MappedWeights.copy_into` reads through."""
 _ACTIVE: ContextVar[MappedWeights | None] = ContextVar("quantsim_active_weights", default=None)
 
 
@@ -80,21 +83,27 @@ class MappedWeights:
             raise InvalidArgumentError(f"initializer {tensor.name!r}: external data ends past its file")
         return file, offset, dtype, count
 
-    def copy_into(self, tensor: onnx.TensorProto, fd: int) -> int:
-        """Write external ``tensor``'s bytes to the file open as ``fd``, at its position: file to file in the
-        kernel where the platform can (``os.copy_file_range``), else through the map. Returns the bytes written."""
+    def copy_into(self, tensor: onnx.TensorProto, fd: int, buffer: memoryview | None = None) -> int:
+        """Write external ``tensor``'s bytes to the file open as ``fd``, at its position, read into ``buffer`` (a
+        writable byte view, reused across calls; one of `COPY_BUFFER_BYTES` if not given) a piece at a time and
+        written from there (through the map where ``os.preadv`` is missing). Returns the bytes written.
+
+        Not ``os.copy_file_range``: the kernel's copy costs less CPU, but it fills the page cache with small
+        folios that every later memory map of the copy faults in about 40% slower than those of a plain write
+        (measured on Linux 6.18/ext4: warm sim creation 0.65 s CPU against 0.50 s for 2.4 GB of weights), and
+        the copy is made once while the maps are made on every warm creation."""
         file, offset, dtype, count = self._range(tensor)
         nbytes, done = count * dtype.itemsize, 0
-        copy = getattr(os, "copy_file_range", None)
-        if copy is not None:
-            try:
-                while done < nbytes:
-                    step = copy(file.fileno(), fd, nbytes - done, offset + done)
-                    if step <= 0:
-                        break
-                    done += step
-            except OSError:  # e.g. not between these file systems: the rest goes through the map
-                pass
+        if hasattr(os, "preadv"):
+            buffer = buffer if buffer is not None else memoryview(bytearray(min(nbytes, COPY_BUFFER_BYTES)))
+            while done < nbytes:
+                step = os.preadv(file.fileno(), [buffer[:min(len(buffer), nbytes - done)]], offset + done)
+                if step <= 0:
+                    break  # the file ended early: the map raises below
+                chunk = buffer[:step]
+                while chunk:
+                    chunk = chunk[os.write(fd, chunk):]
+                done += step
         if done < nbytes:
             view = self.array(tensor).reshape(-1).data.cast("B")[done:]
             while view:
