@@ -20,6 +20,12 @@ threads; steadier on a shared machine)::
 
     python -m benchmarks.bench_large [--sizes 0.1 0.8] [--batches 16] [--export] [--export-integer]
 
+``--create N`` measures creation alone, N times (median and range): the float session's, the sim's with an
+empty preparation cache (cold: preparation and the cache write) and with the entry it wrote (warm), wall and
+CPU time, each in a fresh process::
+
+    python -m benchmarks.bench_large --create 3 --sizes 0.8 2.4
+
 ``--amp`` measures instead what automatic mixed precision adds on top of a sim of the model, each step's
 time and peak RSS over the sim's resident size: the score cache's key (`mixed_precision.amp_cache.cache_key`),
 the bit-operation costs with a sample feed (`mixed_precision.layer_costs`) and the pickled sim an executor
@@ -36,6 +42,7 @@ import math
 import os
 import pickle
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -160,6 +167,18 @@ def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
     result: dict = {"step": step}
     if step == "amp":
         return _amp_steps(path, data[:1])
+    if step in ("fp32_create", "sim_create"):
+        cpu, start = time.process_time(), time.perf_counter()
+        if step == "fp32_create":
+            import onnxruntime as ort
+
+            ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        else:
+            from quantsim import QuantizationSimModel
+
+            QuantizationSimModel(path, progress=False)
+        return {"step": step, "create_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
+                "peak_gb": _peak_gb()}
     if step == "fp32":
         import onnxruntime as ort
 
@@ -249,9 +268,13 @@ def main() -> None:
     parser.add_argument("--export-integer", action="store_true",
                         help="also export the integer model (export_integer(...).save) and check it in onnxruntime")
     parser.add_argument("--amp", action="store_true", help="measure AMP's key, bit operations and pickled sim instead")
+    parser.add_argument("--create", type=int, default=0, metavar="N", help="measure creation alone, N times")
     args = parser.parse_args()
     if args.amp:
         _main_amp(args)
+        return
+    if args.create:
+        _main_create(args)
         return
     print(f"{'model':>10} {'layers':>6} | {'fp32 create':>11} {'fp32 run':>8} {'fp32 peak':>9} | "
           f"{'sim cold':>8} {'sim warm':>8} {'calib':>6} {'run':>6} {'peak':>7} | {'peak ratio':>10} "
@@ -280,6 +303,39 @@ def main() -> None:
                      f"max {warm['integer_steps']['max']:.0f} steps" if "integer_s" in warm else ""))
             print("   steps:", json.dumps({"fp32": fp32, "cold": cold, "warm": warm}))
             sys.stdout.flush()
+
+
+def _main_create(args: argparse.Namespace) -> None:
+    """The ``--create`` measurements (module docstring)."""
+    print(f"{'model':>10} {'layers':>6} | creation: median wall (range) [median CPU], peak RSS; cold and warm / fp32")
+    for size in args.sizes:
+        with tempfile.TemporaryDirectory(prefix="quantsim-large-") as folder:
+            path = Path(folder) / "mlp.onnx"
+            layers = build(path, size, args.width)
+            cache, out_dir = Path(folder) / "cache", str(Path(folder) / "export")
+            runs: dict[str, list[dict]] = {"fp32": [], "cold": [], "warm": []}
+            for _ in range(args.create):
+                shutil.rmtree(cache, ignore_errors=True)
+                for name, step in (("fp32", "fp32_create"), ("cold", "sim_create"), ("warm", "sim_create")):
+                    runs[name].append(_run_child(step, path, 0, args.width, str(cache), out_dir))
+            failed = [run["error"] for found in runs.values() for run in found if "error" in run]
+            if failed:
+                print(f"{size:>8.1f}GB {layers:>6} | failed: {failed[0]}")
+                continue
+            medians = {name: _median([run["create_s"] for run in found]) for name, found in runs.items()}
+            parts = []
+            for name, found in runs.items():
+                walls = [run["create_s"] for run in found]
+                parts.append(f"{name} {medians[name]:.2f}s ({min(walls):.2f}-{max(walls):.2f}) "
+                             f"[{_median([run['cpu_s'] for run in found]):.2f}s] {max(r['peak_gb'] for r in found):.2f}G")
+            print(f"{size:>8.1f}GB {layers:>6} | " + " | ".join(parts)
+                  + f" | cold {medians['cold'] / medians['fp32']:.2f}x warm {medians['warm'] / medians['fp32']:.2f}x")
+            sys.stdout.flush()
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def _main_amp(args: argparse.Namespace) -> None:

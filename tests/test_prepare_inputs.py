@@ -51,8 +51,9 @@ def _outputs(source, feeds) -> list[bytes]:
 
 def _count_loads(monkeypatch) -> list:
     loads: list = []
-    real = sim_model_module.load_model
-    monkeypatch.setattr(sim_model_module, "load_model", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    for name in ("load_model", "load_model_mapped"):  # the sim reads a file with either
+        real = getattr(sim_model_module, name)
+        monkeypatch.setattr(sim_model_module, name, lambda *a, _real=real, **k: loads.append(a[0]) or _real(*a, **k))
     return loads
 
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, numpy_helper
 
 from quantsim.graph.deferred import WeightSource
 from quantsim.graph.large_models import value_bytes
-from quantsim.graph.mapped import is_mapped
+from quantsim.graph.mapped import active_weights, is_mapped
 
 __all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "CONSTANT_CACHE_BYTES", "subgraph_references", "node_attributes"]
 
@@ -64,14 +64,14 @@ class GraphIndex:
     ``initializers`` (default: ``model.graph.initializer``) are the constants of the graph, for a model
     whose initializers are kept apart from it. ``weights`` reads the initializers whose values are in
     external-data files (`quantsim.graph.mapped`) as read-only arrays over memory maps, or computes those an
-    export defers (`quantsim.graph.deferred`).
+    export defers (`quantsim.graph.deferred`); without, those `mapped.reading_from` made current.
     """
 
     def __init__(self, model: onnx.ModelProto, initializers: Iterable[TensorProto] | None = None,
                  weights: WeightSource | None = None):
         graph = model.graph
         self.model = model
-        self.weights = weights
+        self.weights = weights if weights is not None else active_weights()
         self.nodes: list[onnx.NodeProto] = list(graph.node)
         self.initializers: dict[str, TensorProto] = {
             t.name: t for t in (graph.initializer if initializers is None else initializers)

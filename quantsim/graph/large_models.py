@@ -21,7 +21,7 @@ import onnx
 from onnx import helper
 
 from quantsim.graph.deferred import WeightSource
-from quantsim.graph.mapped import is_mapped
+from quantsim.graph.mapped import COPY_BUFFER_BYTES, is_mapped
 
 __all__ = [
     "LARGE_MODEL_BYTES",
@@ -34,6 +34,7 @@ __all__ = [
     "model_parts",
     "model_from_parts",
     "copy_without_initializers",
+    "as_bytes",
     "is_external_candidate",
     "save_model",
 ]
@@ -84,17 +85,24 @@ def skeleton(model: onnx.ModelProto, data_file: Any = None, weights: WeightSourc
     payloads are written to it and the references point into it, so the skeleton plus that file is
     the model; without, they point at ``"unwritten"`` (enough for shape inference and for hashing).
     With ``weights``, the initializers whose values are in mapped files (`quantsim.graph.mapped`) are written
-    the same way, read one at a time. ``model`` is not modified and its weights are never copied as a whole.
+    the same way, read one at a time (copied file to file where ``data_file`` has a ``copy_from(weights,
+    tensor)`` method); without ``data_file`` they become the same references as the others, so a model whose
+    big weights are mapped has the skeleton of the same model with them loaded (for a mapped tensor holding
+    only name, type, dims and its reference). ``model`` is not modified and its weights are never copied as a
+    whole.
     """
     result = copy_without_initializers(model)
     location = Path(data_file.name).name if data_file is not None else "unwritten"
     for tensor in model.graph.initializer:
         copy = result.graph.initializer.add()
-        if weights is not None and is_mapped(tensor) and data_file is not None:
+        if weights is not None and is_mapped(tensor):
             copy.CopyFrom(_without_data(tensor))
             copy.data_location = onnx.TensorProto.EXTERNAL
-            offset = data_file.tell()
-            length = data_file.write(weights.array(tensor).tobytes())
+            offset, length = 0, value_bytes([tensor])
+            if data_file is not None:
+                offset = data_file.tell()
+                copy_from = getattr(data_file, "copy_from", None)
+                length = copy_from(weights, tensor) if copy_from else data_file.write(as_bytes(weights.array(tensor)))
             for key, value in (("location", location), ("offset", offset), ("length", length)):
                 entry = copy.external_data.add()
                 entry.key, entry.value = key, str(value)
@@ -113,6 +121,11 @@ def skeleton(model: onnx.ModelProto, data_file: Any = None, weights: WeightSourc
             entry = copy.external_data.add()
             entry.key, entry.value = key, str(value)
     return result
+
+
+def as_bytes(values: np.ndarray) -> memoryview:
+    """``values``' bytes in memory order without copying them (a contiguous copy first if they are not)."""
+    return np.ascontiguousarray(values).data.cast("B")
 
 
 def hash_model(digest: Any, model: onnx.ModelProto) -> None:
@@ -189,7 +202,8 @@ def _without_data(tensor: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[str, str] | None = None,
-               external: bool | None = None, weights: WeightSource | None = None) -> list[Path]:
+               external: bool | None = None, weights: WeightSource | None = None,
+               data_digest: str | None = None) -> list[Path]:
     """Write ``model`` to ``path`` and return the files written.
 
     A large model's big initializers (any model's with ``external=True``) go to ``<path>.data`` beside it
@@ -198,7 +212,9 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[st
     the in-memory model keeps its weights. With ``weights`` the initializers it maps (`quantsim.graph.mapped`)
     are read one at a time and written like the others (the model then counts as large by their size too).
     With ``digests`` (a dict), each file's sha256 (hex) is recorded under its name as it is written, so a
-    caller that needs them never reads the files back.
+    caller that needs them never reads the files back. ``data_digest`` is the sha256 the caller knows the
+    data file will have (that of its big weights' bytes in order, hashed already, as `prepare`'s cache does):
+    the file is then written without hashing, mapped weights copied from their files (`MappedWeights.copy_into`).
     """
     path = Path(path)
     mapped = [t for t in model.graph.initializer if is_mapped(t)] if weights is not None else []
@@ -212,12 +228,12 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[st
             digests[path.name] = file.digest.hexdigest()
         return [path]
     data_path = path.with_name(path.name + ".data")
-    with open(data_path, "wb") as raw_file:
-        data_file = _HashingWriter(raw_file)
+    with open(data_path, "wb", buffering=0 if data_digest else -1) as raw_file:
+        data_file = _HashingWriter(raw_file) if data_digest is None else _CopyingWriter(raw_file)
         graph_only = skeleton(model, data_file, weights)
     graph = graph_only.SerializeToString(deterministic=True)
     if digests is not None:
-        digests[data_path.name] = data_file.digest.hexdigest()
+        digests[data_path.name] = data_digest or data_file.digest.hexdigest()  # type: ignore[union-attr]
         digests[path.name] = hashlib.sha256(graph).hexdigest()
     path.write_bytes(graph)
     return [path, data_path]
@@ -272,7 +288,7 @@ def _write_streamed(model: onnx.ModelProto, file, weights: WeightSource | None =
             continue
         file.write(stub)
         file.write(_field_header(_RAW_DATA_FIELD, length))
-        file.write(weights.array(tensor).tobytes())  # type: ignore[union-attr]
+        file.write(as_bytes(weights.array(tensor)))  # type: ignore[union-attr]
 
 
 class _HashingWriter:
@@ -287,3 +303,29 @@ class _HashingWriter:
     def write(self, data: bytes) -> int:
         self.digest.update(data)
         return self.file.write(data)
+
+
+class _CopyingWriter:
+    """An unbuffered binary file written at its position, without hashing, where mapped weights are copied
+    from their files through one reused buffer (``copy_from``, as ``skeleton`` uses it)."""
+
+    def __init__(self, file):
+        self.file, self.name = file, file.name
+        self._buffer: memoryview | None = None
+
+    def tell(self) -> int:
+        return os.lseek(self.file.fileno(), 0, os.SEEK_CUR)
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(self.file.fileno(), view):]
+        return memoryview(data).nbytes
+
+    def copy_from(self, weights: WeightSource, tensor: onnx.TensorProto) -> int:
+        copy = getattr(weights, "copy_into", None)
+        if copy is None:
+            return self.write(as_bytes(weights.array(tensor)))
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(COPY_BUFFER_BYTES))
+        return copy(tensor, self.file.fileno(), self._buffer)

@@ -9,8 +9,10 @@ from onnx.external_data_helper import load_external_data_for_model
 
 from quantsim.errors import InvalidArgumentError, InvalidTypeError
 from quantsim.graph.large_models import is_large
+from quantsim.graph.mapped import MappedWeights
+from quantsim.graph.source_weights import map_external
 
-__all__ = ["load_model", "file_signature", "external_files"]
+__all__ = ["load_model", "load_model_mapped", "file_signature", "external_files"]
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QcQuantizeOp"})
 
@@ -21,12 +23,22 @@ def load_model(model: onnx.ModelProto | str | os.PathLike,
 
     With ``signatures`` (a dict) and a file, the stat signature (`file_signature`) of the
     file and of each external-data file it references is recorded there, taken before its bytes are read."""
+    proto, label, _ = load_model_mapped(model, signatures, None)
+    return proto, label
+
+
+def load_model_mapped(model: onnx.ModelProto | str | os.PathLike, signatures: dict[str, list[int] | None] | None,
+                      min_bytes: int | None) -> tuple[onnx.ModelProto, str, MappedWeights | None]:
+    """`load_model`, but a file's big external weights stay in their files (`source_weights.load_mapped`, when
+    they total at least ``min_bytes``; never with None): the model holds references to them, read through the
+    returned `MappedWeights` (None when nothing stayed mapped)."""
+    weights = None
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
             raise FileNotFoundError(f"ONNX model file not found: {path}")
         try:
-            proto = _load_file(path, signatures)
+            proto, weights = _load_file(path, signatures, min_bytes)
         except Exception as error:  # noqa: BLE001 - any decoding failure means "not an ONNX file"
             raise InvalidArgumentError(f"{path} is not a readable ONNX model: {error}") from error
         label = str(path)
@@ -47,10 +59,9 @@ def load_model(model: onnx.ModelProto | str | os.PathLike,
         elif not is_large(proto):  # a >2 GiB ModelProto cannot be serialised for the checker
             onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
-        if "topologically sorted" in str(error):
-            return _checked_tail(proto, label)  # preparation sorts the nodes, or names the cycle / missing input
-        raise InvalidArgumentError(f"{label} fails onnx.checker: {_one_line(str(error))}") from error
-    return _checked_tail(proto, label)
+        if "topologically sorted" not in str(error):  # preparation sorts the nodes, or names the cycle / input
+            raise InvalidArgumentError(f"{label} fails onnx.checker: {_one_line(str(error))}") from error
+    return (*_checked_tail(proto, label), weights)
 
 
 def file_signature(path: str | os.PathLike) -> list[int] | None:
@@ -75,17 +86,22 @@ def external_files(model: onnx.ModelProto, folder: str | os.PathLike) -> list[Pa
     return list(found.values())
 
 
-def _load_file(path: Path, signatures: dict[str, list[int] | None] | None) -> onnx.ModelProto:
-    """``onnx.load(path)``, noting the signatures of the files it reads first (see `load_model`)."""
+def _load_file(path: Path, signatures: dict[str, list[int] | None] | None, min_bytes: int | None
+               ) -> tuple[onnx.ModelProto, MappedWeights | None]:
+    """``onnx.load(path)``, noting the signatures of the files it reads first (see `load_model`); with
+    ``min_bytes``, big weights stay mapped (`load_model_mapped`)."""
     if signatures is not None:
         signatures[str(path.resolve())] = file_signature(path)
     proto = onnx.load(str(path), load_external_data=False)
     files = external_files(proto, path.parent)
     if signatures is not None:
         signatures.update((str(name), file_signature(name)) for name in files)
-    if files:
-        load_external_data_for_model(proto, str(path.parent))
-    return proto
+    if not files:
+        return proto, None
+    if min_bytes is not None:
+        return proto, map_external(proto, path.parent, min_bytes)
+    load_external_data_for_model(proto, str(path.parent))
+    return proto, None
 
 
 def _checked_tail(proto: onnx.ModelProto, label: str) -> tuple[onnx.ModelProto, str]:

@@ -22,9 +22,14 @@ instead of running the passes.
 Three helpers for working on models of any size (over protobuf's 2 GiB too) without a second copy of their
 weights, used by the cache and by tools built on quantsim: ``skeleton(model)`` (the model with its big
 initializers as external-data references: enough for shape inference, small enough to serialise),
-``hash_model(digest, model)`` (the cache key's model part: the skeleton, then each weight's bytes) and
+``hash_model(digest, model)`` (the skeleton, then each weight's bytes; the cache key takes the same parts,
+`digest.content_digest`) and
 ``save_model(model, path)`` (one file streamed an initializer at a time; over 2 GiB, a graph file plus
 ``<path>.data``, as cache entries and exports are written).
+
+A sim built from a model file with large external data prepares it without loading the weights
+(`prepare_loaded_mapped` with ``weights``, `quantsim.graph.source_weights`): they are hashed once from the page
+cache, read only by the passes that use them and copied file to file into the cache entry.
 """
 from __future__ import annotations
 
@@ -37,7 +42,8 @@ import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
 from quantsim.graph.large_models import hash_model, save_model, skeleton
-from quantsim.graph.mapped import MappedWeights
+from quantsim.graph.loading import file_signature
+from quantsim.graph.mapped import MappedWeights, reading_from
 from quantsim.prepare.cache import (
     cache_info,
     cache_key,
@@ -47,10 +53,10 @@ from quantsim.prepare.cache import (
     key_for_digest,
     load_cached,
     load_cached_mapped,
-    model_digest,
     pass_identities,
     store_cached,
 )
+from quantsim.prepare.digest import content_digest
 from quantsim.prepare.inputs import remember_digest, remembered_digest
 from quantsim.prepare.passes import (
     check_graph,
@@ -158,41 +164,60 @@ def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool 
 
 
 def prepare_loaded_mapped(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True,
-                          source: tuple[str | os.PathLike, dict] | None = None
-                          ) -> tuple[onnx.ModelProto, MappedWeights | None]:
+                          source: tuple[str | os.PathLike, dict] | None = None,
+                          weights: MappedWeights | None = None) -> tuple[onnx.ModelProto, MappedWeights | None]:
     """`prepare_loaded`, but a prepared model whose cache entry keeps its weights in external data comes back
     with them left there (`cache.load_cached_mapped`): its initializers are references that the returned
     `MappedWeights` reads through memory maps, so no copy of the weights stays in memory (on a miss the
-    prepared model is stored, let go and mapped back)."""
-    return _prepare_loaded(load, fold_batchnorm, source, mapped=True)
+    prepared model is stored, let go and mapped back).
+
+    ``weights`` reads the initializers that the first model ``load`` returns left in its files
+    (`quantsim.graph.source_weights`, with ``source``'s signatures taken before): they are hashed from the
+    page cache, read by the passes that use them (`mapped.reading_from`) and copied file to file into the
+    cache entry, never loaded into a ModelProto (a later ``load`` must return a model with its weights)."""
+    return _prepare_loaded(load, fold_batchnorm, source, mapped=True, weights=weights)
 
 
 def _prepare_loaded(load: Callable[[], onnx.ModelProto], fold_batchnorm: bool,
-                    source: tuple[str | os.PathLike, dict] | None, mapped: bool
+                    source: tuple[str | os.PathLike, dict] | None, mapped: bool, weights: MappedWeights | None = None
                     ) -> tuple[onnx.ModelProto, MappedWeights | None]:
     options = _file_options(fold_batchnorm)
     chosen = default_passes(**options)
     model = load()
     identities = pass_identities(chosen)
-    key = None
+    key, content = None, None
     if identities is not None:
-        digest = model_digest(model)
-        key = key_for_digest(digest, identities, options)
+        content = content_digest(model, weights)
+        key = key_for_digest(content.digest, identities, options)
         if source is not None:
-            remember_digest(source[0], source[1], digest, cache_root())
+            remember_digest(source[0], source[1], content.digest, cache_root())
     if key is not None and (cache_root() / key).is_dir():  # most likely a hit: let the model go first
         del model
         cached = _load(key, mapped)
         if cached is not None:
             _log.info("prepare: cache hit %s", key[:16])
             return cached
-        model = load()
-    prepared = _prepare_work(model, chosen, key, None)
-    if mapped and key is not None:
-        again = _load(key, mapped)  # the stored entry, its weights mapped: the prepared copy can go
-        if again is not None and again[1] is not None:
-            return again
+        model, weights, content = load(), None, None
+    if key is not None:
+        _log.info("prepare: cache miss %s, running %d passes", key[:16], len(chosen))
+    with reading_from(weights):
+        prepared = _run_passes(model, chosen)
+    if key is not None:
+        unchanged = None if source is None else lambda: _unchanged(source[1])
+        store_cached(key, prepared, None, weights=weights, content=content, unchanged=unchanged)
+        if mapped:
+            again = _load(key, mapped)  # the stored entry, its weights mapped: the prepared copy can go
+            if again is not None and again[1] is not None:
+                return again
+    if weights is not None:  # not cached (or a small entry): the model takes its weights in
+        weights.materialize(prepared)
     return prepared, None
+
+
+def _unchanged(signatures: dict) -> bool:
+    """Whether every file of ``signatures`` (path -> `file_signature` taken before it was read) is unchanged."""
+    return bool(signatures) and all(value is not None and file_signature(name) == value
+                                    for name, value in signatures.items())
 
 
 def _load(key: str, mapped: bool) -> tuple[onnx.ModelProto, MappedWeights | None] | None:

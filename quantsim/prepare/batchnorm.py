@@ -55,6 +55,7 @@ from onnx import helper, numpy_helper
 from quantsim.errors import PrepareWarning, warn_at_caller
 from quantsim.graph.edit import constant_names, describe, drop_unused_initializers, drop_value_info
 from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.graph.mapped import tensor_values
 
 __all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm", "fold_channel_affine"]
 
@@ -216,7 +217,7 @@ def _output_channels(layer: onnx.NodeProto, shape: tuple[int, ...]) -> int | Non
 def _rewrite(graph: onnx.GraphProto, index: GraphIndex, match: _Match) -> None:
     bn, layer = match.bn, match.layer
     weight_tensor = index.initializers[layer.input[1]]
-    weight = numpy_helper.to_array(weight_tensor)
+    weight = tensor_values(weight_tensor)
     dtype = weight.dtype
     channels = _output_channels(layer, weight.shape)
     assert channels is not None  # checked when the fold was matched

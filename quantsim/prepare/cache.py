@@ -1,7 +1,7 @@
 """Persistent on-disk cache of prepared models.
 
-Key: sha256 over a format tag, the input model's `model_digest` (``hash_model``: sha256 of its
-``skeleton``, serialised deterministically, then each big weight's bytes, never the whole model serialised;
+Key: sha256 over a format tag, the input model's `model_digest` (`digest.content_digest`: sha256 of
+its ``skeleton``, serialised deterministically, and of its big weights' bytes, never the whole model serialised;
 for a model file, `inputs` recalls it while the file is unchanged), each pass's identity (module, qualified
 name, and a digest of the module's source file), a digest of the sources of this package and of
 ``quantsim/graph/`` (so editing a pass or a helper it uses invalidates the entries), the options, and the
@@ -16,7 +16,10 @@ for models with at least `EXTERNAL_DATA_BYTES` of initializers: loading reads th
 (the entry's own key: an entry copied or renamed under another key, which would run another model, is
 refused) and ``SHA256SUMS`` (``sha256sum`` format) with the digest of every file. The key is itself a
 digest over the input model, so ``KEY`` binds the entry to that model too.
-Writing: the files go to a temporary folder ``prepared/.tmp-*`` beside the entry, are fsynced (the big
+Writing: weights a model file kept in its own external data (`graph.source_weights`) are copied file to file,
+and when preparation left all its big weights as they were the data file's digest is the one the key's digest
+already took (`digest`): large weights are read once for the key and copied once. The files go to a temporary
+folder ``prepared/.tmp-*`` beside the entry, are fsynced (the big
 data file on a thread, after publishing: `entry_sync`), and the
 folder is renamed into place in one atomic step (``os.replace``); when another process published the
 same key first, its entry is kept and ours dropped, so concurrent preparations both succeed. Removal
@@ -34,6 +37,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -41,17 +45,19 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
-from quantsim.graph.large_models import hash_model, payload_bytes, save_model
+from quantsim.graph.large_models import payload_bytes, save_model, value_bytes
 from quantsim.graph.loading import file_signature
-from quantsim.graph.mapped import MappedWeights
+from quantsim.graph.mapped import MappedWeights, is_mapped
 from quantsim.graph.model_io import write_text_atomic
-from quantsim.prepare.entry_sync import fresh_signatures, fsync_file, stamp_when_synced, wait_for_syncs
+from quantsim.prepare.digest import ContentDigest, content_digest, mapped_layout
+from quantsim.prepare.entry_sync import fresh_signatures, fsync_file, stamp_when_synced, sync_folder, wait_for_syncs
 from quantsim.prepare.inputs import INPUTS_FOLDER
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
@@ -66,6 +72,7 @@ _MODEL, _MANIFEST, _KEY_FILE, _STAMP = "model.onnx", "SHA256SUMS", "KEY", ".veri
 _KEY = re.compile(r"[0-9a-f]{64}")
 _STALE_SECONDS = 3600
 _CHUNK = 1 << 20
+_log = logging.getLogger(__name__)
 
 
 class CacheEntry(NamedTuple):
@@ -90,12 +97,11 @@ def cache_key(model: onnx.ModelProto, passes, options: dict) -> str | None:
     return key_for_digest(model_digest(model), identities, options)
 
 
-def model_digest(model: onnx.ModelProto) -> str:
-    """Hex sha256 of ``model``'s content (its skeleton, then each big weight's bytes): the part of the
-    cache key that `inputs.remembered_digest` can recall for an unchanged file without reading it."""
-    digest = hashlib.sha256()
-    hash_model(digest, model)  # never the whole model serialised: see hash_model
-    return digest.hexdigest()
+def model_digest(model: onnx.ModelProto, weights: MappedWeights | None = None) -> str:
+    """Hex sha256 of ``model``'s content (`digest.content_digest`: its skeleton and its big weights' bytes,
+    those ``weights`` maps read from their files): the part of the cache key that `inputs.remembered_digest`
+    can recall for an unchanged file without reading it."""
+    return content_digest(model, weights).digest
 
 
 def key_for_digest(content: str, identities: list, options: dict) -> str:
@@ -190,17 +196,33 @@ def _load_entry(key: str, cache_dir: str | os.PathLike | None, mapped: bool
         return _discard(entry, str(exc))
 
 
-def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike | None = None) -> Path | None:
-    """Publish ``model`` under ``key`` atomically; returns the entry folder (None if it could not be written)."""
+def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike | None = None,
+                 weights: MappedWeights | None = None, content: ContentDigest | None = None,
+                 unchanged: Callable[[], bool] | None = None) -> Path | None:
+    """Publish ``model`` under ``key`` atomically; returns the entry folder (None if it could not be written).
+
+    ``weights`` reads the initializers of ``model`` left in the input's files (`graph.source_weights`): their
+    bytes are copied file to file. When they are all of its big weights, in the order ``content`` (the input's
+    `digest.ContentDigest`) hashed them, the data file's digest is ``content.payload`` and nothing is hashed
+    again; ``unchanged`` then tells whether the input's files are still as they were hashed, checked once the
+    entry is written: if not, nothing is published (what the passes read or the entry copied may not be the
+    bytes the key promises)."""
     root = cache_root(cache_dir)
     entry = root / key
+    mapped = [tensor for tensor in model.graph.initializer if is_mapped(tensor)] if weights is not None else []
+    known = (content.payload if content is not None and content.layout is not None and mapped
+             and mapped_layout(model, weights) == content.layout else None)
     try:
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
         try:
             digests: dict[str, str] = {}
+            big = payload_bytes(model.graph.initializer) + value_bytes(mapped) >= EXTERNAL_DATA_BYTES
             files = save_model(model, staging / _MODEL, digests,  # hashed as written, never read back
-                               external=payload_bytes(model.graph.initializer) >= EXTERNAL_DATA_BYTES or None)
+                               external=big or None, weights=weights, data_digest=known if big else None)
+            if weights is not None and unchanged is not None and not unchanged():
+                _log.info("prepare: the model's files changed while it was prepared; not caching it")
+                return None
             (staging / _KEY_FILE).write_text(key + "\n")
             digests[_KEY_FILE] = hashlib.sha256((key + "\n").encode()).hexdigest()
             files.append(staging / _KEY_FILE)
@@ -211,7 +233,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             lines = [f"{digests[path.name]}  {path.name}\n" for path in files]
             (staging / _MANIFEST).write_text("".join(lines))
             _file_digest(staging / _MANIFEST, sync=True)
-            _sync_folder(staging)
+            sync_folder(staging)
             try:
                 os.replace(staging, entry)
                 if data_files:  # the data file's digest was taken as it was written: no need to read it back
@@ -224,7 +246,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
                     os.replace(staging, entry)
                 else:
                     raise
-            _sync_folder(root)
+            sync_folder(root)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     except OSError as exc:
@@ -355,19 +377,6 @@ def _remove(entry: Path) -> int:
     else:
         trash.unlink(missing_ok=True)
     return 1
-
-
-def _sync_folder(folder: Path) -> None:
-    try:
-        handle = os.open(folder, os.O_RDONLY)
-    except OSError:  # not supported on this platform (Windows)
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
 
 
 def _children(root: Path) -> list[Path]:

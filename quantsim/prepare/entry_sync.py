@@ -15,7 +15,7 @@ from pathlib import Path
 
 from quantsim.graph.loading import file_signature
 
-__all__ = ["stamp_when_synced", "fresh_signatures", "wait_for_syncs", "fsync_file"]
+__all__ = ["stamp_when_synced", "fresh_signatures", "wait_for_syncs", "fsync_file", "sync_folder"]
 
 _FRESH: dict[str, dict] = {}  # entry folder -> `file_signature` of its files as this process wrote them
 _SYNCS: list[threading.Thread] = []
@@ -58,3 +58,17 @@ def fresh_signatures(entry: Path) -> dict:
 def fsync_file(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder (its entries' names), where the platform can."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:  # not supported on this platform (Windows)
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quantsim.graph.edit import constant_names, describe, drop_unused_initializers
+from quantsim.graph.mapped import tensor_values
 
 __all__ = ["MAX_FOLDED_BYTES", "fold_constants"]
 
@@ -97,7 +98,7 @@ def _evaluate(node, opsets, initializers, values, max_output_bytes) -> list[onnx
     for name in node.input:
         if name and name not in feeds:
             if name not in values:
-                values[name] = numpy_helper.to_array(initializers[name])
+                values[name] = tensor_values(initializers[name])
             feeds[name] = values[name]
     try:
         results = ReferenceEvaluator(node, opsets=opsets).run(None, feeds)

@@ -32,10 +32,11 @@ from quantsim.graph import session as session_module
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.large_models import model_from_parts, model_parts
-from quantsim.graph.loading import load_model
+from quantsim.graph.loading import load_model, load_model_mapped
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.session import WeightFiles, make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
+from quantsim.prepare import cache as prepare_cache
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
@@ -127,8 +128,8 @@ class QuantizationSimModel:
         cached = prepare_file_cached(model, fold_batchnorm=fold_batchnorm) if loaded_here else None
         self._weights: MappedWeights | None = None
         signatures: dict[str, list[int] | None] = {}
-        if cached is None:
-            proto, self._label = load_model(model, signatures)
+        if cached is None:  # a file's big weights stay in it, mapped, until the cache entry copies them
+            proto, self._label, mapped = load_model_mapped(model, signatures, prepare_cache.EXTERNAL_DATA_BYTES)
         else:
             self._label = str(Path(model))
         self.param_type = qtype.as_qtype(options["param_type"] or int8)
@@ -158,7 +159,7 @@ class QuantizationSimModel:
                 del proto
                 self._model, self._weights = prepare_loaded_mapped(
                     lambda: box.pop() if box else load_model(model)[0], fold_batchnorm=fold_batchnorm,
-                    source=(model, signatures))
+                    source=(model, signatures), weights=mapped)
             else:
                 self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
         except PrepareError as error:  # name the model too: a script may build several sims
