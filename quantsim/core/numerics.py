@@ -23,6 +23,7 @@ AIMET's file ``offset`` is ``qmin - zero_point`` (``<= 0``) and its ``min``/``ma
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -302,18 +303,8 @@ def quantize(x: np.ndarray, enc: Encoding, dtype=np.int64) -> np.ndarray:
     (a numpy scalar for a 0-d ``x``); a narrower ``dtype`` must hold ``[qmin, qmax]``. A tensor of more than
     `FAKE_QUANTIZE_BLOCK` elements is done in slices of whole rows, like `fake_quantize` (the same codes; the
     scratch is one slice's, not the tensor's: exports quantize weights of hundreds of megabytes)."""
-    x = np.asarray(x)
-    rows = x.shape[0] if x.ndim else 0
-    step = FAKE_QUANTIZE_BLOCK // max(1, x.size // max(1, rows))
-    if x.ndim == 0 or x.size <= FAKE_QUANTIZE_BLOCK or step < 1:
-        return _float_codes(x, enc).astype(dtype)[()]
-    out = np.empty(x.shape, dtype=dtype)
-    scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
-    zero_point = broadcast_param(enc, enc.zero_point, x.shape)
-    for start in range(0, rows, step):
-        part = slice(start, start + step)
-        out[part] = _float_codes(x[part], enc, _rows(scale, part), _rows(zero_point, part))
-    return out
+    return _in_row_slices(np.asarray(x), enc, np.dtype(dtype),
+                          lambda part, e, scale, zp: _float_codes(part, e, scale, zp).astype(dtype))[()]
 
 
 def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:
@@ -335,17 +326,23 @@ def fake_quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
 
     A tensor of more than `FAKE_QUANTIZE_BLOCK` elements is done in slices along its first axis (whole
     rows, each element the same operations in the same order: the same values, bit for bit)."""
-    x = np.asarray(x)
+    return _in_row_slices(np.asarray(x), enc, np.dtype(np.float32), _fake_quantize_whole)
+
+
+def _in_row_slices(x: np.ndarray, enc: Encoding, dtype: np.dtype, whole: Callable[..., np.ndarray]) -> np.ndarray:
+    """``whole(x, enc, scale, zero_point)`` at once for a small tensor, else over slices of whole rows of about
+    `FAKE_QUANTIZE_BLOCK` elements into one ``dtype`` result (``scale``/``zero_point`` broadcast per slice;
+    None for the whole tensor: ``whole`` broadcasts them itself)."""
     rows = x.shape[0] if x.ndim else 0
     step = FAKE_QUANTIZE_BLOCK // max(1, x.size // max(1, rows))
     if x.ndim == 0 or x.size <= FAKE_QUANTIZE_BLOCK or step < 1:
-        return _fake_quantize_whole(x, enc)
-    out = np.empty(x.shape, dtype=np.float32)
+        return whole(x, enc, None, None)
+    out = np.empty(x.shape, dtype=dtype)
     scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
     zero_point = broadcast_param(enc, enc.zero_point, x.shape)
     for start in range(0, rows, step):
         part = slice(start, start + step)
-        out[part] = _fake_quantize_whole(x[part], enc, _rows(scale, part), _rows(zero_point, part))
+        out[part] = whole(x[part], enc, _rows(scale, part), _rows(zero_point, part))
     return out
 
 
