@@ -5,19 +5,17 @@ export materialized in memory (``.model``, then saved): the streamed files must 
 from __future__ import annotations
 
 import pickle
-import weakref
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_qdq_streamed_export import _mapped_sim
+from test_qdq_streamed_export import _mapped_sim, track_deferred_weights
 
 import quantsim
 import quantsim.graph.large_models as large_models
 from quantsim.export.integer.shapes import fold_shape_arithmetic
-from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.file_set import STAGING_MARK
 
 
@@ -61,18 +59,7 @@ def test_integer_export_computes_one_weight_at_a_time(monkeypatch, tmp_path):
     sim, _ = _mapped_sim(monkeypatch, tmp_path)
     sim.qc_quantize_op_dict["w1"].enabled = False
     monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
-    alive: list[weakref.ref] = []
-    computed: list[str] = []
-    original = DeferredWeights.array
-
-    def tracked(self, tensor):
-        assert all(ref() is None for ref in alive), "a deferred weight outlived its write"
-        values = original(self, tensor)
-        computed.append(tensor.name)
-        alive.append(weakref.ref(values))
-        return values
-
-    monkeypatch.setattr(DeferredWeights, "array", tracked)
+    computed = track_deferred_weights(monkeypatch)
     exported = sim.export_integer()
     assert not computed
     skeleton = exported._model

@@ -71,11 +71,9 @@ def test_streamed_qdq_export_of_a_large_model_equals_the_in_memory_one(monkeypat
     assert sim._index.weights is not None  # nothing copied the weights into the sim
 
 
-def test_streamed_export_computes_one_weight_at_a_time(monkeypatch, tmp_path):
-    """Each deferred weight is computed once when written, and the previous one is gone by then; the graph
-    handed to the writer holds none of them."""
-    sim, _ = _mapped_sim(monkeypatch, tmp_path)
-    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
+def track_deferred_weights(monkeypatch) -> list[str]:
+    """The names of the deferred weights computed from now on, in order; computing one while the previous is
+    still alive fails the test (a streamed export holds one weight at a time)."""
     alive: list[weakref.ref] = []
     computed: list[str] = []
     original = DeferredWeights.array
@@ -88,6 +86,15 @@ def test_streamed_export_computes_one_weight_at_a_time(monkeypatch, tmp_path):
         return values
 
     monkeypatch.setattr(DeferredWeights, "array", tracked)
+    return computed
+
+
+def test_streamed_export_computes_one_weight_at_a_time(monkeypatch, tmp_path):
+    """Each deferred weight is computed once when written, and the previous one is gone by then; the graph
+    handed to the writer holds none of them."""
+    sim, _ = _mapped_sim(monkeypatch, tmp_path)
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
+    computed = track_deferred_weights(monkeypatch)
     skeleton, weights = qdq_skeleton(sim)
     deferred = [t.name for t in skeleton.graph.initializer if weights.holds(t)]
     assert len(deferred) >= 4 and not computed  # three MatMul weights' codes and the head, nothing computed yet
