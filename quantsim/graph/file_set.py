@@ -24,7 +24,7 @@ from quantsim.errors import InvalidArgumentError
 from quantsim.graph.deferred import WeightSource
 from quantsim.graph.large_models import save_model
 
-__all__ = ["FileSet", "check_file_name", "STAGING_MARK"]
+__all__ = ["FileSet", "check_file_name", "STAGING_MARK", "fsync_file", "fsync_directory"]
 
 STAGING_MARK = "quantsim-staging"
 
@@ -93,7 +93,7 @@ class FileSet:
         reads its mapped or deferred initializers, one at a time (`large_models.save_model`)."""
         final = self._final(name)
         for file in save_model(model, self.staging / final.name, weights=weights):
-            _fsync(file)
+            fsync_file(file)
             self._files.append((file, self.directory / file.name))
 
     def add_json(self, name: str, obj: Any) -> None:
@@ -115,7 +115,7 @@ class FileSet:
         order = sorted(self._files, key=lambda pair: pair[1].suffix == ".onnx")
         for staged, final in order:
             os.replace(staged, final)
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
         self.discard()
         return [final for _, final in order]
 
@@ -131,12 +131,13 @@ class FileSet:
             self.discard()
 
 
-def _fsync(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """fsync the file at ``path`` (its data reaches the disk)."""
     with open(path, "rb") as stream:
         os.fsync(stream.fileno())
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Make the renames durable; not possible everywhere (e.g. Windows), so best effort."""
     try:
         fd = os.open(directory, os.O_RDONLY)

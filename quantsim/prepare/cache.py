@@ -52,12 +52,13 @@ from typing import NamedTuple
 import onnx
 
 from quantsim.errors import InvalidArgumentError, PrepareWarning, warn_at_caller
+from quantsim.graph.file_set import fsync_directory, fsync_file
 from quantsim.graph.large_models import payload_bytes, save_model, value_bytes
 from quantsim.graph.loading import file_signature
 from quantsim.graph.mapped import MappedWeights, is_mapped
 from quantsim.graph.model_io import write_text_atomic
 from quantsim.prepare.digest import ContentDigest, content_digest, mapped_layout
-from quantsim.prepare.entry_sync import fresh_signatures, fsync_file, stamp_when_synced, sync_folder, wait_for_syncs
+from quantsim.prepare.entry_sync import fresh_signatures, stamp_when_synced, wait_for_syncs
 from quantsim.prepare.inputs import INPUTS_FOLDER
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
@@ -233,7 +234,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             lines = [f"{digests[path.name]}  {path.name}\n" for path in files]
             (staging / _MANIFEST).write_text("".join(lines))
             _file_digest(staging / _MANIFEST, sync=True)
-            sync_folder(staging)
+            fsync_directory(staging)
             try:
                 os.replace(staging, entry)
                 if data_files:  # the data file's digest was taken as it was written: no need to read it back
@@ -246,7 +247,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
                     os.replace(staging, entry)
                 else:
                     raise
-            sync_folder(root)
+            fsync_directory(root)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     except OSError as exc:

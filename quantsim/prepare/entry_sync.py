@@ -8,14 +8,14 @@ done. A crash before that leaves no stamp: the next reader hashes the files and 
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from quantsim.graph.file_set import fsync_file
 from quantsim.graph.loading import file_signature
 
-__all__ = ["stamp_when_synced", "fresh_signatures", "wait_for_syncs", "fsync_file", "sync_folder"]
+__all__ = ["stamp_when_synced", "fresh_signatures", "wait_for_syncs"]
 
 _FRESH: dict[str, dict] = {}  # entry folder -> `file_signature` of its files as this process wrote them
 _SYNCS: list[threading.Thread] = []
@@ -53,22 +53,3 @@ def stamp_when_synced(entry: Path, names: list[str], data_files: list[Path],
 def fresh_signatures(entry: Path) -> dict:
     """``{file name: signature}`` of ``entry``'s files as this process wrote them (empty if it did not)."""
     return _FRESH.get(str(entry), {})
-
-
-def fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def sync_folder(folder: Path) -> None:
-    """fsync a folder (its entries' names), where the platform can."""
-    try:
-        handle = os.open(folder, os.O_RDONLY)
-    except OSError:  # not supported on this platform (Windows)
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
