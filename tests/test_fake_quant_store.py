@@ -17,7 +17,8 @@ from test_mapped_weight_reuse import _counting
 
 import quantsim
 import quantsim.graph.session as session_module
-from quantsim.graph.weight_store import STORE_FOLDER, FakeQuantStore, wait_for_publishing
+from quantsim.graph.file_set import wait_for_background
+from quantsim.graph.weight_store import STORE_FOLDER, FakeQuantStore
 
 cache_module = importlib.import_module("quantsim.prepare.cache")
 
@@ -43,7 +44,7 @@ def _setup(monkeypatch, tmp_path):
 def _calibrated(path, feeds, **kwargs):
     sim = quantsim.QuantizationSimModel(path, progress=False, **kwargs)
     sim.compute_encodings(feeds)
-    wait_for_publishing()
+    wait_for_background()
     return sim
 
 
@@ -77,7 +78,7 @@ def test_other_param_settings_compute_their_own_weights(monkeypatch, tmp_path):
     oracle.qc_quantize_op_dict["w1"].set_bitwidth(4)
     for sim in (other, oracle):
         sim.compute_encodings(feeds)
-    wait_for_publishing()
+    wait_for_background()
     assert calls[0] == 2  # w1 alone for the mapped sim (the others are found), and the oracle's own w1
     assert _encodings(other) == _encodings(oracle)
     assert _outputs(other, feeds) == _outputs(oracle, feeds)

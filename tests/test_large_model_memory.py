@@ -22,6 +22,7 @@ import quantsim.graph.large_models as large_models
 import quantsim.graph.session as session_module
 import quantsim.sim.model as sim_model_module
 from quantsim.core.numerics import fake_quantize
+from quantsim.graph.file_set import wait_for_background
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.session import file_backed_source, make_session
 from quantsim.prepare import prepare, prepare_loaded
@@ -191,7 +192,7 @@ def test_cache_entries_of_big_models_keep_weights_in_external_data(monkeypatch, 
     monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
     first = prepare(model, cache_dir=tmp_path)
     (entry,) = (tmp_path / "prepared").iterdir()
-    cache_module.wait_for_syncs()  # the data file's stamp follows its fsync, on a thread
+    wait_for_background()  # the data file's stamp follows its fsync, on a thread
     assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
                                                        "model.onnx.data"]
     again = prepare(model, cache_dir=tmp_path)  # a hit, read from the two files

@@ -14,6 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from quantsim.graph import large_models
+from quantsim.graph.file_set import wait_for_background
 from quantsim.prepare import PrepareWarning, cache_info, cache_size, clear_cache, entry_sync, prepare
 from quantsim.prepare import cache as cache_module
 from quantsim.prepare.cache import cache_key, cache_root, load_cached, pass_identity, store_cached
@@ -156,7 +157,7 @@ def test_large_model_is_stored_with_external_data(tmp_path, monkeypatch):
     first = prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     assert first.graph.initializer[0].HasField("raw_data")  # storing did not take the weights away
     entry = entry_dir(tmp_path)
-    cache_module.wait_for_syncs()  # the data file's fsync, then its stamp, run on a thread
+    wait_for_background()  # the data file's fsync, then its stamp, run on a thread
     assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
                                                        "model.onnx.data"]
     assert (entry / "model.onnx.data").stat().st_size > (entry / "model.onnx").stat().st_size
@@ -178,7 +179,7 @@ def test_entry_files_are_rehashed_when_changed_in_place_after_being_stamped(tmp_
     monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
     model = model_with_bn(size=16)
     prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
-    cache_module.wait_for_syncs()  # stamped: the data file's fsync, then its stamp, run on a thread
+    wait_for_background()  # stamped: the data file's fsync, then its stamp, run on a thread
     entry = entry_dir(tmp_path)
     data = entry / "model.onnx.data"
     hashed = []
@@ -204,8 +205,7 @@ def test_data_file_is_trusted_in_process_at_once_and_elsewhere_only_once_synced(
     before the sync) a reader hashes the files and discards a torn entry."""
     monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)
     started = []
-    monkeypatch.setattr(entry_sync.threading, "Thread", lambda target, name: started.append(target) or
-                        type("NotStarted", (), {"start": lambda self: None, "is_alive": lambda self: False})())
+    monkeypatch.setattr(entry_sync, "in_background", lambda work, name: started.append(work))  # not run yet
     model = model_with_bn(size=16)
     prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")
     entry = entry_dir(tmp_path)

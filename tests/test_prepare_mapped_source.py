@@ -17,12 +17,13 @@ from onnx import TensorProto, helper, numpy_helper
 import quantsim
 import quantsim.graph.large_models as large_models
 import quantsim.graph.loading as loading_module
+from quantsim.graph.file_set import wait_for_background
 from quantsim.graph.loading import load_model, load_model_mapped
 from quantsim.graph.mapped import MappedWeights, is_mapped
 from quantsim.graph.source_weights import load_mapped, map_external
 from quantsim.prepare import cache as cache_module
 from quantsim.prepare import prepare_loaded_mapped
-from quantsim.prepare.cache import cache_root, wait_for_syncs
+from quantsim.prepare.cache import cache_root
 from quantsim.prepare.digest import content_digest
 
 PACKAGE = sys.modules["quantsim.prepare"]  # the attribute quantsim.prepare is the function
@@ -85,7 +86,7 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
 
 
 def _entry_files(cache: Path) -> dict[str, bytes]:
-    wait_for_syncs()
+    wait_for_background()
     (entry,) = [e for e in cache_root(cache).iterdir() if len(e.name) == 64]
     return {f.name: f.read_bytes() for f in sorted(entry.iterdir()) if not f.name.startswith(".")}
 

@@ -15,6 +15,8 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,8 @@ from quantsim.errors import InvalidArgumentError
 from quantsim.graph.deferred import WeightSource
 from quantsim.graph.large_models import save_model
 
-__all__ = ["FileSet", "check_file_name", "STAGING_MARK", "fsync_file", "fsync_directory"]
+__all__ = ["FileSet", "check_file_name", "STAGING_MARK", "fsync_file", "fsync_directory", "in_background",
+           "wait_for_background"]
 
 STAGING_MARK = "quantsim-staging"
 
@@ -129,6 +132,23 @@ class FileSet:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.discard()
+
+
+_BACKGROUND: list[threading.Thread] = []
+
+
+def in_background(work: Callable[[], None], name: str) -> None:
+    """Run ``work`` (an fsync of gigabytes and what follows it) on a thread while the caller goes on; not a
+    daemon: the interpreter waits for it at exit. `wait_for_background` waits for it."""
+    thread = threading.Thread(target=work, name=name)
+    thread.start()
+    _BACKGROUND[:] = [t for t in _BACKGROUND if t.is_alive()] + [thread]
+
+
+def wait_for_background() -> None:
+    """Wait until the work this process started with `in_background` is done (its files on disk)."""
+    while _BACKGROUND:
+        _BACKGROUND.pop().join()
 
 
 def fsync_file(path: Path) -> None:

@@ -11,7 +11,7 @@ and one with other settings writes its own. The entry's name is a digest of the 
 so the weights' float values are implied by the folder.
 
 Writing: a value is written to a ``.tmp-*`` file in the store, which the writing process's session uses at
-once; a thread (not a daemon: the interpreter waits for it at exit) fsyncs it and renames it to its final
+once; a thread (`file_set.in_background`) fsyncs it and renames it to its final
 name, so other processes only ever see complete files; a crash leaves only a ``.tmp-*`` file, removed once
 it is an hour old. A file whose size is not its value's is discarded and written again. Sessions read the
 store's files through hard links in their own folder (onnxruntime reads external data only inside the model's
@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Hashable
@@ -35,15 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from quantsim.core.numerics import Encoding
+from quantsim.graph.file_set import fsync_file, in_background
 
-__all__ = ["FakeQuantStore", "STORE_FACTOR", "STORE_FOLDER", "fake_quant_store", "wait_for_publishing"]
+__all__ = ["FakeQuantStore", "STORE_FACTOR", "STORE_FOLDER", "fake_quant_store"]
 
 STORE_FOLDER = "fakequant"
 STORE_FACTOR = 2
 """The store keeps at most this many times the bytes of its entry's data files."""
 _FORMAT = b"quantsim-fakequant-store-v1"
 _STALE_SECONDS = 3600
-_PUBLISHERS: list[threading.Thread] = []
 
 
 @functools.cache
@@ -61,12 +60,6 @@ def _code_digest(*packages: str) -> bytes:
             digest.update(str(source.relative_to(root)).encode())
             digest.update(source.read_bytes())
     return digest.digest()
-
-
-def wait_for_publishing() -> None:
-    """Wait until the values this process stored are on disk under their final names."""
-    while _PUBLISHERS:
-        _PUBLISHERS.pop().join()
 
 
 class FakeQuantStore:
@@ -162,8 +155,7 @@ class FakeQuantStore:
         def run() -> None:
             for path, name in written:
                 try:
-                    with open(path, "rb") as handle:
-                        os.fsync(handle.fileno())
+                    fsync_file(path)
                     os.replace(path, self.folder / name)
                 except OSError:
                     try:
@@ -172,9 +164,7 @@ class FakeQuantStore:
                         pass
             self.evict()
 
-        thread = threading.Thread(target=run, name="quantsim-fakequant-publish")
-        thread.start()
-        _PUBLISHERS[:] = [t for t in _PUBLISHERS if t.is_alive()] + [thread]
+        in_background(run, "quantsim-fakequant-publish")
 
     def evict(self) -> None:
         """Remove the least recently used files beyond `limit_bytes` (not those this process's sessions use)."""

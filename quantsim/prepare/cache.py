@@ -58,12 +58,12 @@ from quantsim.graph.loading import file_signature
 from quantsim.graph.mapped import MappedWeights, is_mapped
 from quantsim.graph.model_io import write_text_atomic
 from quantsim.prepare.digest import ContentDigest, content_digest, mapped_layout
-from quantsim.prepare.entry_sync import fresh_signatures, stamp_when_synced, wait_for_syncs
+from quantsim.prepare.entry_sync import fresh_signatures, stamp_when_synced
 from quantsim.prepare.inputs import INPUTS_FOLDER
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
            "pass_identities", "pass_identity", "load_cached", "load_cached_mapped",
-           "store_cached", "clear_cache", "cache_info", "cache_size", "wait_for_syncs"]
+           "store_cached", "clear_cache", "cache_info", "cache_size"]
 
 ENV_VAR = "QUANTSIM_CACHE_DIR"
 EXTERNAL_DATA_BYTES = 64 << 20

@@ -8,23 +8,15 @@ done. A crash before that leaves no stamp: the next reader hashes the files and 
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from quantsim.graph.file_set import fsync_file
+from quantsim.graph.file_set import fsync_file, in_background
 from quantsim.graph.loading import file_signature
 
-__all__ = ["stamp_when_synced", "fresh_signatures", "wait_for_syncs"]
+__all__ = ["stamp_when_synced", "fresh_signatures"]
 
 _FRESH: dict[str, dict] = {}  # entry folder -> `file_signature` of its files as this process wrote them
-_SYNCS: list[threading.Thread] = []
-
-
-def wait_for_syncs() -> None:
-    """Wait until the data files this process stored are on disk and stamped (`stamp_when_synced`)."""
-    while _SYNCS:
-        _SYNCS.pop().join()
 
 
 def stamp_when_synced(entry: Path, names: list[str], data_files: list[Path],
@@ -32,7 +24,7 @@ def stamp_when_synced(entry: Path, names: list[str], data_files: list[Path],
     """Trust ``entry``'s files as written, now in this process and, once ``data_files`` are on disk, in
     others: their fsync (seconds for gigabytes) runs on a thread that writes the ``.verified`` stamp when it
     is done, while the caller goes on. A crash before that leaves no stamp, so the next reader hashes the
-    files and discards a torn entry. Not a daemon thread: the interpreter waits for it at exit."""
+    files and discards a torn entry (`quantsim.graph.file_set.in_background`)."""
     signatures = {name: file_signature(entry / name) for name in names}
     _FRESH[str(entry)] = signatures
 
@@ -45,9 +37,7 @@ def stamp_when_synced(entry: Path, names: list[str], data_files: list[Path],
         if all(file_signature(entry / name) == signature for name, signature in signatures.items()):
             write_stamp(entry, names)
 
-    thread = threading.Thread(target=sync, name="quantsim-cache-sync")
-    thread.start()
-    _SYNCS[:] = [t for t in _SYNCS if t.is_alive()] + [thread]
+    in_background(sync, "quantsim-cache-sync")
 
 
 def fresh_signatures(entry: Path) -> dict:
