@@ -16,7 +16,6 @@ the ones it computes for later processes.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ import onnxruntime as ort
 from quantsim.errors import InvalidStateError, SessionError
 from quantsim.graph.deferred import DeferredArray
 from quantsim.graph.model_io import IN_MEMORY_LOCATION, session_model_source
-from quantsim.graph.weight_store import FakeQuantStore, fake_quant_store
+from quantsim.graph.weight_store import FakeQuantStore, fake_quant_store, link_or_copy
 
 __all__ = ["make_session", "DEFAULT_PROVIDERS", "FILE_BACKED_MIN_BYTES", "WeightFiles"]
 
@@ -299,11 +298,7 @@ def _write_stored(temporary: Path, target: Path, value: DeferredArray) -> bool:
     try:
         with open(temporary, "wb") as file:
             _pwrite(file.fileno(), 0, array)
-        if not target.exists():
-            try:
-                os.link(temporary, target)
-            except OSError:
-                shutil.copyfile(temporary, target)
+        link_or_copy(temporary, target)
         return True
     except OSError:
         temporary.unlink(missing_ok=True)

@@ -36,7 +36,7 @@ import numpy as np
 from quantsim.core.numerics import Encoding
 from quantsim.graph.file_set import fsync_file, in_background
 
-__all__ = ["FakeQuantStore", "STORE_FACTOR", "STORE_FOLDER", "fake_quant_store"]
+__all__ = ["FakeQuantStore", "STORE_FACTOR", "STORE_FOLDER", "fake_quant_store", "link_or_copy"]
 
 STORE_FOLDER = "fakequant"
 STORE_FACTOR = 2
@@ -137,7 +137,7 @@ class FakeQuantStore:
             if path.stat().st_size != nbytes:
                 path.unlink(missing_ok=True)  # torn: written again by the caller
                 return False
-            _link_or_copy(path, into / name)
+            link_or_copy(path, into / name)
             os.utime(path)  # recently used: evicted last
         except OSError:
             return False
@@ -185,7 +185,8 @@ class FakeQuantStore:
             held -= size
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (a copy across file systems); kept if it exists already."""
     if target.exists():
         return
     try:
