@@ -108,3 +108,27 @@ def test_shape_folding_copies_no_weight():
     assert "w" not in {t.name for t in folded.graph.initializer} | {i.name for i in folded.graph.input}
     scale = next(t for t in folded.graph.initializer if t.name == "scale")
     assert float(numpy_helper.to_array(scale)) == 8.0
+
+
+def test_export_at_a_higher_opset_converts_the_skeleton_only(monkeypatch, tmp_path):
+    """``export_integer(opset=higher)`` converts the model's skeleton (`large_models.converted_skeleton`): the
+    weights stay mapped and are read by name, never copied in through ``sim.model``; the export computes what
+    the export at the model's own opset computes, weight for weight."""
+    sim, feeds = _mapped_sim(monkeypatch, tmp_path)
+    native = sim.export_integer(weight_codes="uint8").model
+    assert native.opset_import[0].version == 17
+
+    def refused(self):
+        raise AssertionError("sim.model copies the weights in")
+
+    monkeypatch.setattr(type(sim), "model", property(refused))
+    monkeypatch.setattr(large_models, "LARGE_MODEL_BYTES", 1000)  # written as graph + external data
+    onnx_path, _ = sim.export_integer(weight_codes="uint8", opset=19).save(tmp_path / "out" / "m")
+    converted = onnx.load(str(onnx_path))
+    assert {o.version for o in converted.opset_import if o.domain == ""} == {19}
+    assert [(t.name, numpy_helper.to_array(t).tobytes()) for t in converted.graph.initializer] == \
+        [(t.name, numpy_helper.to_array(t).tobytes()) for t in native.graph.initializer]
+    theirs = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    ours = ort.InferenceSession(native.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        np.testing.assert_array_equal(theirs.run(None, feed)[0], ours.run(None, feed)[0])

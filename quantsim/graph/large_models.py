@@ -30,6 +30,7 @@ __all__ = [
     "payload_bytes",
     "value_bytes",
     "skeleton",
+    "converted_skeleton",
     "hash_model",
     "model_parts",
     "model_from_parts",
@@ -121,6 +122,15 @@ def skeleton(model: onnx.ModelProto, data_file: Any = None, weights: WeightSourc
             entry = copy.external_data.add()
             entry.key, entry.value = key, str(value)
     return result
+
+
+def converted_skeleton(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` converted to ai.onnx ``opset`` by ``onnx.version_converter`` without serialising its big weights
+    (the converter serialises its input, which copies every weight and which protobuf refuses over 2 GiB): the
+    converted `skeleton`, whose external initializers stand for ``model``'s own tensors of the same names
+    (big ones as references to ``"unwritten"``, mapped ones with their references). Errors are the
+    converter's."""
+    return onnx.version_converter.convert_version(skeleton(model), opset)
 
 
 def as_bytes(values: np.ndarray) -> memoryview:

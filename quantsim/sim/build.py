@@ -46,7 +46,7 @@ from quantsim.errors import InvalidArgumentError, InvalidStateError
 from quantsim.graph.deferred import DeferredArray, DeferredWeights
 from quantsim.graph.edit import default_opset
 from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.graph.large_models import copy_without_initializers, is_external_candidate, is_large, skeleton
+from quantsim.graph.large_models import converted_skeleton, copy_without_initializers, is_external_candidate, is_large
 from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
 from quantsim.sim.quantizer import QcQuantizeOp
@@ -100,7 +100,7 @@ def _with_opset(model: onnx.ModelProto, opset: int) -> tuple[onnx.ModelProto, li
         return model, None
     large = is_large(model)
     try:
-        converted = onnx.version_converter.convert_version(skeleton(model) if large else model, opset)
+        converted = converted_skeleton(model, opset) if large else onnx.version_converter.convert_version(model, opset)
     except Exception as error:  # noqa: BLE001 - re-raised with context
         raise InvalidStateError(
             f"the sim needs opset {opset} for its quantizers but converting the model from opset {current} "

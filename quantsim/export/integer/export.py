@@ -76,7 +76,7 @@ from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_code
 from quantsim.graph.deferred import DeferredWeights, WeightSource
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.large_models import copy_without_initializers
+from quantsim.graph.large_models import converted_skeleton, copy_without_initializers
 from quantsim.graph.session import make_session
 from quantsim.sim.build import IR_FOR_OPSET
 
@@ -215,24 +215,35 @@ def _check_sim(sim) -> None:
 
 
 def _prepared_model(sim, opset: int | None) -> tuple[onnx.ModelProto, WeightSource | None, int]:
-    """The sim's float model at the requested ai.onnx opset (converted only when a higher one is asked: then
-    with its weights copied in), the reader of its weights held outside it, and the opset."""
+    """The sim's float model at the requested ai.onnx opset, the reader of its weights held outside it, and the
+    opset. A higher opset converts the model's skeleton (`converted_skeleton`): its weights stay where they
+    are and are read by name, never copied in."""
     model, weights = _float_model(sim)
     current = GraphIndex(model).opset()
     target = current if opset is None else int(opset)
     if target < current:
         raise InvalidArgumentError(f"opset {target} is below the model's opset {current}")
     if target > current:
-        model, weights = sim.model, None
         try:
-            model = onnx.version_converter.convert_version(model, target)
+            converted = converted_skeleton(model, target)
         except Exception as error:  # noqa: BLE001 - re-raised with context
             raise InvalidArgumentError(f"cannot convert the model from opset {current} to {target} "
                              f"({str(error).splitlines()[-1]}); export at the model's opset") from None
+        model, weights = converted, _ByName(GraphIndex(model, weights=weights).constant_value)
     if target < MIN_OPSET:
         raise InvalidArgumentError(f"integer export needs ai.onnx opset >= {MIN_OPSET} (QuantizeLinear); the model has "
                          f"{target}: pass opset={MIN_OPSET} or convert the model")
     return model, weights, target
+
+
+class _ByName:
+    """Reads a converted skeleton's external initializers: each is the original model's tensor of its name."""
+
+    def __init__(self, values: Callable[[str], np.ndarray]):
+        self._values = values
+
+    def array(self, tensor: TensorProto) -> np.ndarray:
+        return self._values(tensor.name)
 
 
 def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportEntry], from_shapes: set[str]) -> None:
