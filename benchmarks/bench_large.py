@@ -213,7 +213,10 @@ def child(step: str, path: str, batches: int, width: int, out_dir: str) -> dict:
             result["export_peak_gb"] = _peak_gb()
         if "+integer" in step:
             result.update(_export_integer(sim, data[0], out_dir))
-    result["peak_gb"] = max(_peak_gb(), result.get("after_run_gb", 0.0))
+    if "integer_peak_gb" in result:  # read before the check session of the written model, not the sim's own
+        result["peak_gb"] = max(result["after_run_gb"], result.get("export_peak_gb", 0.0), result["integer_peak_gb"])
+    else:
+        result["peak_gb"] = max(_peak_gb(), result.get("after_run_gb", 0.0))
     return result
 
 
