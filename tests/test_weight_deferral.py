@@ -8,7 +8,7 @@ from onnx import TensorProto, numpy_helper
 
 from quantsim.graph.deferred import DEFERRED_LOCATION, DeferredArray, DeferredWeights
 from quantsim.graph.model_io import IN_MEMORY_LOCATION
-from quantsim.sim.deferral import WeightPlacement
+from quantsim.sim.deferral import WeightDeferral
 
 
 def _source(name: str, shape: tuple[int, ...], mapped: bool) -> TensorProto:
@@ -29,28 +29,28 @@ def _counted(values: np.ndarray, calls: list[int]):
 
 def test_an_export_defers_every_big_weight_and_computes_it_when_read():
     weights = DeferredWeights()
-    place = WeightPlacement(None, None, weights, {"fed"})
+    deferral = WeightDeferral(None, None, weights, {"fed"})
     calls = [0]
     codes = np.arange(64 * 32).reshape(64, 32) % 7 - 3  # int64: cast to the placeholder's type when read
-    placeholder = place.defer("w/q", TensorProto.INT8, _source("w", (64, 32), mapped=False), ("codes",),
+    placeholder = deferral.defer("w/q", TensorProto.INT8, _source("w", (64, 32), mapped=False), ("codes",),
                               _counted(codes, calls))
     assert placeholder is not None and placeholder.data_type == TensorProto.INT8
     assert placeholder.external_data[0].value == DEFERRED_LOCATION and calls == [0]
     values = weights.array(placeholder)
     assert calls == [1] and values.dtype == np.int8
     np.testing.assert_array_equal(values, codes)
-    assert place.defer("s", TensorProto.FLOAT, _source("s", (8,), mapped=True), (), lambda: np.ones(8)) is None
-    assert place.defer("fed", TensorProto.FLOAT, _source("fed", (64, 32), mapped=True), (), np.ones) is None
-    assert place.hold("w", np.ones((64, 32), np.float32)) is None  # nothing is held beside an export
+    assert deferral.defer("s", TensorProto.FLOAT, _source("s", (8,), mapped=True), (), lambda: np.ones(8)) is None
+    assert deferral.defer("fed", TensorProto.FLOAT, _source("fed", (64, 32), mapped=True), (), np.ones) is None
+    assert deferral.hold("w", np.ones((64, 32), np.float32)) is None  # nothing is held beside an export
 
 
 @pytest.mark.parametrize("mapped", [True, False])
 def test_a_session_defers_weights_of_mapped_sources_under_their_key(mapped):
     external: dict = {}
-    place = WeightPlacement(external, None, DeferredWeights(), set())  # an export's holder is unused here
+    deferral = WeightDeferral(external, None, DeferredWeights(), set())  # an export's holder is unused here
     calls = [0]
     values = np.full((64, 32), 0.5, np.float64)
-    placeholder = place.defer("w", TensorProto.FLOAT, _source("w", (64, 32), mapped), ("quantized", 8),
+    placeholder = deferral.defer("w", TensorProto.FLOAT, _source("w", (64, 32), mapped), ("quantized", 8),
                               _counted(values, calls))
     if not mapped:  # in-memory sources are computed now and shared through the memo instead
         assert placeholder is None and external == {}
@@ -65,8 +65,8 @@ def test_a_session_defers_weights_of_mapped_sources_under_their_key(mapped):
 
 def test_a_session_with_a_memo_computes_weights_now_and_shares_them():
     memo: dict = {}
-    place = WeightPlacement({}, memo, None, set())
-    assert place.defer("w", TensorProto.FLOAT, _source("w", (64, 32), mapped=True), (), np.ones) is None
-    first = place.remembered("w", ("k",), lambda: np.ones((64, 32), np.float32))
-    assert place.remembered("w", ("k",), lambda: np.zeros((64, 32), np.float32)) is first
-    assert place.remembered("w", ("other",), lambda: np.zeros((64, 32), np.float32)) is not first
+    deferral = WeightDeferral({}, memo, None, set())
+    assert deferral.defer("w", TensorProto.FLOAT, _source("w", (64, 32), mapped=True), (), np.ones) is None
+    first = deferral.remembered("w", ("k",), lambda: np.ones((64, 32), np.float32))
+    assert deferral.remembered("w", ("k",), lambda: np.zeros((64, 32), np.float32)) is first
+    assert deferral.remembered("w", ("other",), lambda: np.zeros((64, 32), np.float32)) is not first

@@ -43,7 +43,7 @@ from quantsim.graph.index import GraphIndex
 from quantsim.graph.large_models import copy_without_initializers, is_external_candidate, is_large, skeleton
 from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES
-from quantsim.sim.deferral import WeightPlacement
+from quantsim.sim.deferral import WeightDeferral
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.redundant import redundant_activation_quantizers
 
@@ -176,7 +176,7 @@ class _SimBuilder:
     """Collects the sim's changes to ``model`` (a copy without initializers) and assembles it in `finish`.
 
     ``initializers`` are the source model's, left untouched: `finish` copies each into ``model`` (or the
-    tensor that replaces it). ``values`` converts one of them to an array. Big weights go where ``place``
+    tensor that replaces it). ``values`` converts one of them to an array. Big weights go where ``deferral``
     (`quantsim.sim.deferral`) puts them: deferred, held beside the model, or in it.
     """
 
@@ -193,7 +193,7 @@ class _SimBuilder:
         self.values = values or (lambda name: numpy_helper.to_array(self.initializers[name]))
         self.integer_weights = integer_weights
         self.declared_inputs = {i.name for i in model.graph.input}
-        self.place = WeightPlacement(external, memo, deferred, self.declared_inputs)
+        self.deferral = WeightDeferral(external, memo, deferred, self.declared_inputs)
         self.replaced: dict[str, TensorProto | None] = {}  # initializer name -> new tensor (None: removed)
         self.new_initializers: list[TensorProto] = []
         self.after: dict[str, list[onnx.NodeProto]] = {}
@@ -203,25 +203,25 @@ class _SimBuilder:
 
     def add_constant_quantizer(self, name: str, q: QcQuantizeOp) -> None:
         """Quantize constant ``name``: its fake-quantized values in its place, or (``weights="qdq"``, parameters)
-        its integer codes and a DequantizeLinear writing it; big ones deferred where ``place`` defers them."""
+        its integer codes and a DequantizeLinear writing it; big ones deferred where ``deferral`` defers them."""
         enc = None if q.spec.is_float else q.require_encoding()
         if enc is not None and self._integer_weight(name, q, enc):
             return
         tensor, read = self.initializers[name], self.values
         if enc is None or self.weights == "fake" or q.role != "param":
-            placeholder = self.place.defer(name, tensor.data_type, tensor, ("quantized", *_constant_key(q)),
+            placeholder = self.deferral.defer(name, tensor.data_type, tensor, ("quantized", *_constant_key(q)),
                                            lambda: _fake_values(read(name), enc))
             if placeholder is None:
                 values = self.values(name)
-                new = self.place.remembered(name, _constant_key(q),
+                new = self.deferral.remembered(name, _constant_key(q),
                                             lambda: _fake_values(values, enc).astype(values.dtype, copy=False))
-                placeholder = self.place.hold(name, new) or numpy_helper.from_array(new, name)
+                placeholder = self.deferral.hold(name, new) or numpy_helper.from_array(new, name)
             self.replaced[name] = placeholder
             return
         storage = q.spec.dtype.storage_type(enc.signed)
         codes_name = self.index.fresh_name(f"{name}/quantized")
         scale, zero_point, attrs = _qdq_parameters(enc, q, tuple(tensor.dims))
-        codes = self.place.defer(codes_name, storage, tensor, ("codes", *_constant_key(q)),
+        codes = self.deferral.defer(codes_name, storage, tensor, ("codes", *_constant_key(q)),
                                  lambda: quantize(read(name), enc))
         self.new_initializers += [
             codes or _integer_tensor(codes_name, quantize(self.values(name), enc), storage),
@@ -248,15 +248,15 @@ class _SimBuilder:
         codes (an ``external`` placeholder) and compute ``name`` as ``(float(codes) - zero_point) * scale``
         (module docstring); False if it does not qualify."""
         tensor = self.initializers[name]
-        if (not self.integer_weights or self.weights != "fake" or q.role != "param" or self.place.external is None
+        if (not self.integer_weights or self.weights != "fake" or q.role != "param" or self.deferral.external is None
                 or q.spec.dtype.bits > 8 or enc.block_size is not None or tensor.data_type != TensorProto.FLOAT
                 or name in self.declared_inputs or not is_external_candidate(tensor)):
             return False
         dtype = helper.tensor_dtype_to_np_dtype(int8.storage_type(enc.signed))
-        codes = self.place.remembered(name, ("codes", *_constant_key(q)),
+        codes = self.deferral.remembered(name, ("codes", *_constant_key(q)),
                                       lambda: quantize(self.values(name), enc, dtype))
         codes_name = self.index.fresh_name(f"{name}/codes")
-        placeholder = self.place.hold(codes_name, codes)
+        placeholder = self.deferral.hold(codes_name, codes)
         if placeholder is None:
             return False
         shape = tuple(tensor.dims)
@@ -306,15 +306,15 @@ class _SimBuilder:
         (deferred, a copy computed when written), or by its values."""
         name, read = tensor.name, self.values
         if is_mapped(tensor):
-            placeholder = self.place.defer(name, tensor.data_type, tensor, ("float",), lambda: read(name))
+            placeholder = self.deferral.defer(name, tensor.data_type, tensor, ("float",), lambda: read(name))
             if placeholder is None:
                 values = self.values(name)
-                placeholder = self.place.hold(name, values) or numpy_helper.from_array(np.array(values), name)
+                placeholder = self.deferral.hold(name, values) or numpy_helper.from_array(np.array(values), name)
             return placeholder
-        if (self.place.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES
+        if (self.deferral.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES
                 or not is_external_candidate(tensor)):
             return tensor
-        return self.place.hold(name, self.place.remembered(name, ("float",), lambda: self.values(name))) or tensor
+        return self.deferral.hold(name, self.deferral.remembered(name, ("float",), lambda: self.values(name))) or tensor
 
     def add_activation_quantizer(self, name: str, q: QcQuantizeOp) -> None:
         if name in self.index.graph_inputs:

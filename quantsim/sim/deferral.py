@@ -1,7 +1,7 @@
 """Where the sim builder puts its big weights: deferred (computed when written), held beside the model, or in it.
 
 A weight the builder computes from the source model (a constant's fake-quantized values, a QDQ export's
-integer codes, a mapped weight copied unchanged) is deferred through one contract, `WeightPlacement.defer`: the
+integer codes, a mapped weight copied unchanged) is deferred through one contract, `WeightDeferral.defer`: the
 model gets a placeholder initializer (name, type, dims) and its holder a `DeferredArray` of the function
 computing the values, keyed ``(name, key)`` where ``key`` is everything the values depend on besides the source
 weights (equal keys, equal values). Nothing is computed while building; whoever writes the model computes each
@@ -31,10 +31,10 @@ from quantsim.graph.deferred import DeferredArray, DeferredWeights
 from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import in_memory_placeholder
 
-__all__ = ["WeightPlacement"]
+__all__ = ["WeightDeferral"]
 
 
-class WeightPlacement:
+class WeightDeferral:
     """The holders of one build's big weights (module docstring): ``external`` (sessions: name -> array or
     `DeferredArray`, filled here), ``memo`` (sessions: name -> (key, array), kept by the caller across builds,
     used only with ``external``), ``deferred`` (exports, used only without ``external``). ``declared_inputs``:
