@@ -14,7 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 import quantsim
 from quantsim.core.numerics import Encoding
 from quantsim.graph.session import make_session
-from quantsim.sim.build import _selects_values, build_sim_model
+from quantsim.sim.build import build_sim_model
+from quantsim.sim.redundant import selects_values
 
 
 def _model():
@@ -134,12 +135,12 @@ def test_a_different_grid_is_kept(sim):
 )
 def test_value_selecting_ops(op, attrs, selects):
     node = helper.make_node(op, ["a"], ["b"], **attrs)
-    assert _selects_values(node, 0) is selects
+    assert selects_values(node, 0) is selects
 
 
 def test_maxpool_indices_output_does_not_select():
     node = helper.make_node("MaxPool", ["a"], ["b", "i"], kernel_shape=[2, 2])
-    assert _selects_values(node, 0) and not _selects_values(node, 1)
+    assert selects_values(node, 0) and not selects_values(node, 1)
 
 
 def test_sim_and_calibration_sessions_share_one_copy_of_big_weights():

@@ -1,15 +1,21 @@
-"""Initializers whose values are computed only when read: how exports of large models reach the disk.
+"""Weights whose values are computed only when written or read: how big computed weights reach the disk.
 
-An export builds its model's graph with each big computed constant (a weight's integer codes, its
-fake-quantized or dequantized float values, a mapped weight copied unchanged) as a placeholder: name, type and
-dims, external data at `DEFERRED_LOCATION` (never a file). `DeferredWeights` keeps, for each, the function
-that computes its values. Writers read them one at a time (`large_models.save_model` with ``weights=``), so
-the whole model is never in memory; `materialize` fills them into the model for a caller that wants the
-ModelProto itself. Anything that reads values (a `GraphIndex` built with ``weights=``) gets them the same
-way, and a rewrite of a deferred constant defers its own result (`derive`). Sessions' weight files defer
-the same way without names: a `DeferredArray` is computed while `quantsim.graph.session` writes it.
+One value type, `DeferredArray`: shape, dtype, the function computing the values, and optionally a key naming
+what they depend on (equal keys, equal values). A model holding one has a placeholder initializer in its place
+(name, type and dims, external data at a location that is never a file); whoever writes or reads the model
+computes each value then, one at a time, so the whole model is never in memory. The sim builder defers its
+weights through `quantsim.sim.deferral`, to one of two holders:
 
-Only tensors whose ONNX raw bytes are their numpy array's bytes are deferred (float16/32/64 and 8/16/32/64-bit
+* exports: `DeferredWeights`, the export's deferred values by tensor name, placeholders at
+  `DEFERRED_LOCATION`. Writers read them one at a time (`large_models.save_model` with ``weights=``);
+  `materialize` fills them into the model for a caller that wants the ModelProto itself. Anything that reads
+  values (a `GraphIndex` built with ``weights=``) gets them the same way, and a rewrite of a deferred constant
+  defers its own result (`derive`).
+* sessions: the arrays `quantsim.graph.session.make_session` takes beside a model of
+  `model_io.in_memory_placeholder` initializers; the session computes each `DeferredArray` while writing its
+  weight files, and reuses a file whose value's key is unchanged (`session.WeightFiles`).
+
+Exports only defer tensors whose ONNX raw bytes are their numpy array's bytes (float16/32/64 and 8/16/32/64-bit
 integers, not packed 4-bit types) and only from `large_models`' external-data size up, so a file written from
 the placeholders has the same layout and bytes as one written from the materialized model.
 """
@@ -47,10 +53,8 @@ def _is_deferred(tensor: onnx.TensorProto) -> bool:
 
 
 class DeferredArray:
-    """Values of ``shape`` and ``dtype`` that ``compute()`` makes only when they are written: the unnamed
-    counterpart of a `DeferredWeights` placeholder, which sessions' weight files take
-    (`quantsim.graph.session`); ``key`` (hashable, or None) names them for `session.WeightFiles`: equal keys,
-    equal values."""
+    """Values of ``shape`` and ``dtype`` that ``compute()`` makes only when they are written or read (module
+    docstring); ``key`` (hashable, or None) names them for `session.WeightFiles`: equal keys, equal values."""
 
     __slots__ = ("shape", "dtype", "compute", "key")
 
@@ -62,19 +66,20 @@ class DeferredArray:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
-    def array(self) -> np.ndarray:
-        """The values, computed now (C-contiguous, ``dtype``), checked against the declared ``shape``."""
+    def array(self, what: str = "deferred values") -> np.ndarray:
+        """The values, computed now (C-contiguous, ``dtype``: cast from whatever ``compute`` returns), checked
+        against the declared ``shape`` (``what`` names them in the error)."""
         values = np.ascontiguousarray(self.compute(), dtype=self.dtype)
         if values.shape != self.shape:
-            raise InvalidStateError(f"deferred values of shape {self.shape} computed as {values.shape}")
+            raise InvalidStateError(f"{what}: computed shape {values.shape} is not the declared {self.shape}")
         return values
 
 
 class DeferredWeights:
-    """The functions computing a model's deferred initializers (module docstring), by tensor name."""
+    """An export's deferred initializers (module docstring): a `DeferredArray` for each placeholder, by name."""
 
     def __init__(self) -> None:
-        self._compute: dict[str, Callable[[], np.ndarray]] = {}
+        self._values: dict[str, DeferredArray] = {}
 
     @staticmethod
     def accepts(elem_type: int, shape: tuple) -> bool:
@@ -84,40 +89,38 @@ class DeferredWeights:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
         return itemsize * int(np.prod(shape, dtype=np.int64)) >= DEFERRED_MIN_BYTES
 
-    def add(self, name: str, elem_type: int, shape: tuple, compute: Callable[[], np.ndarray]) -> TensorProto:
-        """The placeholder of ``name``, whose values ``compute()`` returns when read (any dtype: they are cast
-        to ``elem_type``). Call only where `accepts` says so."""
-        placeholder = TensorProto(name=name, dims=[int(d) for d in shape], data_type=elem_type,
+    def put(self, name: str, values: DeferredArray) -> TensorProto:
+        """The placeholder of ``name`` for ``values``, of their dtype and shape. Call only where `accepts` says so."""
+        placeholder = TensorProto(name=name, dims=[int(d) for d in values.shape],
+                                  data_type=helper.np_dtype_to_tensor_dtype(values.dtype),
                                   data_location=TensorProto.EXTERNAL)
         entry = placeholder.external_data.add()
         entry.key, entry.value = "location", DEFERRED_LOCATION
-        self._compute[name] = compute
+        self._values[name] = values
         return placeholder
+
+    def add(self, name: str, elem_type: int, shape: tuple, compute: Callable[[], np.ndarray]) -> TensorProto:
+        """The placeholder of ``name``, whose values ``compute()`` returns when read (any dtype: they are cast
+        to ``elem_type``). Call only where `accepts` says so."""
+        return self.put(name, DeferredArray(shape, helper.tensor_dtype_to_np_dtype(elem_type), compute))
 
     def derive(self, source: onnx.TensorProto, name: str, elem_type: int,
                transform: Callable[[np.ndarray], np.ndarray]) -> TensorProto:
         """A placeholder ``name`` (it may be ``source``'s own) for ``transform`` of the values of ``source``, one of
         this object's placeholders, computed when read."""
-        compute = self._compute[source.name]
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(source.data_type))
-        return self.add(name, elem_type, tuple(source.dims),
-                        lambda: transform(np.asarray(compute()).astype(dtype, copy=False)))
+        base = self._values[source.name]
+        return self.add(name, elem_type, tuple(source.dims), lambda: transform(base.array()))
 
     def holds(self, tensor: onnx.TensorProto) -> bool:
         """Whether ``tensor`` is one of this object's placeholders."""
-        return _is_deferred(tensor) and tensor.name in self._compute
+        return _is_deferred(tensor) and tensor.name in self._values
 
     def array(self, tensor: onnx.TensorProto) -> np.ndarray:
-        """The values of placeholder ``tensor``, computed now (read-only, C-contiguous, its own type)."""
-        compute = self._compute.get(tensor.name) if _is_deferred(tensor) else None
-        if compute is None:
+        """The values of placeholder ``tensor``, computed now (C-contiguous, its own type)."""
+        values = self._values.get(tensor.name) if _is_deferred(tensor) else None
+        if values is None:
             raise InvalidStateError(f"initializer {tensor.name!r} is not a deferred value of this export")
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        values = np.ascontiguousarray(np.asarray(compute()).astype(dtype, copy=False))
-        if values.shape != tuple(tensor.dims):
-            raise InvalidStateError(f"initializer {tensor.name!r}: computed shape {values.shape} is not the "
-                                    f"declared {tuple(tensor.dims)}")
-        return values
+        return values.array(f"initializer {tensor.name!r}")
 
     def materialize(self, model: onnx.ModelProto) -> onnx.ModelProto:
         """Fill every placeholder of ``model`` with its values, one at a time (in place); returns ``model``."""

@@ -23,14 +23,8 @@ A quantized tensor keeps its name: its producer writes a fresh ``<name>/float`` 
 quantizer node writes ``<name>``, so consumers and graph outputs need no rewiring. Model inputs keep their
 name too; their consumers are rewired to ``<name>/quantized``.
 
-Redundant activation quantizers are left out of the ``weights="fake"`` graph (the exact sim): a quantizer
-whose tensor is produced by an op that only selects among its inputs' values (Reshape, Concat, MaxPool,
-nearest Resize, Relu, ...), from inputs already on exactly the same grid (same float32 scale, zero point,
-storage type and ``[qmin, qmax]``), would map every value to itself. ``DequantizeLinear(QuantizeLinear(v))``
-returns ``v`` bit for bit for any ``v`` that a DequantizeLinear with the same parameters produced (``v / s``
-is within ``2^-7`` of the code for codes below ``2^16``, so it rounds back to it, and the same
-DequantizeLinear recomputes ``v``), and 0 (Relu's output) is always on the grid. Leaving those Q/DQ passes
-out changes no output bit.
+Redundant activation quantizers are left out of the ``weights="fake"`` graph (the exact sim): those whose
+tensor a value-selecting op produces from inputs already on exactly the same grid (`quantsim.sim.redundant`).
 """
 from __future__ import annotations
 
@@ -43,13 +37,15 @@ from onnx import TensorProto, helper, numpy_helper
 from quantsim.core.dtypes import int8, int16, qtype
 from quantsim.core.numerics import Encoding, broadcast_param, fake_quantize, fp16_round_trip, grid_bounds, quantize
 from quantsim.errors import InvalidArgumentError, InvalidStateError
-from quantsim.graph.deferred import DeferredArray, DeferredWeights
+from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import default_opset
-from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.graph.index import GraphIndex
 from quantsim.graph.large_models import converted_skeleton, copy_without_initializers, is_external_candidate, is_large
 from quantsim.graph.mapped import is_mapped
-from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
+from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES
+from quantsim.sim.deferral import WeightDeferral
 from quantsim.sim.quantizer import QcQuantizeOp
+from quantsim.sim.redundant import redundant_activation_quantizers
 
 __all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
 
@@ -150,37 +146,6 @@ def _qdq_parameters(enc: Encoding, q: QcQuantizeOp, shape: tuple) -> tuple[np.nd
     return scale, zero_point, attrs
 
 
-# value-selecting ops: every output element is an element of a data input (or 0, for Relu), so values
-# already on one grid stay on it. ``None``: all inputs are data. Only the first output of MaxPool selects.
-_SELECTING_OPS: dict[str, tuple[int, ...] | None] = {
-    "Identity": (0,), "Reshape": (0,), "Flatten": (0,), "Squeeze": (0,), "Unsqueeze": (0,), "Transpose": (0,),
-    "Expand": (0,), "Tile": (0,), "Slice": (0,), "Gather": (0,), "GatherElements": (0,), "GatherND": (0,),
-    "Split": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,), "Relu": (0,), "GlobalMaxPool": (0,),
-    "MaxPool": (0,), "Resize": (0,), "Upsample": (0,), "Concat": None, "Max": None, "Min": None,
-}
-
-
-def _selects_values(node: onnx.NodeProto, output: int) -> bool:
-    """Whether output ``output`` of ``node`` only holds values of its data inputs (or 0 for Relu)."""
-    if node.domain not in ("", "ai.onnx") or node.op_type not in _SELECTING_OPS:
-        return False
-    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in node_attributes(node).items()}
-    if node.op_type == "MaxPool":
-        # no window may fall entirely into padding (its output would be the lowest float)
-        kernel = list(attrs.get("kernel_shape", []))
-        pads = list(attrs.get("pads", [])) or [0] * (2 * len(kernel))
-        return (
-            output == 0 and bool(kernel) and attrs.get("ceil_mode", 0) == 0
-            and all(d == 1 for d in attrs.get("dilations", []))
-            and len(pads) == 2 * len(kernel) and all(p < kernel[i % len(kernel)] for i, p in enumerate(pads))
-        )
-    if node.op_type in ("Resize", "Upsample"):
-        return attrs.get("mode", "nearest") == "nearest" and (
-            attrs.get("coordinate_transformation_mode", "half_pixel") != "tf_crop_and_resize"
-        )
-    return True
-
-
 def _constant_key(q: QcQuantizeOp) -> tuple:
     """Everything a constant's fake-quantized values depend on besides the float values themselves."""
     enc = q.encoding
@@ -201,41 +166,6 @@ def _grid_key(q: QcQuantizeOp) -> tuple | None:
     return (float(np.float32(enc.scale)), int(enc.zero_point), storage, enc.qmin, enc.qmax)
 
 
-def _redundant_activation_quantizers(index: GraphIndex, planned: dict[str, tuple | None]) -> set[str]:
-    """Tensors in ``planned`` (tensor -> grid key of the Q/DQ the sim puts on it) whose Q/DQ is an identity.
-
-    Walks the graph in order, tracking which tensors hold values on a grid: quantized tensors, and outputs of
-    value-selecting ops whose data inputs all sit on one grid. Nodes out of topological order only make it
-    miss some redundant quantizers.
-    """
-    on_grid: dict[str, tuple | None] = {
-        name: planned[name] for name in index.graph_inputs
-        if planned.get(name) is not None and name not in index.graph_outputs
-    }
-    redundant: set[str] = set()
-    for node in index.nodes:
-        carried = None
-        if node.op_type in _SELECTING_OPS:
-            positions = _SELECTING_OPS[node.op_type]
-            data = [node.input[i] for i in (positions if positions is not None else range(len(node.input)))
-                    if i < len(node.input)]
-            keys = {on_grid.get(name) for name in data}
-            if data and all(data) and len(keys) == 1 and None not in keys:
-                carried = keys.pop()
-        for position, name in enumerate(node.output):
-            if not name:
-                continue
-            carries = carried is not None and _selects_values(node, position)
-            if name in planned:
-                if carries and planned[name] == carried:
-                    redundant.add(name)
-                if planned[name] is not None:
-                    on_grid[name] = planned[name]
-            elif carries:
-                on_grid[name] = carried
-    return redundant
-
-
 def _fake_values(values: np.ndarray, enc: Encoding | None) -> np.ndarray:
     """What the sim computes for a quantized constant: float16's round trip without an encoding (FP16),
     else its fake quantization."""
@@ -246,7 +176,8 @@ class _SimBuilder:
     """Collects the sim's changes to ``model`` (a copy without initializers) and assembles it in `finish`.
 
     ``initializers`` are the source model's, left untouched: `finish` copies each into ``model`` (or the
-    tensor that replaces it). ``values`` converts one of them to an array.
+    tensor that replaces it). ``values`` converts one of them to an array. Big weights go where ``deferral``
+    (`quantsim.sim.deferral`) puts them: deferred, held beside the model, or in it.
     """
 
     def __init__(self, model: onnx.ModelProto, initializers, weights: str,
@@ -254,17 +185,15 @@ class _SimBuilder:
                  memo: dict[str, tuple] | None = None, integer_weights: bool = False,
                  deferred: DeferredWeights | None = None):
         self.model = model
-        self.deferred = deferred
         self.graph = model.graph
         self.source_initializers = list(initializers)
         self.index = GraphIndex(model, initializers=self.source_initializers)
         self.weights = weights
         self.initializers = self.index.initializers
         self.values = values or (lambda name: numpy_helper.to_array(self.initializers[name]))
-        self.external = external
-        self.memo = memo  # constant name -> (what its values depend on, the values): shared between builds
         self.integer_weights = integer_weights
         self.declared_inputs = {i.name for i in model.graph.input}
+        self.deferral = WeightDeferral(external, memo, deferred, self.declared_inputs)
         self.replaced: dict[str, TensorProto | None] = {}  # initializer name -> new tensor (None: removed)
         self.new_initializers: list[TensorProto] = []
         self.after: dict[str, list[onnx.NodeProto]] = {}
@@ -273,65 +202,34 @@ class _SimBuilder:
         self.rewire: dict[str, str] = {}
 
     def add_constant_quantizer(self, name: str, q: QcQuantizeOp) -> None:
+        """Quantize constant ``name``: its fake-quantized values in its place, or (``weights="qdq"``, parameters)
+        its integer codes and a DequantizeLinear writing it; big ones deferred where ``deferral`` defers them."""
         enc = None if q.spec.is_float else q.require_encoding()
         if enc is not None and self._integer_weight(name, q, enc):
             return
-        if self._deferred_constant(name, q, enc):
-            return
-        values = self.values(name)
+        tensor, read = self.initializers[name], self.values
         if enc is None or self.weights == "fake" or q.role != "param":
-            def compute() -> np.ndarray:
-                return _fake_values(values, enc).astype(values.dtype, copy=False)
-
-            deferred = self._deferred(name, values, ("quantized", *_constant_key(q)), compute)
-            if deferred is not None:
-                self.replaced[name] = deferred
-                return
-            new = self._remembered(name, _constant_key(q), compute)
-            self.replaced[name] = self._placeholder(name, new) or numpy_helper.from_array(new, name)
+            placeholder = self.deferral.defer(name, tensor.data_type, tensor, ("quantized", *_constant_key(q)),
+                                           lambda: _fake_values(read(name), enc))
+            if placeholder is None:
+                values = self.values(name)
+                new = self.deferral.remembered(name, _constant_key(q),
+                                            lambda: _fake_values(values, enc).astype(values.dtype, copy=False))
+                placeholder = self.deferral.hold(name, new) or numpy_helper.from_array(new, name)
+            self.replaced[name] = placeholder
             return
         storage = q.spec.dtype.storage_type(enc.signed)
         codes_name = self.index.fresh_name(f"{name}/quantized")
-        scale, zero_point, attrs = _qdq_parameters(enc, q, values.shape)
+        scale, zero_point, attrs = _qdq_parameters(enc, q, tuple(tensor.dims))
+        codes = self.deferral.defer(codes_name, storage, tensor, ("codes", *_constant_key(q)),
+                                 lambda: quantize(read(name), enc))
         self.new_initializers += [
-            _integer_tensor(codes_name, quantize(values, enc), storage),
-            numpy_helper.from_array(scale, f"{codes_name}/scale"),
-            _integer_tensor(f"{codes_name}/zero_point", zero_point, storage),
-        ]
-        self.replaced[name] = None
-        self._dequantize_weight(name, codes_name, helper.np_dtype_to_tensor_dtype(values.dtype), attrs)
-
-    def _deferred_constant(self, name: str, q: QcQuantizeOp, enc: Encoding | None) -> bool:
-        """With ``deferred`` (exports): the quantized constant ``name`` as a placeholder whose values (fake-
-        quantized floats, or integer codes for the QDQ form) are computed when read; False if it stays in memory
-        (small, or a type `DeferredWeights` does not hold). The graph is the same as `add_constant_quantizer`'s."""
-        tensor = self.initializers[name]
-        shape = tuple(tensor.dims)
-        if (self.deferred is None or name in self.declared_inputs
-                or tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)):
-            return False
-        if enc is None or self.weights == "fake" or q.role != "param":
-            if not self.deferred.accepts(tensor.data_type, shape):
-                return False
-
-            def fake() -> np.ndarray:
-                return _fake_values(self.values(name), enc)
-
-            self.replaced[name] = self.deferred.add(name, tensor.data_type, shape, fake)
-            return True
-        storage = q.spec.dtype.storage_type(enc.signed)
-        if not self.deferred.accepts(storage, shape):
-            return False
-        codes_name = self.index.fresh_name(f"{name}/quantized")
-        scale, zero_point, attrs = _qdq_parameters(enc, q, shape)
-        self.new_initializers += [
-            self.deferred.add(codes_name, storage, shape, lambda: quantize(self.values(name), enc)),
+            codes or _integer_tensor(codes_name, quantize(self.values(name), enc), storage),
             numpy_helper.from_array(scale, f"{codes_name}/scale"),
             _integer_tensor(f"{codes_name}/zero_point", zero_point, storage),
         ]
         self.replaced[name] = None
         self._dequantize_weight(name, codes_name, tensor.data_type, attrs)
-        return True
 
     def _dequantize_weight(self, name: str, codes_name: str, elem_type: int, attrs: dict) -> None:
         """``DequantizeLinear`` of ``codes_name`` (with its scale and zero point) writing weight ``name`` of
@@ -350,14 +248,15 @@ class _SimBuilder:
         codes (an ``external`` placeholder) and compute ``name`` as ``(float(codes) - zero_point) * scale``
         (module docstring); False if it does not qualify."""
         tensor = self.initializers[name]
-        if (not self.integer_weights or self.weights != "fake" or q.role != "param" or self.external is None
+        if (not self.integer_weights or self.weights != "fake" or q.role != "param" or self.deferral.external is None
                 or q.spec.dtype.bits > 8 or enc.block_size is not None or tensor.data_type != TensorProto.FLOAT
                 or name in self.declared_inputs or not is_external_candidate(tensor)):
             return False
         dtype = helper.tensor_dtype_to_np_dtype(int8.storage_type(enc.signed))
-        codes = self._remembered(name, ("codes", *_constant_key(q)), lambda: quantize(self.values(name), enc, dtype))
+        codes = self.deferral.remembered(name, ("codes", *_constant_key(q)),
+                                      lambda: quantize(self.values(name), enc, dtype))
         codes_name = self.index.fresh_name(f"{name}/codes")
-        placeholder = self._placeholder(codes_name, codes)
+        placeholder = self.deferral.hold(codes_name, codes)
         if placeholder is None:
             return False
         shape = tuple(tensor.dims)
@@ -401,54 +300,21 @@ class _SimBuilder:
                 helper.make_node("Add", [dims, names[2]], [names[3]], name=names[3]),
                 helper.make_node("Reshape", [codes, names[3]], [names[4]], name=names[4])]
 
-    def _remembered(self, name: str, key: tuple, compute: Callable[[], np.ndarray]) -> np.ndarray:
-        """``compute()``, or the array an earlier build made for ``name`` under the same ``key`` (with
-        ``memo``): the sim and calibration sessions then hold one copy of big weights between them."""
-        if self.memo is None:
-            return compute()
-        known = self.memo.get(name)
-        if known is not None and known[0] == key:
-            return known[1]
-        value = compute()
-        self.memo[name] = (key, value)
-        return value
-
-    def _deferred(self, name: str, values: np.ndarray, key: tuple, compute: Callable[[], np.ndarray]
-                  ) -> TensorProto | None:
-        """With ``external`` and no ``memo``, for a constant whose ``values`` are mapped from a file
-        (`quantsim.graph.mapped`, immutable): the placeholder of a `DeferredArray` of ``compute()``, keyed
-        by ``name`` and ``key``, so that the session computes it while writing it, or reuses it; else None."""
-        if self.external is None or self.memo is not None or not is_mapped(self.initializers[name]):
-            return None
-        return self._placeholder(name, DeferredArray(values.shape, values.dtype, compute, key=(name, key)))
-
-    def _placeholder(self, name: str, values: np.ndarray | DeferredArray) -> TensorProto | None:
-        """With ``external``: the stand-in for ``values`` (recorded there), if they may leave the model.
-        An initializer that is also a graph input (it can be fed) stays."""
-        if self.external is None or name in self.declared_inputs:
-            return None
-        placeholder = in_memory_placeholder(name, values)
-        if placeholder is not None:
-            self.external[name] = values
-        return placeholder
-
     def _unchanged(self, tensor: TensorProto) -> TensorProto:
         """An initializer no quantizer changes: itself, or with ``external`` a placeholder for a big float one.
-        One whose values are in a mapped file (`quantsim.graph.mapped`) is always replaced: by a placeholder,
-        or without ``external`` by its values."""
-        if is_mapped(tensor) and self.deferred is not None and self.deferred.accepts(tensor.data_type, tuple(tensor.dims)):
-            return self.deferred.add(tensor.name, tensor.data_type, tuple(tensor.dims),
-                                     lambda: self.values(tensor.name))
+        One whose values are in a mapped file (`quantsim.graph.mapped`) is always replaced: by a placeholder
+        (deferred, a copy computed when written), or by its values."""
+        name, read = tensor.name, self.values
         if is_mapped(tensor):
-            values = self.values(tensor.name)
-            placeholder = self._deferred(tensor.name, values, ("float",), lambda: values)
-            if placeholder is None and self.external is not None:
-                placeholder = self._placeholder(tensor.name, values)
-            return placeholder or numpy_helper.from_array(np.array(values), tensor.name)
-        if self.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES or not is_external_candidate(tensor):
+            placeholder = self.deferral.defer(name, tensor.data_type, tensor, ("float",), lambda: read(name))
+            if placeholder is None:
+                values = self.values(name)
+                placeholder = self.deferral.hold(name, values) or numpy_helper.from_array(np.array(values), name)
+            return placeholder
+        if (self.deferral.external is None or tensor.data_type not in IN_MEMORY_ELEM_TYPES
+                or not is_external_candidate(tensor)):
             return tensor
-        return self._placeholder(tensor.name, self._remembered(tensor.name, ("float",),
-                                                               lambda: self.values(tensor.name))) or tensor
+        return self.deferral.hold(name, self.deferral.remembered(name, ("float",), lambda: self.values(name))) or tensor
 
     def add_activation_quantizer(self, name: str, q: QcQuantizeOp) -> None:
         if name in self.index.graph_inputs:
@@ -561,9 +427,10 @@ def build_sim_model(
     ``external_initializers``, which spares copying, serialising and parsing the weights. ``memo`` (a dict
     the caller keeps, cleared whenever a weight's values change) lets builds share those arrays.
     ``integer_weights`` (with ``external``) holds big 8-bit weights as integer codes dequantized just before
-    their layer (module docstring): the same outputs in a quarter of the memory. With ``deferred`` (exports,
-    without ``external``), big quantized constants and mapped weights become its placeholders, computed
-    when read (`quantsim.graph.deferred`): the same model once they are filled in, never all in memory.
+    their layer (module docstring): the same outputs in a quarter of the memory. Big weights computed from
+    mapped ones (with ``external`` and no ``memo``), and with ``deferred`` (exports, without ``external``) big
+    quantized constants and mapped weights, are deferred (`quantsim.sim.deferral`): computed only when written,
+    one at a time, a session's keyed so that its weight files are reused while they are unchanged.
     """
     if weights not in ("fake", "qdq"):
         raise InvalidArgumentError(f"weights must be 'fake' or 'qdq', got {weights!r}")
@@ -580,8 +447,7 @@ def build_sim_model(
         values = lambda name: (source.constant_value(name) if is_mapped(converted[name])  # noqa: E731
                                else numpy_helper.to_array(converted[name]))
     builder = _SimBuilder(copy_without_initializers(source_model), initializers, weights, values,
-                          external, memo if external is not None else None, integer_weights,
-                          deferred if external is None else None)
+                          external, memo, integer_weights, deferred)
     placed: list[tuple[str, QcQuantizeOp]] = []
     planned: dict[str, tuple | None] = {}
     for q in active:
@@ -591,7 +457,7 @@ def build_sim_model(
             elif name in builder.index.producer or name in builder.index.graph_inputs:
                 placed.append((name, q))
                 planned[name] = _grid_key(q)
-    redundant = _redundant_activation_quantizers(builder.index, planned) if skip_redundant else set()
+    redundant = redundant_activation_quantizers(builder.index, planned) if skip_redundant else set()
     for name, q in placed:
         if name in builder.initializers:
             builder.add_constant_quantizer(name, q)
