@@ -8,6 +8,8 @@ code except those, and be within one code there.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import pytest
@@ -48,7 +50,9 @@ def _activation_model() -> onnx.ModelProto:
     return model
 
 
+@functools.cache
 def _sim() -> quantsim.QuantizationSimModel:
+    """The calibrated sim of `_activation_model` (exports leave it unchanged: built once)."""
     sim = quantsim.QuantizationSimModel(_activation_model(), progress=False)
     rng = np.random.default_rng(6)
     sim.compute_encodings([{"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32) * 1.5} for _ in range(3)])
