@@ -2,18 +2,19 @@
 
 The integer lowering asks onnxruntime for the result of many tiny graphs whose one input is the 256 codes
 of an 8-bit grid: each lookup table (`lut.lut_table`: DequantizeLinear -> f -> QuantizeLinear, Q/DQ fusion
-off) and each set of candidate kernel chains (`piecewise`: QLinear kernels, Q/DQ fusion on). Building one
-session per graph cost more than the rest of the export together on models with many activations (about
-5 ms of CPU and 10-20 ms of wall time each; a detector with 96 HardSwish asked for 193). So `export_integer`
-lowers in two passes when the model needs any such graph:
+off) and each set of candidate kernel chains (`piecewise`: QLinear kernels, Q/DQ fusion on). One session
+per graph (a few ms of CPU each, more wall time on a loaded machine) was a quarter to nearly half of the
+export's CPU time on models with many activations (the PicoDet layout detector with 96 HardSwish asked for
+193 graphs, PP-OCR rec for 170). So:
 
-1. a *planning* pass, in which `CodeGraphs.evaluate` records each graph and answers zeros (its result is
-   thrown away; the graphs asked for depend on the grids, not on the answers);
+1. while *planning* (`prefetch`'s dry run of the rules), `CodeGraphs.evaluate` records each graph and
+   answers zeros (the dry run's result is thrown away; which graphs are asked for depends on the grids,
+   not on the answers);
 2. `CodeGraphs.compute` runs every recorded graph at once: graphs with the same session options and opset
    imports are merged into one graph (each one's nodes and constants copied unchanged, names prefixed
-   apart, the code input shared, one output per output), so one session per kind (usually two: tables and
-   kernel probes) computes them all;
-3. the real pass reads the answers; a graph the planning pass did not record is evaluated alone then.
+   apart, the code input shared, one output per output), so one session per kind (two or three: tables,
+   tables needing a newer opset such as HardSwish's, kernel probes) computes them all;
+3. the lowering reads the answers; a graph the dry run did not record is evaluated alone then.
 
 Exactness: the merged graphs are independent chains from the shared input, so onnxruntime computes each
 output as it does in a session of its own (same kernels, same optimizations per chain): the tables stay the

@@ -13,8 +13,9 @@ table is the fallback and the reference.
 ``f`` is evaluated by onnxruntime itself on the node copied from the model (same op, attributes and
 constant operands, in a 256-element DequantizeLinear -> f -> QuantizeLinear graph with Q/DQ fusion
 disabled, like the sim's session), so the table equals the sim's result for every code, including
-onnxruntime's own approximations of tanh, erf, exp, .... All the tables of one export come from one session
-(`code_graphs`: `prefetch` finds them before the lowering, their graphs run merged, each unchanged).
+onnxruntime's own approximations of tanh, erf, exp, .... The tables of one export come from one session per
+opset they need (`code_graphs`: `prefetch` finds them before the lowering; their graphs run merged, each
+unchanged).
 ``[L, H]`` is the clamp of an absorbed Relu/Clip (`epilogue`). Uses:
 
 * unary activations without a QLinear kernel (`UNARY_OPS`: HardSigmoid, HardSwish, Tanh, Erf, Exp, Gelu,
