@@ -203,6 +203,15 @@ class GraphIndex:
         self._names.add(candidate)
         return candidate
 
+    def reserved_names(self) -> frozenset[str]:
+        """The names reserved so far (graph names and `fresh_name`'s), for `release_names`."""
+        return frozenset(self._names)
+
+    def release_names(self, reserved: frozenset[str]) -> None:
+        """Forget every name `fresh_name` reserved since `reserved_names` returned ``reserved`` (a builder
+        that throws its first attempt away gets the same names again)."""
+        self._names = set(reserved)
+
 
 def _read_only_array(tensor: onnx.TensorProto) -> np.ndarray:
     """A read-only array of ``tensor``: a view of its raw bytes where they are in native order (one copy

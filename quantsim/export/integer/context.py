@@ -34,6 +34,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.numerics import Encoding, dequantize, fake_quantize, fp16_round_trip, quantize
+from quantsim.export.integer.code_graphs import CodeGraphs
 from quantsim.graph.deferred import DeferredArray, DeferredWeights
 from quantsim.graph.index import GraphIndex
 
@@ -140,8 +141,12 @@ class QTensor:
 class LoweringContext:
     """Builder of the integer graph over ``sim.model`` (see the module docstring)."""
 
-    def __init__(self, sim, index: GraphIndex, opset: int, deferred: DeferredWeights | None = None):
+    def __init__(self, sim, index: GraphIndex, opset: int, deferred: DeferredWeights | None = None,
+                 code_graphs: CodeGraphs | None = None, exact_grids: dict[str, Grid | None] | None = None):
         self.sim = sim
+        self.code_graphs = CodeGraphs() if code_graphs is None else code_graphs  # 256-code evaluations
+        # `exact_grid` of unquantized constants by name (shareable between contexts over the same sim and graph)
+        self.exact_grids: dict[str, Grid | None] = {} if exact_grids is None else exact_grids
         self.index = index
         self.opset = opset
         self.deferred = deferred
@@ -191,7 +196,9 @@ class LoweringContext:
             if grid is None:
                 raise Unsupported(self.why_not_8bit(name))
             return grid
-        grid = exact_grid(self.index.constant_value(name))
+        if name not in self.exact_grids:  # kept through rollbacks and passes: a scan of a big constant's values
+            self.exact_grids[name] = exact_grid(self.index.constant_value(name))
+        grid = self.exact_grids[name]
         if grid is None:
             raise Unsupported(f"constant {name!r} has no quantizer and no 8-bit grid holds its values exactly")
         return grid

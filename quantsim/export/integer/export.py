@@ -71,6 +71,7 @@ from quantsim.export.integer import lut as lowering_lut
 from quantsim.export.integer import movement as lowering_movement
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
+from quantsim.export.integer.prefetch import prefetch
 from quantsim.export.integer.shapes import fold_shape_arithmetic, shape_derived, static_input_shapes
 from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
 from quantsim.graph.deferred import DeferredWeights, WeightSource
@@ -299,7 +300,10 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     index = GraphIndex(model, [*model.graph.initializer, *kept_out], weights=weights)
     from_shapes = shape_derived(index)
     deferred = DeferredWeights()
-    ctx = LoweringContext(sim, index, opset, deferred)
+    exact_grids: dict = {}  # shared with the dry run: a scan of a big constant's values, done once
+    # every lookup table and kernel probe the rules will ask for, computed up front in one session per kind
+    code_graphs = prefetch(sim, index, opset, LOWERINGS, exact_grids)
+    ctx = LoweringContext(sim, index, opset, deferred, code_graphs, exact_grids)
     report: list[ReportEntry] = []
     io: dict = {}
     inputs = []

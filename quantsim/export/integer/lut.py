@@ -13,8 +13,10 @@ table is the fallback and the reference.
 ``f`` is evaluated by onnxruntime itself on the node copied from the model (same op, attributes and
 constant operands, in a 256-element DequantizeLinear -> f -> QuantizeLinear graph with Q/DQ fusion
 disabled, like the sim's session), so the table equals the sim's result for every code, including
-onnxruntime's own approximations of tanh, erf, exp, .... ``[L, H]`` is the clamp of an absorbed Relu/Clip
-(`epilogue`). Uses:
+onnxruntime's own approximations of tanh, erf, exp, .... The tables of one export come from one session per
+opset they need (`code_graphs`: `prefetch` finds them before the lowering; their graphs run merged, each
+unchanged).
+``[L, H]`` is the clamp of an absorbed Relu/Clip (`epilogue`). Uses:
 
 * unary activations without a QLinear kernel (`UNARY_OPS`: HardSigmoid, HardSwish, Tanh, Erf, Exp, Gelu,
   Softplus, Elu, ...);
@@ -34,7 +36,6 @@ from quantsim.export.integer.context import Grid, LoweringContext, QTensor, Unsu
 from quantsim.export.integer.epilogue import clamp_codes, epilogue, finish
 from quantsim.export.integer.piecewise import apply_table, fast_form
 from quantsim.graph.index import node_attributes
-from quantsim.graph.session import make_session
 
 __all__ = ["RULES", "UNARY_OPS", "SCALAR_BINARY_OPS", "lut_table", "regrid", "lower_lut",
            "hard_swish_gate", "lower_hard_sigmoid", "lower_hard_swish_product", "scalar_operand_slot",
@@ -80,10 +81,9 @@ def lut_table(ctx: LoweringContext, grid_in: Grid, grid_out: Grid, node: onnx.No
     graph = helper.make_graph(nodes, "lut", [helper.make_tensor_value_info("codes", TensorProto.UINT8, [256])],
                               [helper.make_tensor_value_info("table", TensorProto.UINT8, [256])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
-    model.ir_version = ctx.sim.model.ir_version
+    model.ir_version = ctx.index.model.ir_version
     try:
-        session = make_session(model)
-        (table,) = session.run(None, {"codes": np.arange(256, dtype=np.uint8)})
+        (table,) = ctx.code_graphs.evaluate(model)  # batched with the export's other tables (`code_graphs`)
     except Exception as error:  # noqa: BLE001 - the op cannot be evaluated alone: run it in float
         raise Unsupported(f"cannot tabulate {node.op_type if node else 'Identity'}: {str(error).splitlines()[0]}") from error
     return np.clip(np.asarray(table, dtype=np.uint8).reshape(256), grid_out.low, grid_out.high)

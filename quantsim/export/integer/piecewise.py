@@ -33,7 +33,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.export.integer.context import MS_DOMAIN, Grid, LoweringContext, QTensor
 from quantsim.graph.index import node_attributes
-from quantsim.graph.session import make_session
 
 __all__ = ["fast_form", "TOLERANCE", "apply_table"]
 
@@ -169,7 +168,8 @@ def _candidates(ctx: LoweringContext, function: onnx.NodeProto | None, data_slot
 
 def _probe(ctx: LoweringContext, chains: list[Chain]) -> list[np.ndarray | None]:
     """Each candidate's output codes for the 256 input codes, as onnxruntime computes them (None: it fails).
-    All candidates run in one session; only when that fails is each tried alone."""
+    All candidates form one graph, run with the export's other probes (`code_graphs`); only when that graph
+    fails is each tried alone."""
     em = _Emitter(ctx, "probe", probe=True)
     outs = [chain(em, "x") for chain in chains]
     graph = helper.make_graph(em.nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.UINT8, [256])],
@@ -177,9 +177,9 @@ def _probe(ctx: LoweringContext, chains: list[Chain]) -> list[np.ndarray | None]
                               em.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ctx.opset),
                                                     helper.make_opsetid(MS_DOMAIN, 1)])
-    model.ir_version = ctx.sim.model.ir_version
+    model.ir_version = ctx.index.model.ir_version
     try:
-        codes = make_session(model, fuse_qdq=True).run(None, {"x": np.arange(256, dtype=np.uint8)})
+        codes = ctx.code_graphs.evaluate(model, fuse_qdq=True)  # batched with the export's other probes
     except Exception:  # noqa: BLE001 - a kernel onnxruntime lacks here: that candidate's table stays
         return [_probe(ctx, [chain])[0] for chain in chains] if len(chains) > 1 else [None]
     return [np.asarray(c, np.int64) for c in codes]
