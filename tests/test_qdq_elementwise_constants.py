@@ -161,3 +161,38 @@ def test_power_of_two_reciprocal_is_exact():
     assert _power_of_two_reciprocal(np.array(2.0 ** 127, np.float32)) is None  # 2^-127 is subnormal
     x = np.random.default_rng(0).standard_normal(100_000).astype(np.float32) * 1e3
     np.testing.assert_array_equal(x / np.float32(8), x * np.float32(0.125))  # the identity the rewrite relies on
+
+
+def _qdq_binary(op: str, constant: float, in_scale: float, out_scale: float) -> onnx.ModelProto:
+    """codes (uint8 [256]) -> DQ(in_scale, 7) -> op(constant) -> Q(out_scale, 3) -> codes."""
+    inits = [numpy_helper.from_array(np.array(in_scale, np.float32), "si"), numpy_helper.from_array(np.array(7, np.uint8), "zi"),
+             numpy_helper.from_array(np.array(out_scale, np.float32), "so"), numpy_helper.from_array(np.array(3, np.uint8), "zo"),
+             numpy_helper.from_array(np.array(constant, np.float32), "c")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "si", "zi"], ["xf"]), helper.make_node(op, ["xf", "c"], ["yf"]),
+             helper.make_node("QuantizeLinear", ["yf", "so", "zo"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, [256])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [256])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.parametrize("op, constant, in_scale, out_scale, fused", [
+    ("Add", 1.0, 2 / 255, 2 / 255, False),  # GELU's 1 + erf(x): 127.5 steps, every result on a tie
+    ("Add", 0.05, 0.1, 0.1, False),  # half a step
+    ("Add", 0.0371, 0.1, 0.1, True),
+    ("Mul", 0.5, 0.1, 0.1, False),  # odd codes times a half: ties
+    ("Mul", -0.7310586, 0.02, 0.03, True),
+    ("Div", 4.0, 0.02, 0.007, True),  # sevenths of a step: never a half
+])
+def test_fused_only_where_every_input_code_rounds_clear_of_a_tie(op, constant, in_scale, out_scale, fused):
+    from quantsim.export.qdq_constants import codes_for_elementwise_constants
+
+    model = _qdq_binary(op, constant, in_scale, out_scale)
+    reference = _session(model, fused=False)
+    rewritten = codes_for_elementwise_constants(onnx.ModelProto.FromString(model.SerializeToString()))
+    ops = Counter(n.op_type for n in rewritten.graph.node)
+    assert (ops["DequantizeLinear"] == 2) == fused
+    x = {"x": np.arange(256, dtype=np.uint8)}
+    want = reference.run(None, x)[0]
+    np.testing.assert_array_equal(_session(rewritten, fused=False).run(None, x)[0], want)  # the same model
+    if fused:  # onnxruntime's QLinearAdd / QLinearMul give the unfused codes for every input code
+        np.testing.assert_array_equal(_session(rewritten, fused=True).run(None, x)[0], want)

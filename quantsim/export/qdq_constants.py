@@ -15,8 +15,9 @@ as those codes behind ``DequantizeLinear``, whose output is ``c`` bit for bit (`
 scale`` in float32, checked here for every element). A ``Div`` by a power of two becomes the ``Mul`` by
 its reciprocal (bit for bit the same; attention's division by sqrt(64) = 8). The model computes the same
 numbers as before wherever Q/DQ run as written (``to_onnx_qdq(int32_bias=False)`` with fusion off is
-still the sim exactly); a runtime that fuses the node unit runs it on its integer kernel, like every other
-fused op, within its requantization step.
+still the sim exactly). A runtime that fuses the node unit computes the same real value in another float
+order; the rewrite is made only where, for every one of the 256 input codes, the sim's result lies clear of
+a rounding tie (`TIE_MARGIN`), so the fused op gives the sim's codes too (`_clear_of_ties`).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from onnx import TensorProto, numpy_helper
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
 
-__all__ = ["codes_for_elementwise_constants", "exact_codes"]
+__all__ = ["TIE_MARGIN", "codes_for_elementwise_constants", "exact_codes"]
 
 _BINARY_OPS = ("Add", "Mul")  # the elementwise ops onnxruntime fuses with Q/DQ on both inputs and the output
 _EIGHT_BIT: dict[int, type] = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
@@ -124,6 +125,50 @@ def _fusable_operand(index: GraphIndex, node: onnx.NodeProto) -> tuple[int, int]
     return None
 
 
+TIE_MARGIN = 1e-3
+"""How far (in output steps) from a rounding tie every result of a fused op must lie. A fused kernel
+(QLinearAdd / QLinearMul) computes the same real value as the sim in another float32 order, off by about
+1e-5 steps at 8 bits; outside this margin both round to the same code."""
+
+_MAX_TIE_CHECK = 1 << 14  # constant elements checked against every input code; a larger constant stays float
+
+
+def _qdq_params(index: GraphIndex, node: onnx.NodeProto) -> tuple[np.float32, int] | None:
+    """``(scale, zero point)`` of a per-tensor Q/DQ node with constant parameters, else None."""
+    if not all(index.is_constant(n) for n in node.input[1:] if n):
+        return None
+    zero_point = int(index.constant_value(node.input[2])) if len(node.input) > 2 and node.input[2] else 0
+    return np.float32(index.constant_value(node.input[1])), zero_point
+
+
+def _clear_of_ties(index: GraphIndex, node: onnx.NodeProto, slot: int, code_type: int) -> bool:
+    """True when, for every input code and every element of the constant, the sim's result of ``node``
+    (float32 ``DQ(code) op c``) lies at least `TIE_MARGIN` output steps from a rounding tie of each
+    QuantizeLinear reading it: then a fused kernel gives the sim's code for every input. An Add of 1.0 to
+    an erf output on the same grid (GELU) puts half the codes on ties, which a fused kernel rounds the
+    other way: such an op stays float."""
+    constant = np.asarray(index.constant_value(node.input[slot]), np.float32).reshape(1, -1)
+    dq = index.producer_of(node.input[1 - slot])
+    params = _qdq_params(index, dq) if dq is not None else None
+    if params is None or constant.size > _MAX_TIE_CHECK:
+        return False
+    info = np.iinfo(_EIGHT_BIT[code_type])
+    codes = np.arange(info.min, info.max + 1, dtype=np.int64).reshape(-1, 1)
+    x = (codes - params[1]).astype(np.float32) * params[0]
+    with np.errstate(all="ignore"):
+        y = {"Add": np.add, "Mul": np.multiply, "Div": np.divide}[node.op_type](
+            *((x, constant) if slot == 1 else (constant, x))).astype(np.float32)
+    for use in index.uses(node.output[0]):
+        out = _qdq_params(index, use.node)
+        if out is None or not out[0] > 0:
+            return False
+        steps = y.astype(np.float64) / np.float64(out[0]) + out[1]
+        inside = (steps > info.min - 1) & (steps < info.max + 1)
+        if not np.all(np.isfinite(y)) or np.any(inside & (np.abs(steps - np.floor(steps) - 0.5) < TIE_MARGIN)):
+            return False
+    return True
+
+
 def codes_for_elementwise_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     """Give each float constant operand of a quantized ``Add`` / ``Mul`` between 8-bit Q/DQ its exact codes
     behind a DequantizeLinear (module docstring); values the constant cannot hold exactly stay float. A
@@ -137,6 +182,8 @@ def codes_for_elementwise_constants(model: onnx.ModelProto) -> onnx.ModelProto:
         if found is None:
             continue
         slot, code_type = found
+        if not _clear_of_ties(index, node, slot, code_type):
+            continue
         constant, reciprocal = node.input[slot], node.op_type == "Div"
         key = (constant, code_type, reciprocal)
         if key not in replaced:
