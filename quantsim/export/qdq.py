@@ -465,6 +465,8 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     (`large_models.save_model(..., weights=weights)`), else filled into the returned model at the end, so that
     the rewrites never hold a second copy of them. ``weight_codes`` ("int8", "uint8" or "auto") is the storage
     type of the 8-bit weight codes of fused Conv/MatMul/Gemm (`quantsim.export.weight_codes`)."""
+    from quantsim.export.qdq_constants import codes_for_elementwise_constants
+    from quantsim.export.qdq_hardswish import hardswish_for_gated_products
     from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
     from quantsim.sim.build import build_sim_model
 
@@ -473,6 +475,8 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim._index, deferred=deferred)
     model = add_derived_qdq(model, deferred)
     model = codes_for_boolean_inputs(model)
+    model = codes_for_elementwise_constants(model)
+    model = hardswish_for_gated_products(model)
     model = float_weights_for_float_inputs(model, deferred)
     model = wide_weights_for_wide_activations(model, deferred)
     model = protect_float_weights(model, deferred)
