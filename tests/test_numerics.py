@@ -850,6 +850,10 @@ def test_fake_quantize_in_slices_is_bit_identical(case, monkeypatch):
     sliced = fake_quantize(x, enc)
     assert sliced.dtype == np.float32 and sliced.shape == shape
     np.testing.assert_array_equal(sliced.view(np.uint32), whole.view(np.uint32))
+    parts = list(numerics.fake_quantize_parts(x, enc))  # what a weight file takes block by block
+    assert len(parts) == 19 and all(p.flags.c_contiguous and p.shape[1:] == shape[1:] for p in parts)
+    np.testing.assert_array_equal(np.concatenate([p.reshape(-1) for p in parts]).view(np.uint32),
+                                  whole.reshape(-1).view(np.uint32))
     if bits <= 16 and block_axis is None:  # the formula, element by element, in float64 (exact here)
         s = np.broadcast_to(broadcast_param(enc, enc.scale.astype(np.float32), shape), shape)
         z = np.broadcast_to(broadcast_param(enc, enc.zero_point, shape), shape)

@@ -23,7 +23,7 @@ AIMET's file ``offset`` is ``qmin - zero_point`` (``<= 0``) and its ``min``/``ma
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +39,7 @@ __all__ = [
     "broadcast_param",
     "quantize",
     "dequantize",
+    "fake_quantize_parts",
     "fake_quantize",
     "fp16_round_trip",
     "reduce_min_max",
@@ -329,21 +330,45 @@ def fake_quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
     return _in_row_slices(np.asarray(x), enc, np.dtype(np.float32), _fake_quantize_whole)
 
 
+def fake_quantize_parts(x: np.ndarray, enc: Encoding) -> Iterator[np.ndarray]:
+    """`fake_quantize` of ``x`` as consecutive blocks of whole rows (float32; ``x`` itself is never copied whole):
+    concatenated along the first axis they are `fake_quantize`'s result, bit for bit. A writer can store each
+    block while it is still in the CPU's cache instead of filling, then copying, a tensor-sized array."""
+    return _row_slices(np.asarray(x), enc, _fake_quantize_whole)
+
+
 def _in_row_slices(x: np.ndarray, enc: Encoding, dtype: np.dtype, whole: Callable[..., np.ndarray]) -> np.ndarray:
     """``whole(x, enc, scale, zero_point)`` at once for a small tensor, else over slices of whole rows of about
     `FAKE_QUANTIZE_BLOCK` elements into one ``dtype`` result (``scale``/``zero_point`` broadcast per slice;
     None for the whole tensor: ``whole`` broadcasts them itself)."""
-    rows = x.shape[0] if x.ndim else 0
-    step = FAKE_QUANTIZE_BLOCK // max(1, x.size // max(1, rows))
-    if x.ndim == 0 or x.size <= FAKE_QUANTIZE_BLOCK or step < 1:
+    if _row_step(x) is None:
         return whole(x, enc, None, None)
     out = np.empty(x.shape, dtype=dtype)
+    start = 0
+    for part in _row_slices(x, enc, whole):
+        out[start:start + part.shape[0]] = part
+        start += part.shape[0]
+    return out
+
+
+def _row_step(x: np.ndarray) -> int | None:
+    """Rows per slice of ``x`` (module constant `FAKE_QUANTIZE_BLOCK`, read at call time); None: all at once."""
+    rows = x.shape[0] if x.ndim else 0
+    step = FAKE_QUANTIZE_BLOCK // max(1, x.size // max(1, rows))
+    return None if x.ndim == 0 or x.size <= FAKE_QUANTIZE_BLOCK or step < 1 else step
+
+
+def _row_slices(x: np.ndarray, enc: Encoding, whole: Callable[..., np.ndarray]) -> Iterator[np.ndarray]:
+    """``whole`` of each slice of `_row_step` rows of ``x`` in turn (of all of ``x`` at once where it is small)."""
+    step = _row_step(x)
+    if step is None:
+        yield whole(x, enc, None, None)
+        return
     scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
     zero_point = broadcast_param(enc, enc.zero_point, x.shape)
-    for start in range(0, rows, step):
+    for start in range(0, x.shape[0], step):
         part = slice(start, start + step)
-        out[part] = whole(x[part], enc, _rows(scale, part), _rows(zero_point, part))
-    return out
+        yield whole(x[part], enc, _rows(scale, part), _rows(zero_point, part))
 
 
 def _rows(param: np.ndarray, part: slice) -> np.ndarray:

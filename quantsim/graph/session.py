@@ -284,26 +284,30 @@ def _write_parallel(path: Path, size: int, jobs: list[tuple[int, object]],
 
 
 def _pwrite(descriptor: int, offset: int, value: object) -> bool:
-    view = _materialized(value).reshape(-1).view(np.uint8).data
-    while view.nbytes:
-        written = os.pwrite(descriptor, view, offset)
-        view, offset = view[written:], offset + written
+    """Write ``value`` at ``offset``: a `DeferredArray` block by block as it computes them
+    (`DeferredArray.parts`: each block leaves the CPU's cache for the file only), an array at once."""
+    blocks = value.parts() if isinstance(value, DeferredArray) else (np.ascontiguousarray(value),)
+    for block in blocks:
+        view = block.reshape(-1).view(np.uint8).data
+        while view.nbytes:
+            written = os.pwrite(descriptor, view, offset)
+            view, offset = view[written:], offset + written
     return True
 
 
 def _write_stored(temporary: Path, target: Path, value: DeferredArray) -> bool:
     """Write ``value`` to ``temporary`` (in the store) and link it as ``target``; where the store cannot be
-    written (full, read-only), write ``target`` itself: the session still gets its values. True if stored."""
-    array = value.array()
+    written (full, read-only), write ``target`` itself (computing the values again: the store's write failed
+    midway): the session still gets its values. True if stored."""
     try:
         with open(temporary, "wb") as file:
-            _pwrite(file.fileno(), 0, array)
+            _pwrite(file.fileno(), 0, value)
         link_or_copy(temporary, target)
         return True
     except OSError:
         temporary.unlink(missing_ok=True)
     with open(target, "wb") as file:
-        _pwrite(file.fileno(), 0, array)
+        _pwrite(file.fileno(), 0, value)
     return False
 
 

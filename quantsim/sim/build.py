@@ -41,7 +41,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.dtypes import int8, int16, qtype
-from quantsim.core.numerics import Encoding, broadcast_param, fake_quantize, fp16_round_trip, grid_bounds, quantize
+from quantsim.core.numerics import Encoding, broadcast_param, grid_bounds, quantize
 from quantsim.errors import InvalidArgumentError, InvalidStateError
 from quantsim.graph.deferred import DeferredArray, DeferredWeights
 from quantsim.graph.edit import default_opset
@@ -49,6 +49,8 @@ from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.large_models import copy_without_initializers, is_external_candidate, is_large, skeleton
 from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES, in_memory_placeholder
+from quantsim.sim.fake_values import FakeValues
+from quantsim.sim.fake_values import fake_values as _fake_values
 from quantsim.sim.quantizer import QcQuantizeOp
 
 __all__ = ["build_sim_model", "required_opset", "activation_container", "IR_FOR_OPSET"]
@@ -236,12 +238,6 @@ def _redundant_activation_quantizers(index: GraphIndex, planned: dict[str, tuple
     return redundant
 
 
-def _fake_values(values: np.ndarray, enc: Encoding | None) -> np.ndarray:
-    """What the sim computes for a quantized constant: float16's round trip without an encoding (FP16),
-    else its fake quantization."""
-    return fp16_round_trip(values) if enc is None else fake_quantize(values, enc)
-
-
 class _SimBuilder:
     """Collects the sim's changes to ``model`` (a copy without initializers) and assembles it in `finish`.
 
@@ -280,9 +276,7 @@ class _SimBuilder:
             return
         values = self.values(name)
         if enc is None or self.weights == "fake" or q.role != "param":
-            def compute() -> np.ndarray:
-                return _fake_values(values, enc).astype(values.dtype, copy=False)
-
+            compute = FakeValues(values, enc)  # whole, or in blocks of rows for a session's weight file
             deferred = self._deferred(name, values, ("quantized", *_constant_key(q)), compute)
             if deferred is not None:
                 self.replaced[name] = deferred
