@@ -280,7 +280,7 @@ def _float_codes(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
     ``x / scale`` is the float32 division of QuantizeLinear. For a grid within ``+-2^23``,
     ``rint(x / scale) + zero_point`` in float32 is exact whenever the sum lies within ``+-2^24``; beyond
     that it is rounded but stays beyond the grid, so the clip gives the codes of exact integer arithmetic.
-    ``fmax`` sends NaN to ``qmin``; adding the zero point turns a ``-0.0`` into ``0.0``.
+    NaN goes to ``qmin``; adding the zero point turns a ``-0.0`` into ``0.0``.
     """
     x = np.asarray(x, dtype=np.float32)
     if scale is None:
@@ -293,8 +293,10 @@ def _float_codes(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
     if zero_point is None:
         zero_point = broadcast_param(enc, enc.zero_point, x.shape)
     np.add(codes, zero_point.astype(ftype), out=codes)
-    np.fmax(codes, ftype(enc.qmin), out=codes)  # NaN saturates low, like onnxruntime's CPU QuantizeLinear
-    np.fmin(codes, ftype(enc.qmax), out=codes)
+    np.clip(codes, ftype(enc.qmin), ftype(enc.qmax), out=codes)  # one pass (fmax then fmin take about 3x as long)
+    nan = np.isnan(codes)
+    if nan.any():  # NaN saturates low, like onnxruntime's CPU QuantizeLinear (clip keeps it NaN)
+        codes[nan] = enc.qmin
     return codes
 
 
