@@ -142,9 +142,12 @@ def test_deferred_values_in_blocks_of_rows_are_written_block_by_block(tmp_path):
         list(DeferredArray((71, 50), array.dtype, _Rows(array, 30)).parts())
 
 
-def test_mapped_weights_written_in_blocks_of_rows_hold_the_fake_quantized_bits(monkeypatch, tmp_path):
+def test_mapped_weights_written_in_blocks_of_rows_hold_the_fake_quantized_bits(monkeypatch, tmp_path, caplog):
     """With weights fake-quantized in several blocks of rows each (`numerics.fake_quantize_parts`), the mapped
-    sim's weight files hold `fake_quantize`'s bits and its outputs are the in-memory sim's."""
+    sim's weight files hold `fake_quantize`'s bits and its outputs are the in-memory sim's; at DEBUG level the
+    calibration's steps are timed in the log."""
+    import logging
+
     import quantsim.core.numerics as numerics
     from quantsim.core.numerics import fake_quantize
 
@@ -158,8 +161,13 @@ def test_mapped_weights_written_in_blocks_of_rows_hold_the_fake_quantized_bits(m
     monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
     monkeypatch.setattr(numerics, "FAKE_QUANTIZE_BLOCK", 100)  # 48x48 weights: blocks of 2 rows
     sim = quantsim.QuantizationSimModel(path, progress=False)
-    for s in (oracle, sim):
-        s.compute_encodings(feeds)
+    oracle.compute_encodings(feeds)
+    with caplog.at_level(logging.DEBUG, logger="quantsim"):
+        sim.compute_encodings(feeds)
+    logged = " | ".join(r.getMessage() for r in caplog.records)
+    for step in ("calibration: weight encodings", "calibration: session", "session: weights file",
+                 "session: onnxruntime's creation", "calibration: batches", "calibration: activation encodings"):
+        assert step in logged
     assert _outputs(sim, feeds) == _outputs(oracle, feeds)
     for mine, theirs in zip(sim.quantizers, oracle.quantizers):
         assert (mine.encoding is None) == (theirs.encoding is None)
