@@ -6,6 +6,7 @@ large-model paths by lowering the size thresholds."""
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,22 +14,24 @@ from test_large_model_memory import _mlp, _outputs
 
 import quantsim
 import quantsim.graph.session as session_module
-import quantsim.sim.build as build_module
+import quantsim.sim.fake_values as fake_values_module
 from quantsim.graph.deferred import DeferredArray
 
 cache_module = importlib.import_module("quantsim.prepare.cache")
 
 
 def _counting(monkeypatch) -> list[int]:
-    """Counts the weights fake-quantized for sessions (``calls[0]``)."""
+    """Counts the weights fake-quantized for sessions (``calls[0]``): whole, or in blocks of rows for a weight
+    file (`fake_values.FakeValues`)."""
     calls = [0]
-    original = build_module.fake_quantize
+    for name in ("fake_quantize", "fake_quantize_parts"):
+        original = getattr(fake_values_module, name)
 
-    def counted(values, enc):
-        calls[0] += 1
-        return original(values, enc)
+        def counted(values, enc, original=original):
+            calls[0] += 1
+            return original(values, enc)
 
-    monkeypatch.setattr(build_module, "fake_quantize", counted)
+        monkeypatch.setattr(fake_values_module, name, counted)
     return calls
 
 
@@ -98,3 +101,84 @@ def test_deferred_values_are_written_by_worker_threads_to_their_offsets(tmp_path
               for t in onnx.load(again, load_external_data=False).graph.initializer}
     assert places["t0"] == {e.key: e.value for e in written.graph.initializer[0].external_data}
     assert places["t3"]["location"] != places["t0"]["location"]  # the plain array is written afresh
+
+
+class _Rows:
+    """A `deferred.RowParts`: ``values`` whole, or in blocks of ``step`` rows (counted in ``blocks``)."""
+
+    def __init__(self, values: np.ndarray, step: int, reshape: tuple | None = None):
+        self.values, self.step, self.reshape, self.blocks = values, step, reshape, 0
+
+    def __call__(self) -> np.ndarray:
+        return self.values
+
+    def parts(self):
+        for start in range(0, len(self.values), self.step):
+            self.blocks += 1
+            block = self.values[start:start + self.step]
+            yield block.reshape(self.reshape) if self.reshape else block
+
+
+def test_deferred_values_in_blocks_of_rows_are_written_block_by_block(tmp_path):
+    """A `DeferredArray` whose compute function makes its values in blocks of rows is written block by block
+    (the same bytes as whole), and a block of another row shape is refused."""
+    import pytest
+    from onnx import helper
+
+    from quantsim.errors import InvalidStateError
+    from quantsim.graph.model_io import in_memory_placeholder
+
+    array = np.arange(70 * 50, dtype=np.float32).reshape(70, 50) - 3.5
+    rows = _Rows(array, 30)
+    model = helper.make_model(helper.make_graph([], "g", [], [], [in_memory_placeholder("w", array)]))
+    source, _ = session_module.file_backed_source(model, {"w": DeferredArray(array.shape, array.dtype, rows)})
+    tensor = onnx.load(source, load_external_data=False).graph.initializer[0]
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor, base_dir=str(Path(source).parent)), array)
+    assert rows.blocks == 3
+    assert [len(part) for part in DeferredArray(array.shape, array.dtype, rows).parts()] == [30, 30, 10]
+    with pytest.raises(InvalidStateError, match="block"):
+        list(DeferredArray(array.shape, array.dtype, _Rows(array, 30, reshape=(-1,))).parts())
+    with pytest.raises(InvalidStateError, match="rows"):
+        list(DeferredArray((71, 50), array.dtype, _Rows(array, 30)).parts())
+
+
+def test_mapped_weights_written_in_blocks_of_rows_hold_the_fake_quantized_bits(monkeypatch, tmp_path, caplog):
+    """With weights fake-quantized in several blocks of rows each (`numerics.fake_quantize_parts`), the mapped
+    sim's weight files hold `fake_quantize`'s bits and its outputs are the in-memory sim's; at DEBUG level the
+    calibration's steps are timed in the log."""
+    import logging
+
+    import quantsim.core.numerics as numerics
+    from quantsim.core.numerics import fake_quantize
+
+    model, feeds = _mlp()
+    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "memory-cache"))
+    oracle = quantsim.QuantizationSimModel(model, progress=False)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, str(path))
+    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
+    monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
+    monkeypatch.setattr(numerics, "FAKE_QUANTIZE_BLOCK", 100)  # 48x48 weights: blocks of 2 rows
+    sim = quantsim.QuantizationSimModel(path, progress=False)
+    oracle.compute_encodings(feeds)
+    with caplog.at_level(logging.DEBUG, logger="quantsim"):
+        sim.compute_encodings(feeds)
+    logged = " | ".join(r.getMessage() for r in caplog.records)
+    for step in ("calibration: weight encodings", "calibration: session", "session: weights file",
+                 "session: onnxruntime's creation", "calibration: batches", "calibration: activation encodings"):
+        assert step in logged
+    assert _outputs(sim, feeds) == _outputs(oracle, feeds)
+    for mine, theirs in zip(sim.quantizers, oracle.quantizers):
+        assert (mine.encoding is None) == (theirs.encoding is None)
+        if mine.encoding is not None:
+            np.testing.assert_array_equal(mine.encoding.scale, theirs.encoding.scale)
+    written = {p.read_bytes() for p in sim._weight_files.folder.glob("fq-*.bin")}
+    checked = 0
+    for q in sim.quantizers:
+        if q.role == "param" and q.enabled and len(q.tensors) == 1:
+            weight = oracle._index.constant_value(q.tensors[0])
+            if weight.size > 100:
+                assert fake_quantize(weight, q.encoding).tobytes() in written
+                checked += 1
+    assert checked >= 3

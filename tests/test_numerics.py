@@ -328,6 +328,27 @@ def test_ties_to_even_and_saturation_by_hand(storage):
     np.testing.assert_array_equal(fake_quantize(x, enc), ((expected - zp) * 0.25).astype(np.float32))
 
 
+@pytest.mark.parametrize("signed", [True, False])
+def test_big_arrays_saturate_in_one_clip_with_the_same_codes(signed, monkeypatch):
+    """Arrays from `CLIP_MIN_ELEMENTS` saturate with np.clip and a NaN fix-up: the same codes and fake-quantized
+    bits as fmax then fmin (NaN to qmin, +-inf to the ends, -0.0 to 0.0), per tensor and per channel."""
+    import quantsim.core.numerics as numerics
+
+    rng = np.random.default_rng(_seed("clip", signed))
+    x = rng.normal(scale=4.0, size=(16, 40)).astype(np.float32)
+    x.flat[[0, 9, 33, 100, 101, 102]] = [np.nan, np.inf, -np.inf, -0.0, 3e38, -3e38]
+    qmin, qmax = grid_bounds(8, signed)
+    per_channel = Encoding(rng.uniform(0.05, 0.5, 40), np.zeros(40, np.int64) if signed else rng.integers(0, 200, 40),
+                           8, signed, qmin, qmax, axis=1)
+    for enc in (Encoding(0.25, 0 if signed else 131, 8, signed, qmin, qmax), per_channel):
+        monkeypatch.setattr(numerics, "CLIP_MIN_ELEMENTS", 1 << 30)
+        codes, fake = quantize(x, enc), fake_quantize(x, enc)
+        monkeypatch.setattr(numerics, "CLIP_MIN_ELEMENTS", 1)
+        np.testing.assert_array_equal(quantize(x, enc), codes)
+        np.testing.assert_array_equal(fake_quantize(x, enc).view(np.uint32), fake.view(np.uint32))
+        assert codes.flat[0] == qmin and codes.flat[9] == qmax and codes.flat[33] == qmin
+
+
 @pytest.mark.parametrize("storage", list(STORAGE))
 def test_non_finite_inputs_saturate_like_onnxruntime(storage):
     """+-inf saturate; NaN lands on qmin as onnxruntime's CPU QuantizeLinear does."""
@@ -850,6 +871,10 @@ def test_fake_quantize_in_slices_is_bit_identical(case, monkeypatch):
     sliced = fake_quantize(x, enc)
     assert sliced.dtype == np.float32 and sliced.shape == shape
     np.testing.assert_array_equal(sliced.view(np.uint32), whole.view(np.uint32))
+    parts = list(numerics.fake_quantize_parts(x, enc))  # what a weight file takes block by block
+    assert len(parts) == 19 and all(p.flags.c_contiguous and p.shape[1:] == shape[1:] for p in parts)
+    np.testing.assert_array_equal(np.concatenate([p.reshape(-1) for p in parts]).view(np.uint32),
+                                  whole.reshape(-1).view(np.uint32))
     if bits <= 16 and block_axis is None:  # the formula, element by element, in float64 (exact here)
         s = np.broadcast_to(broadcast_param(enc, enc.scale.astype(np.float32), shape), shape)
         z = np.broadcast_to(broadcast_param(enc, enc.zero_point, shape), shape)

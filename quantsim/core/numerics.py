@@ -23,7 +23,7 @@ AIMET's file ``offset`` is ``qmin - zero_point`` (``<= 0``) and its ``min``/``ma
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +39,7 @@ __all__ = [
     "broadcast_param",
     "quantize",
     "dequantize",
+    "fake_quantize_parts",
     "fake_quantize",
     "fp16_round_trip",
     "reduce_min_max",
@@ -279,7 +280,7 @@ def _float_codes(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
     ``x / scale`` is the float32 division of QuantizeLinear. For a grid within ``+-2^23``,
     ``rint(x / scale) + zero_point`` in float32 is exact whenever the sum lies within ``+-2^24``; beyond
     that it is rounded but stays beyond the grid, so the clip gives the codes of exact integer arithmetic.
-    ``fmax`` sends NaN to ``qmin``; adding the zero point turns a ``-0.0`` into ``0.0``.
+    NaN goes to ``qmin``; adding the zero point turns a ``-0.0`` into ``0.0``.
     """
     x = np.asarray(x, dtype=np.float32)
     if scale is None:
@@ -292,9 +293,21 @@ def _float_codes(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
     if zero_point is None:
         zero_point = broadcast_param(enc, enc.zero_point, x.shape)
     np.add(codes, zero_point.astype(ftype), out=codes)
-    np.fmax(codes, ftype(enc.qmin), out=codes)  # NaN saturates low, like onnxruntime's CPU QuantizeLinear
-    np.fmin(codes, ftype(enc.qmax), out=codes)
+    if codes.size < CLIP_MIN_ELEMENTS:
+        np.fmax(codes, ftype(enc.qmin), out=codes)  # NaN saturates low, like onnxruntime's CPU QuantizeLinear
+        np.fmin(codes, ftype(enc.qmax), out=codes)
+        return codes
+    np.clip(codes, ftype(enc.qmin), ftype(enc.qmax), out=codes)
+    nan = np.isnan(codes)
+    if nan.any():  # clip keeps NaN: to qmin, as fmax does above
+        codes[nan] = enc.qmin
     return codes
+
+
+CLIP_MIN_ELEMENTS = 1 << 16
+"""From this many elements `_float_codes` saturates with one ``np.clip`` pass and sends NaN to ``qmin`` afterwards
+(the same codes as ``fmax`` then ``fmin``, which numpy 2.4 runs about 3x slower than ``clip`` on big arrays;
+``clip``'s own overhead, some 10 us a call, outweighs that on small ones). Read at call time."""
 
 
 def quantize(x: np.ndarray, enc: Encoding, dtype=np.int64) -> np.ndarray:
@@ -329,21 +342,45 @@ def fake_quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
     return _in_row_slices(np.asarray(x), enc, np.dtype(np.float32), _fake_quantize_whole)
 
 
+def fake_quantize_parts(x: np.ndarray, enc: Encoding) -> Iterator[np.ndarray]:
+    """`fake_quantize` of ``x`` as consecutive blocks of whole rows (float32; ``x`` itself is never copied whole):
+    concatenated along the first axis they are `fake_quantize`'s result, bit for bit. A writer can store each
+    block while it is still in the CPU's cache instead of filling, then copying, a tensor-sized array."""
+    return _row_slices(np.asarray(x), enc, _fake_quantize_whole)
+
+
 def _in_row_slices(x: np.ndarray, enc: Encoding, dtype: np.dtype, whole: Callable[..., np.ndarray]) -> np.ndarray:
     """``whole(x, enc, scale, zero_point)`` at once for a small tensor, else over slices of whole rows of about
     `FAKE_QUANTIZE_BLOCK` elements into one ``dtype`` result (``scale``/``zero_point`` broadcast per slice;
     None for the whole tensor: ``whole`` broadcasts them itself)."""
-    rows = x.shape[0] if x.ndim else 0
-    step = FAKE_QUANTIZE_BLOCK // max(1, x.size // max(1, rows))
-    if x.ndim == 0 or x.size <= FAKE_QUANTIZE_BLOCK or step < 1:
+    if _row_step(x) is None:
         return whole(x, enc, None, None)
     out = np.empty(x.shape, dtype=dtype)
+    start = 0
+    for part in _row_slices(x, enc, whole):
+        out[start:start + part.shape[0]] = part
+        start += part.shape[0]
+    return out
+
+
+def _row_step(x: np.ndarray) -> int | None:
+    """Rows per slice of ``x`` (module constant `FAKE_QUANTIZE_BLOCK`, read at call time); None: all at once."""
+    rows = x.shape[0] if x.ndim else 0
+    step = FAKE_QUANTIZE_BLOCK // max(1, x.size // max(1, rows))
+    return None if x.ndim == 0 or x.size <= FAKE_QUANTIZE_BLOCK or step < 1 else step
+
+
+def _row_slices(x: np.ndarray, enc: Encoding, whole: Callable[..., np.ndarray]) -> Iterator[np.ndarray]:
+    """``whole`` of each slice of `_row_step` rows of ``x`` in turn (of all of ``x`` at once where it is small)."""
+    step = _row_step(x)
+    if step is None:
+        yield whole(x, enc, None, None)
+        return
     scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
     zero_point = broadcast_param(enc, enc.zero_point, x.shape)
-    for start in range(0, rows, step):
+    for start in range(0, x.shape[0], step):
         part = slice(start, start + step)
-        out[part] = whole(x[part], enc, _rows(scale, part), _rows(zero_point, part))
-    return out
+        yield whole(x[part], enc, _rows(scale, part), _rows(zero_point, part))
 
 
 def _rows(param: np.ndarray, part: slice) -> np.ndarray:

@@ -21,7 +21,7 @@ the placeholders has the same layout and bytes as one written from the materiali
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantsim.errors import InvalidStateError
 from quantsim.graph.mapped import external_info, is_mapped
 
-__all__ = ["DeferredArray", "DeferredWeights", "WeightSource", "DEFERRED_LOCATION", "DEFERRED_MIN_BYTES"]
+__all__ = ["DeferredArray", "RowParts", "DeferredWeights", "WeightSource", "DEFERRED_LOCATION", "DEFERRED_MIN_BYTES"]
 
 DEFERRED_LOCATION = "quantsim-deferred"  # external-data location of the placeholders (never a file)
 DEFERRED_MIN_BYTES = 1024  # smaller values stay in the model (`large_models` writes them inline too)
@@ -54,7 +54,8 @@ def _is_deferred(tensor: onnx.TensorProto) -> bool:
 
 class DeferredArray:
     """Values of ``shape`` and ``dtype`` that ``compute()`` makes only when they are written or read (module
-    docstring); ``key`` (hashable, or None) names them for `session.WeightFiles`: equal keys, equal values."""
+    docstring), in blocks where ``compute`` is a `RowParts`; ``key`` (hashable, or None) names them for
+    `session.WeightFiles`: equal keys, equal values."""
 
     __slots__ = ("shape", "dtype", "compute", "key")
 
@@ -73,6 +74,33 @@ class DeferredArray:
         if values.shape != self.shape:
             raise InvalidStateError(f"{what}: computed shape {values.shape} is not the declared {self.shape}")
         return values
+
+    def parts(self) -> Iterator[np.ndarray]:
+        """The values, computed now, as consecutive C-contiguous ``dtype`` blocks of whole rows (their bytes in
+        order are `array`'s): ``compute.parts()`` where the compute function offers it (`RowParts`), else
+        `array` in one piece; checked against the declared ``shape`` (on the last block)."""
+        split = getattr(self.compute, "parts", None)
+        if split is None:
+            yield self.array()
+            return
+        rows = 0
+        for part in split():
+            part = np.ascontiguousarray(part, dtype=self.dtype)
+            if part.shape[1:] != self.shape[1:] or not part.ndim:
+                raise InvalidStateError(f"deferred values of shape {self.shape} computed in a block of {part.shape}")
+            rows += part.shape[0]
+            yield part
+        if (rows,) != self.shape[:1]:
+            raise InvalidStateError(f"deferred values of shape {self.shape} computed as {rows} rows")
+
+
+class RowParts(Protocol):
+    """A compute function of a `DeferredArray` that can also make its values in blocks of whole rows (what
+    `DeferredArray.parts` asks for): a writer then stores each block while it is in the CPU's cache."""
+
+    def __call__(self) -> np.ndarray: ...
+
+    def parts(self) -> Iterator[np.ndarray]: ...
 
 
 class DeferredWeights:

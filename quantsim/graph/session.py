@@ -12,11 +12,16 @@ in the file and let go (a large model's fake-quantized weights are never all in 
 for an earlier session is not computed again: the new session's model points at the bytes written then;
 one with a `weight_store.FakeQuantStore` also finds the values written by earlier processes there, and keeps
 the ones it computes for later processes.
+
+At DEBUG level, logger ``quantsim.graph.session`` records the time (wall and process CPU) of writing a
+session's weights file and of onnxruntime's session creation.
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -31,6 +36,8 @@ from quantsim.errors import InvalidStateError, SessionError
 from quantsim.graph.deferred import DeferredArray
 from quantsim.graph.model_io import IN_MEMORY_LOCATION, session_model_source
 from quantsim.graph.weight_store import FakeQuantStore, fake_quant_store, link_or_copy
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["make_session", "DEFAULT_PROVIDERS", "FILE_BACKED_MIN_BYTES", "WeightFiles"]
 
@@ -95,8 +102,11 @@ def make_session(
     keepalive: tempfile.TemporaryDirectory | WeightFiles | None
     if file_backed is None:
         file_backed = sum(array.nbytes for array in external.values()) >= FILE_BACKED_MIN_BYTES
+    wall, cpu = time.perf_counter(), time.process_time()
     if file_backed and external and not fuse_qdq:
         source, keepalive = file_backed_source(model, external, weight_files)
+        _log.debug("session: weights file %.3f s (CPU %.3f s)", time.perf_counter() - wall, time.process_time() - cpu)
+        wall, cpu = time.perf_counter(), time.process_time()
         external.clear()
         if isinstance(external_initializers, dict):
             external_initializers.clear()
@@ -117,6 +127,8 @@ def make_session(
             source, sess_options=options, providers=list(providers or DEFAULT_PROVIDERS),
             disabled_optimizers=disabled,
         )
+        _log.debug("session: onnxruntime's creation %.3f s (CPU %.3f s)", time.perf_counter() - wall,
+                   time.process_time() - cpu)
         # a large model's files and the external initializers' buffers live as long as the session
         session._quantsim_external_data = (keepalive, values)
         if weight_files is not None and keepalive is weight_files:
@@ -284,26 +296,30 @@ def _write_parallel(path: Path, size: int, jobs: list[tuple[int, object]],
 
 
 def _pwrite(descriptor: int, offset: int, value: object) -> bool:
-    view = _materialized(value).reshape(-1).view(np.uint8).data
-    while view.nbytes:
-        written = os.pwrite(descriptor, view, offset)
-        view, offset = view[written:], offset + written
+    """Write ``value`` at ``offset``: a `DeferredArray` block by block as it computes them
+    (`DeferredArray.parts`: each block leaves the CPU's cache for the file only), an array at once."""
+    blocks = value.parts() if isinstance(value, DeferredArray) else (np.ascontiguousarray(value),)
+    for block in blocks:
+        view = block.reshape(-1).view(np.uint8).data
+        while view.nbytes:
+            written = os.pwrite(descriptor, view, offset)
+            view, offset = view[written:], offset + written
     return True
 
 
 def _write_stored(temporary: Path, target: Path, value: DeferredArray) -> bool:
     """Write ``value`` to ``temporary`` (in the store) and link it as ``target``; where the store cannot be
-    written (full, read-only), write ``target`` itself: the session still gets its values. True if stored."""
-    array = value.array()
+    written (full, read-only), write ``target`` itself (computing the values again: the store's write failed
+    midway): the session still gets its values. True if stored."""
     try:
         with open(temporary, "wb") as file:
-            _pwrite(file.fileno(), 0, array)
+            _pwrite(file.fileno(), 0, value)
         link_or_copy(temporary, target)
         return True
     except OSError:
         temporary.unlink(missing_ok=True)
     with open(target, "wb") as file:
-        _pwrite(file.fileno(), 0, array)
+        _pwrite(file.fileno(), 0, value)
     return False
 
 

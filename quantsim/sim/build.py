@@ -35,7 +35,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.dtypes import int8, int16, qtype
-from quantsim.core.numerics import Encoding, broadcast_param, fake_quantize, fp16_round_trip, grid_bounds, quantize
+from quantsim.core.numerics import Encoding, broadcast_param, grid_bounds, quantize
 from quantsim.errors import InvalidArgumentError, InvalidStateError
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import default_opset
@@ -44,6 +44,7 @@ from quantsim.graph.large_models import converted_skeleton, copy_without_initial
 from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES
 from quantsim.sim.deferral import WeightDeferral
+from quantsim.sim.fake_values import FakeValues
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.redundant import redundant_activation_quantizers
 
@@ -166,10 +167,6 @@ def _grid_key(q: QcQuantizeOp) -> tuple | None:
     return (float(np.float32(enc.scale)), int(enc.zero_point), storage, enc.qmin, enc.qmax)
 
 
-def _fake_values(values: np.ndarray, enc: Encoding | None) -> np.ndarray:
-    """What the sim computes for a quantized constant: float16's round trip without an encoding (FP16),
-    else its fake quantization."""
-    return fp16_round_trip(values) if enc is None else fake_quantize(values, enc)
 
 
 class _SimBuilder:
@@ -209,12 +206,10 @@ class _SimBuilder:
             return
         tensor, read = self.initializers[name], self.values
         if enc is None or self.weights == "fake" or q.role != "param":
-            placeholder = self.deferral.defer(name, tensor.data_type, tensor, ("quantized", *_constant_key(q)),
-                                           lambda: _fake_values(read(name), enc))
+            compute = FakeValues(read(name), enc)  # whole, or in blocks of rows for a session's weight file
+            placeholder = self.deferral.defer(name, tensor.data_type, tensor, ("quantized", *_constant_key(q)), compute)
             if placeholder is None:
-                values = self.values(name)
-                new = self.deferral.remembered(name, _constant_key(q),
-                                            lambda: _fake_values(values, enc).astype(values.dtype, copy=False))
+                new = self.deferral.remembered(name, _constant_key(q), compute)
                 placeholder = self.deferral.hold(name, new) or numpy_helper.from_array(new, name)
             self.replaced[name] = placeholder
             return

@@ -10,9 +10,15 @@ on the statistics just collected, and last widens the weight scales whose int32 
 ``s_in * s_w`` on the final input grids (`bias_fit`). Frozen encodings are never touched; an exception
 inside (or a calibration that saw no usable batch) leaves every encoding as it was. Nested use is a
 no-op, as in AIMET.
+
+At DEBUG level, logger ``quantsim.sim.calibrate`` records each step's wall and process CPU time (all threads):
+the weight encodings, the calibration session (graph, fake-quantized weights written or found, onnxruntime's
+session creation), the batches and the activation encodings.
 """
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -28,11 +34,26 @@ if TYPE_CHECKING:
 
 __all__ = ["calibration_context", "compute_encodings", "RELEASE_CALIBRATION_SESSION_BYTES"]
 
+_log = logging.getLogger(__name__)
+
 RELEASE_CALIBRATION_SESSION_BYTES = 256 << 20
 """Models with at least this many bytes of initializers drop their calibration session after each
 calibration: onnxruntime keeps its own copy of the weights per session, and a second session alive next
 to ``sim.session`` would double it. Smaller models keep it for the next calibration, unless their weights are
 mapped (`QuantizationSimModel.model`): each of their sessions holds its own packed copy."""
+
+
+@contextmanager
+def _timed(step: str) -> Iterator[None]:
+    """Log ``step``'s wall and process CPU time at DEBUG (module docstring)."""
+    if not _log.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        yield
+    finally:
+        _log.debug("calibration: %s %.3f s (CPU %.3f s)", step, time.perf_counter() - wall, time.process_time() - cpu)
 
 
 @contextmanager
@@ -46,13 +67,16 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
     version = sim._version
     try:
         with sim._index.cached_constants():  # each weight converted once for encodings and graph
-            sim._compute_constant_encodings(only_missing=False)
+            with _timed("weight encodings"):
+                sim._compute_constant_encodings(only_missing=False)
             observed = [q for q in sim.quantizers if q.enabled and not q.spec.is_float
                         and not q.is_encoding_frozen() and not sim._is_constant_quantizer(q)]
-            session = sim._calibration_session(observed)
+            with _timed("session"):
+                session = sim._calibration_session(observed)
         sim._active_calibration = session
         try:
-            yield session
+            with _timed("batches"):
+                yield session
         finally:
             sim._active_calibration = None
         stats = session.finish()
@@ -62,7 +86,8 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
                                RuntimeWarning)
         seen = [q for q in observed if q.name in stats]
         items = [(q.calibration_scheme, q.encoding_request(), stats[q.name]) for q in seen]
-        new = {q.name: e for q, e in zip(seen, encodings_for_stats(items))}
+        with _timed("activation encodings"):
+            new = {q.name: e for q, e in zip(seen, encodings_for_stats(items))}
     except BaseException:
         for q, encoding in snapshot:
             q._encoding = encoding  # restore without validation: these were valid before
