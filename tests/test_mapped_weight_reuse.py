@@ -35,7 +35,9 @@ def _counting(monkeypatch) -> list[int]:
     return calls
 
 
-def test_sessions_of_mapped_weights_compute_only_what_changed(monkeypatch, tmp_path):
+def _oracle_and_mapped_file(monkeypatch, tmp_path) -> tuple[quantsim.QuantizationSimModel, Path, list[dict]]:
+    """A sim of the MLP held in memory (the oracle), the MLP's file, and its feeds; a sim of that file made
+    after this call keeps its weights mapped from its cache entry and writes every session weight to a file."""
     model, feeds = _mlp()
     monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "memory-cache"))
     oracle = quantsim.QuantizationSimModel(model, progress=False)
@@ -44,6 +46,11 @@ def test_sessions_of_mapped_weights_compute_only_what_changed(monkeypatch, tmp_p
     monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
     monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
+    return oracle, path, feeds
+
+
+def test_sessions_of_mapped_weights_compute_only_what_changed(monkeypatch, tmp_path):
+    oracle, path, feeds = _oracle_and_mapped_file(monkeypatch, tmp_path)
     sim = quantsim.QuantizationSimModel(path, progress=False)
     assert sim._index.weights is not None  # mapped
     weights = [q for q in sim.quantizers if q.role == "param" and q.enabled]
@@ -151,14 +158,7 @@ def test_mapped_weights_written_in_blocks_of_rows_hold_the_fake_quantized_bits(m
     import quantsim.core.numerics as numerics
     from quantsim.core.numerics import fake_quantize
 
-    model, feeds = _mlp()
-    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "memory-cache"))
-    oracle = quantsim.QuantizationSimModel(model, progress=False)
-    path = tmp_path / "mlp.onnx"
-    onnx.save(model, str(path))
-    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
-    monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
+    oracle, path, feeds = _oracle_and_mapped_file(monkeypatch, tmp_path)
     monkeypatch.setattr(numerics, "FAKE_QUANTIZE_BLOCK", 100)  # 48x48 weights: blocks of 2 rows
     sim = quantsim.QuantizationSimModel(path, progress=False)
     oracle.compute_encodings(feeds)

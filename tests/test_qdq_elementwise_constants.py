@@ -14,9 +14,9 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_qdq_boolean_inputs import _session
 
 from quantsim import QuantizationSimModel
 from quantsim.export.qdq_constants import exact_codes
@@ -51,16 +51,6 @@ def _sim(model: onnx.ModelProto, float_constants: tuple[str, ...] = ()) -> Quant
     rng = np.random.default_rng(0)
     sim.compute_encodings([{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)])
     return sim
-
-
-def _session(model: onnx.ModelProto, fused: bool, optimized: str | None = None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    if not fused:
-        options.add_session_config_entry("session.disable_quant_qdq", "1")
-    if optimized:
-        options.optimized_model_filepath = optimized
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def _constant_input(model: onnx.ModelProto, op: str, index: int) -> onnx.NodeProto | None:
