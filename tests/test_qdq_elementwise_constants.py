@@ -25,7 +25,9 @@ C = 4
 
 
 def _affine_model(scale_vector: np.ndarray) -> onnx.ModelProto:
-    """x -> Conv -> Relu -> Mul(a) -> Add(b) -> Mul(vector) -> Conv -> y, with scalar a < 0, b > 0."""
+    """x -> Conv -> Relu -> Mul(a) -> Add(b) -> Mul(vector) -> Conv -> y, with scalar a < 0, b > 0; as many
+    channels as ``scale_vector`` has values."""
+    C = scale_vector.size
     rng = np.random.default_rng(5)
     inits = [numpy_helper.from_array(rng.standard_normal((C, 3, 3, 3)).astype(np.float32) * 0.3, "w1"),
              numpy_helper.from_array(rng.standard_normal(C).astype(np.float32) * 0.1, "b1"),
@@ -91,6 +93,22 @@ def test_scalar_affine_constants_become_exact_codes_and_fuse(tmp_path, represent
     ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
     assert ops["QLinearMul"] == (2 if representable else 1) and ops["QLinearAdd"] == 1
     assert ops["Add"] == 0 and ops["Mul"] == (0 if representable else 1)
+
+
+def test_a_constant_held_outside_the_export_is_read_through_its_weights(tmp_path):
+    """A float vector constant of 1 KiB or more is a deferred placeholder in the QDQ export (streamed to disk when
+    written); the rule reads it through the export's weights, and the exact export is still the sim (magika's
+    LayerNorm factors once made the export fail here: onnx tried to open the placeholder's location)."""
+    channels = 320  # 1280 bytes of float32: deferred
+    vector = np.random.default_rng(2).standard_normal(channels).astype(np.float32)
+    sim = _sim(_affine_model(vector))  # fake-quantized by the sim: a placeholder computed when written
+    qdq = sim.to_onnx_qdq(weight_codes="auto")
+    sim.to_onnx_qdq(weight_codes="auto", path=tmp_path / "m.qdq.onnx")
+    written = onnx.load(str(tmp_path / "m.qdq.onnx"))
+    assert [t.name for t in written.graph.initializer] == [t.name for t in qdq.graph.initializer]
+    exact = _session(sim.to_onnx_qdq(int32_bias=False, weight_codes="auto"), fused=False)
+    feed = {"x": np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(exact.run(None, feed)[0], sim.session.run(None, feed)[0])
 
 
 def test_exact_codes_oracle():

@@ -475,7 +475,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim._index, deferred=deferred)
     model = add_derived_qdq(model, deferred)
     model = codes_for_boolean_inputs(model)
-    model = codes_for_elementwise_constants(model)
+    model = codes_for_elementwise_constants(model, deferred)
     model = hardswish_for_gated_products(model)
     model = float_weights_for_float_inputs(model, deferred)
     model = wide_weights_for_wide_activations(model, deferred)

@@ -21,10 +21,13 @@ a rounding tie (`TIE_MARGIN`), so the fused op gives the sim's codes too (`_clea
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from quantsim.graph.deferred import WeightSource
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
 
@@ -147,11 +150,13 @@ def _clear_of_ties(index: GraphIndex, node: onnx.NodeProto, slot: int, code_type
     QuantizeLinear reading it: then a fused kernel gives the sim's code for every input. An Add of 1.0 to
     an erf output on the same grid (GELU) puts half the codes on ties, which a fused kernel rounds the
     other way: such an op stays float."""
-    constant = np.asarray(index.constant_value(node.input[slot]), np.float32).reshape(1, -1)
+    if math.prod(index.initializers[node.input[slot]].dims) > _MAX_TIE_CHECK:
+        return False  # before its values are read: a big constant may be an export's deferred weight
     dq = index.producer_of(node.input[1 - slot])
     params = _qdq_params(index, dq) if dq is not None else None
-    if params is None or constant.size > _MAX_TIE_CHECK:
+    if params is None:
         return False
+    constant = np.asarray(index.constant_value(node.input[slot]), np.float32).reshape(1, -1)
     info = np.iinfo(_EIGHT_BIT[code_type])
     codes = np.arange(info.min, info.max + 1, dtype=np.int64).reshape(-1, 1)
     x = (codes - params[1]).astype(np.float32) * params[0]
@@ -169,12 +174,13 @@ def _clear_of_ties(index: GraphIndex, node: onnx.NodeProto, slot: int, code_type
     return True
 
 
-def codes_for_elementwise_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+def codes_for_elementwise_constants(model: onnx.ModelProto, weights: WeightSource | None = None) -> onnx.ModelProto:
     """Give each float constant operand of a quantized ``Add`` / ``Mul`` between 8-bit Q/DQ its exact codes
     behind a DequantizeLinear (module docstring); values the constant cannot hold exactly stay float. A
     ``Div`` by a constant power of two becomes the ``Mul`` by its reciprocal first (the same result bit for
-    bit; attention's division by sqrt(64) = 8), a Div by anything else stays float."""
-    index = GraphIndex(model)
+    bit; attention's division by sqrt(64) = 8), a Div by anything else stays float. ``weights`` reads the
+    initializers held outside ``model`` (a streamed export's `DeferredWeights` placeholders)."""
+    index = GraphIndex(model, weights=weights)
     replaced: dict[tuple[str, int, bool], str] = {}  # (constant, code type, reciprocal) -> its dequantized codes
     new_nodes: list[onnx.NodeProto] = []
     for node in index.nodes:
