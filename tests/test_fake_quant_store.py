@@ -11,12 +11,10 @@ import os
 import time
 
 import numpy as np
-import onnx
-from test_large_model_memory import _mlp, _outputs
-from test_mapped_weight_reuse import _counting
+from test_large_model_memory import _outputs
+from test_mapped_weight_reuse import _counting, _oracle_and_mapped_file
 
 import quantsim
-import quantsim.graph.session as session_module
 from quantsim.graph.file_set import wait_for_background
 from quantsim.graph.weight_store import STORE_FOLDER, FakeQuantStore
 
@@ -29,16 +27,7 @@ def _encodings(sim) -> dict[str, tuple]:
 
 
 def _setup(monkeypatch, tmp_path):
-    model, feeds = _mlp()
-    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "memory-cache"))
-    oracle = quantsim.QuantizationSimModel(model, progress=False)
-    oracle.compute_encodings(feeds)
-    path = tmp_path / "mlp.onnx"
-    onnx.save(model, str(path))
-    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cache_module, "EXTERNAL_DATA_BYTES", 1)
-    monkeypatch.setattr(session_module, "FILE_BACKED_MIN_BYTES", 1)
-    return oracle, path, feeds
+    return _oracle_and_mapped_file(monkeypatch, tmp_path, calibrated=True)
 
 
 def _calibrated(path, feeds, **kwargs):

@@ -35,12 +35,16 @@ def _counting(monkeypatch) -> list[int]:
     return calls
 
 
-def _oracle_and_mapped_file(monkeypatch, tmp_path) -> tuple[quantsim.QuantizationSimModel, Path, list[dict]]:
-    """A sim of the MLP held in memory (the oracle), the MLP's file, and its feeds; a sim of that file made
-    after this call keeps its weights mapped from its cache entry and writes every session weight to a file."""
+def _oracle_and_mapped_file(monkeypatch, tmp_path, calibrated: bool = False
+                            ) -> tuple[quantsim.QuantizationSimModel, Path, list[dict]]:
+    """A sim of the MLP held in memory (the oracle; ``calibrated``: on the feeds, before anything is patched),
+    the MLP's file, and its feeds; a sim of that file made after this call keeps its weights mapped from its
+    cache entry and writes every session weight to a file."""
     model, feeds = _mlp()
     monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "memory-cache"))
     oracle = quantsim.QuantizationSimModel(model, progress=False)
+    if calibrated:
+        oracle.compute_encodings(feeds)
     path = tmp_path / "mlp.onnx"
     onnx.save(model, str(path))
     monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "cache"))

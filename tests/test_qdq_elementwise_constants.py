@@ -55,6 +55,19 @@ def _sim(model: onnx.ModelProto, float_constants: tuple[str, ...] = ()) -> Quant
     return sim
 
 
+def _assert_exact_export_is_the_sim(sim: QuantizationSimModel, inputs: list[np.ndarray]) -> None:
+    """The exact QDQ export (no int32 biases, Q/DQ fusion off) computes the sim's outputs bit for bit."""
+    exact = _session(sim.to_onnx_qdq(int32_bias=False, weight_codes="auto"), fused=False)
+    for x in inputs:
+        np.testing.assert_array_equal(exact.run(None, {"x": x})[0], sim.session.run(None, {"x": x})[0])
+
+
+def _optimized_ops(qdq: onnx.ModelProto, tmp_path) -> Counter:
+    """Op counts of ``qdq`` as onnxruntime's Q/DQ fusion leaves it."""
+    _session(qdq, fused=True, optimized=str(tmp_path / "opt.onnx"))
+    return Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
+
+
 def _constant_input(model: onnx.ModelProto, op: str, index: int) -> onnx.NodeProto | None:
     """The producer of the non-activation input of the ``index``-th ``op`` node, or None for an initializer."""
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -85,12 +98,9 @@ def test_scalar_affine_constants_become_exact_codes_and_fuse(tmp_path, represent
     assert (vector_input is not None) == representable
 
     x = [np.random.default_rng(7).standard_normal((1, 3, 8, 8)).astype(np.float32) * 1.3 for _ in range(3)]
-    exact = _session(sim.to_onnx_qdq(int32_bias=False, weight_codes="auto"), fused=False)
-    for feed in x:
-        np.testing.assert_array_equal(exact.run(None, {"x": feed})[0], sim.session.run(None, {"x": feed})[0])
+    _assert_exact_export_is_the_sim(sim, x)
 
-    _session(qdq, fused=True, optimized=str(tmp_path / "opt.onnx"))
-    ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
+    ops = _optimized_ops(qdq, tmp_path)
     assert ops["QLinearMul"] == (2 if representable else 1) and ops["QLinearAdd"] == 1
     assert ops["Add"] == 0 and ops["Mul"] == (0 if representable else 1)
 
@@ -106,9 +116,7 @@ def test_a_constant_held_outside_the_export_is_read_through_its_weights(tmp_path
     sim.to_onnx_qdq(weight_codes="auto", path=tmp_path / "m.qdq.onnx")
     written = onnx.load(str(tmp_path / "m.qdq.onnx"))
     assert [t.name for t in written.graph.initializer] == [t.name for t in qdq.graph.initializer]
-    exact = _session(sim.to_onnx_qdq(int32_bias=False, weight_codes="auto"), fused=False)
-    feed = {"x": np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)}
-    np.testing.assert_array_equal(exact.run(None, feed)[0], sim.session.run(None, feed)[0])
+    _assert_exact_export_is_the_sim(sim, [np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)])
 
 
 def test_exact_codes_oracle():
@@ -152,11 +160,8 @@ def test_division_by_a_power_of_two_becomes_a_fused_multiplication(tmp_path):
     div = next(n for n in qdq.graph.node if n.op_type == "Div")
     assert div.input[1] == "root2"
     x = [np.random.default_rng(9).standard_normal((1, 3, 8, 8)).astype(np.float32) * 2 for _ in range(3)]
-    exact = _session(sim.to_onnx_qdq(int32_bias=False, weight_codes="auto"), fused=False)
-    for feed in x:
-        np.testing.assert_array_equal(exact.run(None, {"x": feed})[0], sim.session.run(None, {"x": feed})[0])
-    _session(qdq, fused=True, optimized=str(tmp_path / "opt.onnx"))
-    optimized = Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
+    _assert_exact_export_is_the_sim(sim, x)
+    optimized = _optimized_ops(qdq, tmp_path)
     assert optimized["QLinearMul"] == 1 and optimized["Div"] == 1
 
 
