@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import time
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -35,6 +34,7 @@ import onnxruntime as ort
 from quantsim.errors import InvalidStateError, SessionError
 from quantsim.graph.deferred import DeferredArray
 from quantsim.graph.model_io import IN_MEMORY_LOCATION, session_model_source
+from quantsim.graph.timing import timed
 from quantsim.graph.weight_store import FakeQuantStore, fake_quant_store, link_or_copy
 
 _log = logging.getLogger(__name__)
@@ -102,11 +102,9 @@ def make_session(
     keepalive: tempfile.TemporaryDirectory | WeightFiles | None
     if file_backed is None:
         file_backed = sum(array.nbytes for array in external.values()) >= FILE_BACKED_MIN_BYTES
-    wall, cpu = time.perf_counter(), time.process_time()
     if file_backed and external and not fuse_qdq:
-        source, keepalive = file_backed_source(model, external, weight_files)
-        _log.debug("session: weights file %.3f s (CPU %.3f s)", time.perf_counter() - wall, time.process_time() - cpu)
-        wall, cpu = time.perf_counter(), time.process_time()
+        with timed(_log, "session: weights file"):
+            source, keepalive = file_backed_source(model, external, weight_files)
         external.clear()
         if isinstance(external_initializers, dict):
             external_initializers.clear()
@@ -123,12 +121,11 @@ def make_session(
             options.add_external_initializers(list(external), values)
         source, keepalive = session_model_source(model)
     try:
-        session = ort.InferenceSession(
-            source, sess_options=options, providers=list(providers or DEFAULT_PROVIDERS),
-            disabled_optimizers=disabled,
-        )
-        _log.debug("session: onnxruntime's creation %.3f s (CPU %.3f s)", time.perf_counter() - wall,
-                   time.process_time() - cpu)
+        with timed(_log, "session: onnxruntime's creation"):
+            session = ort.InferenceSession(
+                source, sess_options=options, providers=list(providers or DEFAULT_PROVIDERS),
+                disabled_optimizers=disabled,
+            )
         # a large model's files and the external initializers' buffers live as long as the session
         session._quantsim_external_data = (keepalive, values)
         if weight_files is not None and keepalive is weight_files:

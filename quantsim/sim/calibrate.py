@@ -18,7 +18,6 @@ session creation), the batches and the activation encodings.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 from quantsim.calibration.encode import encodings_for_stats
 from quantsim.calibration.run import CalibrationSession
 from quantsim.errors import warn_at_caller
+from quantsim.graph.timing import timed
 from quantsim.sim.bias_fit import fit_biases_to_int32
 from quantsim.sim.decisions import apply_calibrated_rules
 
@@ -44,19 +44,6 @@ mapped (`QuantizationSimModel.model`): each of their sessions holds its own pack
 
 
 @contextmanager
-def _timed(step: str) -> Iterator[None]:
-    """Log ``step``'s wall and process CPU time at DEBUG (module docstring)."""
-    if not _log.isEnabledFor(logging.DEBUG):
-        yield
-        return
-    wall, cpu = time.perf_counter(), time.process_time()
-    try:
-        yield
-    finally:
-        _log.debug("calibration: %s %.3f s (CPU %.3f s)", step, time.perf_counter() - wall, time.process_time() - cpu)
-
-
-@contextmanager
 def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSession]:
     """Calibrate ``sim`` with whatever runs the yielded session (module docstring)."""
     active = sim._active_calibration
@@ -67,15 +54,15 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
     version = sim._version
     try:
         with sim._index.cached_constants():  # each weight converted once for encodings and graph
-            with _timed("weight encodings"):
+            with timed(_log, "calibration: weight encodings"):
                 sim._compute_constant_encodings(only_missing=False)
             observed = [q for q in sim.quantizers if q.enabled and not q.spec.is_float
                         and not q.is_encoding_frozen() and not sim._is_constant_quantizer(q)]
-            with _timed("session"):
+            with timed(_log, "calibration: session"):
                 session = sim._calibration_session(observed)
         sim._active_calibration = session
         try:
-            with _timed("batches"):
+            with timed(_log, "calibration: batches"):
                 yield session
         finally:
             sim._active_calibration = None
@@ -86,7 +73,7 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
                                RuntimeWarning)
         seen = [q for q in observed if q.name in stats]
         items = [(q.calibration_scheme, q.encoding_request(), stats[q.name]) for q in seen]
-        with _timed("activation encodings"):
+        with timed(_log, "calibration: activation encodings"):
             new = {q.name: e for q, e in zip(seen, encodings_for_stats(items))}
     except BaseException:
         for q, encoding in snapshot:
