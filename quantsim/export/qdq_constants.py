@@ -144,19 +144,17 @@ def _qdq_params(index: GraphIndex, node: onnx.NodeProto) -> tuple[np.float32, in
     return np.float32(index.constant_value(node.input[1])), zero_point
 
 
-def _clear_of_ties(index: GraphIndex, node: onnx.NodeProto, slot: int, code_type: int) -> bool:
+def _clear_of_ties(index: GraphIndex, node: onnx.NodeProto, slot: int, code_type: int, values: np.ndarray) -> bool:
     """True when, for every input code and every element of the constant, the sim's result of ``node``
     (float32 ``DQ(code) op c``) lies at least `TIE_MARGIN` output steps from a rounding tie of each
     QuantizeLinear reading it: then a fused kernel gives the sim's code for every input. An Add of 1.0 to
     an erf output on the same grid (GELU) puts half the codes on ties, which a fused kernel rounds the
-    other way: such an op stays float."""
-    if math.prod(index.initializers[node.input[slot]].dims) > _MAX_TIE_CHECK:
-        return False  # before its values are read: a big constant may be an export's deferred weight
+    other way: such an op stays float. ``values``: the constant operand's."""
     dq = index.producer_of(node.input[1 - slot])
     params = _qdq_params(index, dq) if dq is not None else None
     if params is None:
         return False
-    constant = np.asarray(index.constant_value(node.input[slot]), np.float32).reshape(1, -1)
+    constant = np.asarray(values, np.float32).reshape(1, -1)
     info = np.iinfo(_EIGHT_BIT[code_type])
     codes = np.arange(info.min, info.max + 1, dtype=np.int64).reshape(-1, 1)
     x = (codes - params[1]).astype(np.float32) * params[0]
@@ -188,15 +186,16 @@ def codes_for_elementwise_constants(model: onnx.ModelProto, weights: WeightSourc
         if found is None:
             continue
         slot, code_type = found
-        if not _clear_of_ties(index, node, slot, code_type):
-            continue
         constant, reciprocal = node.input[slot], node.op_type == "Div"
+        if math.prod(index.initializers[constant].dims) > _MAX_TIE_CHECK:
+            continue  # before its values are read: a big constant may be an export's deferred weight
+        values = index.constant_value(constant)  # read once: a deferred one is computed
+        if not _clear_of_ties(index, node, slot, code_type, values):
+            continue
         key = (constant, code_type, reciprocal)
         if key not in replaced:
-            values: np.ndarray | None = index.constant_value(constant)
-            if reciprocal and values is not None:
-                values = _power_of_two_reciprocal(values)
-            codes = exact_codes(values, code_type) if values is not None else None
+            operand = _power_of_two_reciprocal(values) if reciprocal else values
+            codes = exact_codes(operand, code_type) if operand is not None else None
             if codes is None:
                 continue
             base = index.fresh_name(f"{constant}/{'reciprocal_' if reciprocal else ''}codes")
