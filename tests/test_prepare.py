@@ -3,6 +3,7 @@ never mutated, and bad models fail with errors that name what is wrong."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,25 @@ def test_gemm_batchnorm_is_folded(trans_b, with_c):
     bn, bn_inits = bn_nodes(6, "y", "out")
     prepared = checked_prepare(model_of([gemm, bn], [("x", [3, 8])], ["out"], inits + bn_inits))
     assert ops(prepared) == ["Gemm"]
+
+
+def test_batchnorm_parameters_from_constant_subgraphs_fold_without_warning():
+    """Exporters without constant folding (e.g. the onnx package's Caffe2 model tests) compute a BatchNorm's
+    parameters with ConstantOfShape: constants are folded first, so the BatchNorm folds and nothing warns."""
+    model = conv_bn_model()
+    nodes = list(model.graph.node)
+    for index, name in enumerate(("bn_scale", "bn_mean")):
+        value = 1.5 if name == "bn_scale" else 0.25
+        model.graph.initializer.remove(next(t for t in model.graph.initializer if t.name == name))
+        model.graph.initializer.append(init(f"{name}_shape", np.array([6], np.int64)))
+        nodes.insert(index, helper.make_node("ConstantOfShape", [f"{name}_shape"], [name], name=f"make_{name}",
+                                             value=numpy_helper.from_array(np.array([value], np.float32))))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrepareWarning)
+        prepared = checked_prepare(model)
+    assert ops(prepared) == ["Conv", "Relu"]
 
 
 def test_batchnorm_fold_refused_on_shared_weight():

@@ -8,9 +8,10 @@ and the on-disk cache that makes doing it twice free.
 3. ``name_nodes``                 unique, stable node names
 4. ``constants_to_initializers``  Constant nodes -> initializers (Paddle-style weights)
 5. ``infer_shapes``               best effort; a failure warns and goes on without shapes
-6. ``fold_batchnorm``             BatchNormalization into the preceding Conv/ConvTranspose/Gemm (optional)
-7. ``fold_constants``             constant-only nodes -> initializers (optional)
-8. ``fold_channel_affine``        Mul/Add by a per-channel constant into the preceding layer (with 6)
+6. ``fold_constants``             constant-only nodes -> initializers (optional)
+7. ``fold_batchnorm``             BatchNormalization into the preceding Conv/ConvTranspose/Gemm (optional),
+                                  after 6: its parameters may come from constant subgraphs (ConstantOfShape)
+8. ``fold_channel_affine``        Mul/Add by a per-channel constant into the preceding layer (with 7)
 9. ``fuse_activations``           decomposed HardSwish / HardSigmoid / LeakyRelu chains -> the ONNX ops
 10. ``infer_shapes``              again, for what the folds created
 11. ``optimize_with_ort``, ``name_nodes``, ``infer_shapes``   onnxruntime basic optimisations (optional, off)
@@ -108,12 +109,10 @@ def default_passes(*, fold_batchnorm: bool = True, fold_constants: bool = True, 
 
     chosen = [passes.check_graph, passes.upgrade_opset, passes.name_nodes, passes.constants_to_initializers,
               passes.infer_shapes]
-    if fold_batchnorm:
-        chosen.append(passes.fold_batchnorm)
     if fold_constants:
         chosen.append(passes.fold_constants)
-    if fold_batchnorm:  # after constant folding, which may compute the constants these Mul/Add read
-        chosen.append(passes.fold_channel_affine)
+    if fold_batchnorm:  # after constant folding, which may compute the constants these nodes read
+        chosen += [passes.fold_batchnorm, passes.fold_channel_affine]
     chosen.append(passes.fuse_activations)
     chosen.append(passes.infer_shapes)
     if optimize:
