@@ -12,7 +12,10 @@ Builders (``BUILDERS`` maps names to them):
 * ``conv_bn_relu``     Conv (no bias) -> BatchNormalization (not folded) -> Relu
 * ``conv_relu6``       Conv -> Clip(0, 6) -> depthwise Conv (group = C) -> Clip(0, 6)
 * ``residual``         Conv -> Relu -> Conv -> Add(skip) -> Relu
+* ``sum_residual``     ``residual`` with the skip written as ``Sum`` (Caffe2 / early PyTorch exports)
 * ``concat``           Concat(Relu(Conv(x)), MaxPool(Conv(x))) -> Conv
+* ``concat_bn``        Concat(Conv(x), MaxPool(x)) -> BatchNormalization (no layer to fold into) -> Relu -> Conv
+                       (DenseNet's pre-activation BN)
 * ``gemm``             Gemm(transB=1) -> Relu -> Gemm(transB=0)
 * ``matmul``           MatMul(W) -> Add(b) -> Relu -> MatMul(W2)              (opset 21)
 * ``pool``             Conv -> Relu -> AveragePool(3x3) -> Conv -> GlobalAveragePool -> Flatten -> Gemm
@@ -164,6 +167,37 @@ def residual():
     ]
     model = make_model(nodes, [_input("x", "N", c, 8, 8)], [_output("y", "N", c, 8, 8)], inits)
     return model, image_feeds("x", c, 8)
+
+
+def sum_residual():
+    model, feeds = residual()
+    for node in model.graph.node:
+        if node.op_type == "Add":
+            node.op_type = "Sum"
+    onnx.checker.check_model(model, full_check=True)
+    return model, feeds
+
+
+def concat_bn():
+    rng = np.random.default_rng(13)
+    c = 8
+    inits = [_init("conv1.w", _weights(rng, 5, 3, 3, 3)), _init("conv1.b", _weights(rng, 5, scale=0.1)),
+             _init("bn.scale", (1.0 + 0.3 * rng.standard_normal(c)).astype(np.float32)),
+             _init("bn.bias", (0.3 * rng.standard_normal(c)).astype(np.float32)),
+             _init("bn.mean", (0.3 * rng.standard_normal(c)).astype(np.float32)),
+             _init("bn.var", (0.5 + rng.random(c)).astype(np.float32)),
+             _init("conv2.w", _weights(rng, 4, c, 1, 1)), _init("conv2.b", _weights(rng, 4, scale=0.1))]
+    nodes = [
+        _conv("conv1", "x", "conv1.w", "conv1.b", "conv1.out", pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["x"], ["pool.out"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["conv1.out", "pool.out"], ["cat.out"], name="cat", axis=1),
+        helper.make_node("BatchNormalization", ["cat.out", "bn.scale", "bn.bias", "bn.mean", "bn.var"],
+                         ["bn.out"], name="bn", epsilon=1e-5),
+        helper.make_node("Relu", ["bn.out"], ["relu.out"], name="relu"),
+        _conv("conv2", "relu.out", "conv2.w", "conv2.b", "y"),
+    ]
+    model = make_model(nodes, [_input("x", "N", 3, 8, 8)], [_output("y", "N", 4, 8, 8)], inits)
+    return model, image_feeds("x", 3, 8)
 
 
 def concat():
@@ -323,7 +357,9 @@ BUILDERS: dict[str, Callable[[], tuple[onnx.ModelProto, Feeds]]] = {
     "conv_bn_relu": conv_bn_relu,
     "conv_relu6": conv_relu6,
     "residual": residual,
+    "sum_residual": sum_residual,
     "concat": concat,
+    "concat_bn": concat_bn,
     "gemm": gemm,
     "matmul": matmul,
     "pool": pool,

@@ -185,7 +185,8 @@ def test_model_zoo_integer(name):
             assert np.mean(steps > 0) <= 0.03, (output, np.mean(steps > 0))
 
 
-@pytest.mark.parametrize("name", ["conv_relu", "conv_relu6", "residual", "concat", "gemm", "matmul", "pool", "resize"])
+@pytest.mark.parametrize("name", ["conv_relu", "conv_relu6", "residual", "sum_residual", "concat", "gemm", "matmul", "pool",
+                                  "resize"])
 def test_without_biases_the_integer_model_equals_the_sim(name):
     """The int32 bias is the only approximation: with zero biases every kernel reproduces the sim exactly."""
     model, feeds = BUILDERS[name]()

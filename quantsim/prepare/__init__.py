@@ -7,14 +7,15 @@ and the on-disk cache that makes doing it twice free.
 2. ``upgrade_opset``              default-domain opset < 13 -> 13; opset/IR above onnxruntime's maximum -> error
 3. ``name_nodes``                 unique, stable node names
 4. ``constants_to_initializers``  Constant nodes -> initializers (Paddle-style weights)
-5. ``infer_shapes``               best effort; a failure warns and goes on without shapes
-6. ``fold_constants``             constant-only nodes -> initializers (optional)
-7. ``fold_batchnorm``             BatchNormalization into the preceding Conv/ConvTranspose/Gemm (optional),
-                                  after 6: its parameters may come from constant subgraphs (ConstantOfShape)
-8. ``fold_channel_affine``        Mul/Add by a per-channel constant into the preceding layer (with 7)
-9. ``fuse_activations``           decomposed HardSwish / HardSigmoid / LeakyRelu chains -> the ONNX ops
-10. ``infer_shapes``              again, for what the folds created
-11. ``optimize_with_ort``, ``name_nodes``, ``infer_shapes``   onnxruntime basic optimisations (optional, off)
+5. ``canonicalize_ops``           legacy spellings -> the ops placement and exports know (two-input Sum -> Add)
+6. ``infer_shapes``               best effort; a failure warns and goes on without shapes
+7. ``fold_constants``             constant-only nodes -> initializers (optional)
+8. ``fold_batchnorm``             BatchNormalization into the preceding Conv/ConvTranspose/Gemm (optional),
+                                  after 7: its parameters may come from constant subgraphs (ConstantOfShape)
+9. ``fold_channel_affine``        Mul/Add by a per-channel constant into the preceding layer (with 8)
+10. ``fuse_activations``          decomposed HardSwish / HardSigmoid / LeakyRelu chains -> the ONNX ops
+11. ``infer_shapes``              again, for what the folds created
+12. ``optimize_with_ort``, ``name_nodes``, ``infer_shapes``   onnxruntime basic optimisations (optional, off)
 
 The caller's ModelProto is never modified; outputs stay numerically the same. The result is cached on
 disk (see ``cache``): a second ``prepare`` of the same model with the same passes and options loads it
@@ -60,6 +61,7 @@ from quantsim.prepare.cache import (
 from quantsim.prepare.digest import content_digest
 from quantsim.prepare.inputs import remember_digest, remembered_digest
 from quantsim.prepare.passes import (
+    canonicalize_ops,
     check_graph,
     constants_to_initializers,
     fold_batchnorm,
@@ -90,6 +92,7 @@ __all__ = [
     "check_graph",
     "name_nodes",
     "constants_to_initializers",
+    "canonicalize_ops",
     "upgrade_opset",
     "infer_shapes",
     "fold_batchnorm",
@@ -108,7 +111,7 @@ def default_passes(*, fold_batchnorm: bool = True, fold_constants: bool = True, 
     from quantsim.prepare import passes
 
     chosen = [passes.check_graph, passes.upgrade_opset, passes.name_nodes, passes.constants_to_initializers,
-              passes.infer_shapes]
+              passes.canonicalize_ops, passes.infer_shapes]
     if fold_constants:
         chosen.append(passes.fold_constants)
     if fold_batchnorm:  # after constant folding, which may compute the constants these nodes read

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from quantsim.prepare.activations import fuse_activations
 from quantsim.prepare.batchnorm import fold_batchnorm, fold_channel_affine
+from quantsim.prepare.canonical import canonicalize_ops
 from quantsim.prepare.constants import constants_to_initializers
 from quantsim.prepare.folding import fold_constants
 from quantsim.prepare.naming import check_graph, name_nodes
@@ -18,6 +19,7 @@ __all__ = [
     "check_graph",
     "name_nodes",
     "constants_to_initializers",
+    "canonicalize_ops",
     "upgrade_opset",
     "infer_shapes",
     "fold_batchnorm",

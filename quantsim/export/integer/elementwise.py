@@ -61,6 +61,13 @@ def lower_add_mul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     _binary_kernel(ctx, node, "QLinearAdd" if node.op_type == "Add" else "QLinearMul", a, b, node.input[1])
 
 
+def lower_sum(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """Preparation turns one- and two-input Sums into Identity / Add (`quantsim.prepare.canonical`), lowered as
+    those; a Sum of three or more inputs stays float."""
+    raise Unsupported(f"Sum of {len(node.input)} inputs has no integer kernel (preparation turns one- and "
+                      "two-input Sums into Identity / Add, which are lowered)")
+
+
 def _binary_kernel(ctx: LoweringContext, node: onnx.NodeProto, op: str, a: QTensor, b: QTensor, b_base: str) -> None:
     ep = epilogue(ctx, node)
     out = ctx.fresh(f"{ep.tensor}/codes")
@@ -203,6 +210,7 @@ def _unary_kernel(op: str, **fixed):
 RULES = {
     "Add": lower_add_mul,
     "Mul": lower_add_mul,
+    "Sum": lower_sum,
     "Sub": lower_sub_div,
     "Div": lower_sub_div,
     "Concat": lower_concat,

@@ -2,8 +2,8 @@
 
 ``export_integer(sim)`` walks the prepared float model in topological order and lowers each node by the
 rule registered for its op type (`LOWERINGS`: one function per op type, in `lowering_linear`,
-`lowering_elementwise`, `lowering_movement`, `lowering_lut`), keeping for every tensor its uint8 codes on
-the sim's 8-bit grid (`lowering_context`):
+`lowering_elementwise`, `lowering_movement`, `lowering_lut`, `lowering_batchnorm`, ...), keeping for every
+tensor its uint8 codes on the sim's 8-bit grid (`lowering_context`):
 
     model input -> QuantizeLinear (uint8) -> QLinearConv / QGemm / QLinearAdd / uint8 MaxPool / ...
                 -> DequantizeLinear -> model output
@@ -64,6 +64,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from quantsim.errors import IntegerExportError, InvalidArgumentError, InvalidStateError, SessionError
+from quantsim.export.integer import batchnorm as lowering_batchnorm
 from quantsim.export.integer import elementwise as lowering_elementwise
 from quantsim.export.integer import layernorm as lowering_layernorm
 from quantsim.export.integer import linear as lowering_linear
@@ -99,6 +100,7 @@ LOWERINGS = {
     **lowering_elementwise.RULES,
     **lowering_linear.RULES,
     **lowering_layernorm.RULES,
+    **lowering_batchnorm.RULES,
     "Mul": _lower_mul,
 }
 

@@ -44,7 +44,8 @@ from quantsim.export.integer.epilogue import epilogue, finish
 from quantsim.graph.deferred import DeferredArray
 from quantsim.graph.index import node_attributes
 
-__all__ = ["RULES", "lower_conv", "lower_conv_transpose", "lower_gemm", "lower_matmul"]
+__all__ = ["RULES", "lower_conv", "lower_conv_transpose", "lower_gemm", "lower_matmul", "weight_inputs", "int32_bias",
+           "record_linear"]
 
 _INT32_MAX = float(np.iinfo(np.int32).max)
 
@@ -70,13 +71,17 @@ def _rearranged(codes: DeferredArray, shape: tuple, rearrange: Callable[[np.ndar
     return DeferredArray(shape, codes.dtype, lambda: rearrange(codes.array()))
 
 
-def _add_weight(ctx: LoweringContext, name: str, w: dict) -> tuple[str, str, str]:
+def weight_inputs(ctx: LoweringContext, name: str, w: dict) -> tuple[str, str, str]:
+    """Initializers of a kernel's weight codes, scales and zero points (``w`` as `_weight` lays it out): int8
+    codes, which ``weight_codes="uint8"`` shifts for every kernel alike (`weight_codes.shift_weight_codes`)."""
     return (ctx.add_initializer(w["codes"], f"{name}/codes"),
             ctx.add_initializer(w["scale"], f"{name}/scale"),
             ctx.add_initializer(w["zero_point"], f"{name}/zero_point"))
 
 
-def _bias(ctx: LoweringContext, values: np.ndarray, x: QTensor, w: dict, name: str) -> tuple[str, np.ndarray]:
+def int32_bias(ctx: LoweringContext, values: np.ndarray, x: QTensor, w: dict, name: str) -> tuple[str, np.ndarray]:
+    """The int32 bias initializer on the accumulator grid ``s_x * s_w`` and that grid; Unsupported when it
+    does not fit int32."""
     codes, scale = quantize_bias(values, x.grid.scale, w["scale"])
     if np.any(scale <= 0) or np.any(np.abs(np.asarray(values, np.float64) / scale) > _INT32_MAX):
         raise Unsupported(f"bias {name!r} does not fit int32 on the accumulator grid s_in * s_w (calibration "
@@ -84,7 +89,8 @@ def _bias(ctx: LoweringContext, values: np.ndarray, x: QTensor, w: dict, name: s
     return ctx.add_initializer(codes, f"{name}/int32"), scale
 
 
-def _record(ctx, node, op, x: QTensor, w: dict, y, bias_scale=None, weight=None, extra: dict | None = None):
+def record_linear(ctx, node, op, x: QTensor, w: dict, y, bias_scale=None, weight=None, extra: dict | None = None):
+    """The requant-table entry of a weighted kernel (multipliers ``s_x s_w / s_y`` in fixed point)."""
     multiplier = np.float64(np.float32(x.grid.scale)) * w["scale"].astype(np.float64) / np.float64(y.grid.scale)
     entry = {"op": op, "output": y.tensor if hasattr(y, "tensor") else None,
              "input_scale": x.grid.scale, "input_zero_point": x.grid.zero_point,
@@ -107,14 +113,14 @@ def lower_conv(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     ep = epilogue(ctx, node)
     ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
     xs, xzp = ctx.grid_inputs(x.grid, node.input[0])
-    inputs = [x.name, xs, xzp, *_add_weight(ctx, w_name, w), ys, yzp]
+    inputs = [x.name, xs, xzp, *weight_inputs(ctx, w_name, w), ys, yzp]
     bias_scale = None
     if len(node.input) > 2 and node.input[2]:
-        bias_name, bias_scale = _bias(ctx, ctx.constant(node.input[2]), x, w, node.input[2])
+        bias_name, bias_scale = int32_bias(ctx, ctx.constant(node.input[2]), x, w, node.input[2])
         inputs.append(bias_name)
     out = ctx.fresh(f"{ep.tensor}/codes")
     ctx.emit("QLinearConv", inputs, [out], name=node.name, attributes_of=node)
-    _record(ctx, node, "QLinearConv", x, w, ep, bias_scale, w_name, {"clamp": [ep.low, ep.high]})
+    record_linear(ctx, node, "QLinearConv", x, w, ep, bias_scale, w_name, {"clamp": [ep.low, ep.high]})
     finish(ctx, ep, out)
 
 
@@ -176,17 +182,17 @@ def lower_conv_transpose(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     ep = epilogue(ctx, node)
     ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
     xs, xzp = ctx.grid_inputs(x.grid, node.input[0])
-    inputs = [codes, xs, xzp, *_add_weight(ctx, w_name, w), ys, yzp]
+    inputs = [codes, xs, xzp, *weight_inputs(ctx, w_name, w), ys, yzp]
     bias_scale = None
     if bias is not None:
-        bias_name, bias_scale = _bias(ctx, bias, x, w, node.input[2])
+        bias_name, bias_scale = int32_bias(ctx, bias, x, w, node.input[2])
         inputs.append(bias_name)
     out = ctx.fresh(f"{ep.tensor}/codes")
     ctx.emit("QLinearConv", inputs, [out], name=node.name, kernel_shape=kernel, pads=conv_pads)
     if subpixel:
         blocks_out, out = out, ctx.fresh(f"{ep.tensor}/codes")
         ctx.emit("DepthToSpace", [blocks_out], [out], name=f"{node.name}/subpixel", blocksize=stride, mode="DCR")
-    _record(ctx, node, "QLinearConv", x, w, ep, bias_scale, w_name,
+    record_linear(ctx, node, "QLinearConv", x, w, ep, bias_scale, w_name,
             {"clamp": [ep.low, ep.high], "transposed": {"stride": stride, "subpixel": subpixel, "pads": conv_pads}})
     finish(ctx, ep, out)
 
@@ -196,10 +202,10 @@ def _qgemm(ctx, node, x: QTensor, a_name: str, w_name: str, w: dict, bias, ep, a
     ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
     bias_input, bias_scale = "", None
     if bias is not None:
-        bias_input, bias_scale = _bias(ctx, bias, x, w, f"{node.name}/bias")
-    ctx.emit("QGemm", [x.name, xs, xzp, *_add_weight(ctx, w_name, w), bias_input, ys, yzp], [out],
+        bias_input, bias_scale = int32_bias(ctx, bias, x, w, f"{node.name}/bias")
+    ctx.emit("QGemm", [x.name, xs, xzp, *weight_inputs(ctx, w_name, w), bias_input, ys, yzp], [out],
              name=node.name, domain=MS_DOMAIN, **attrs)
-    _record(ctx, node, "QGemm", x, w, ep, bias_scale, w_name, {"clamp": [ep.low, ep.high]})
+    record_linear(ctx, node, "QGemm", x, w, ep, bias_scale, w_name, {"clamp": [ep.low, ep.high]})
 
 
 def lower_gemm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
@@ -249,8 +255,8 @@ def lower_matmul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     if ep.bias is None:
         xs, xzp = ctx.grid_inputs(x.grid, a_name)
         ys, yzp = ctx.grid_inputs(ep.grid, ep.tensor)
-        ctx.emit("QLinearMatMul", [x.name, xs, xzp, *_add_weight(ctx, b_name, w), ys, yzp], [out], name=node.name)
-        _record(ctx, node, "QLinearMatMul", x, w, ep, None, b_name, {"clamp": [ep.low, ep.high]})
+        ctx.emit("QLinearMatMul", [x.name, xs, xzp, *weight_inputs(ctx, b_name, w), ys, yzp], [out], name=node.name)
+        record_linear(ctx, node, "QLinearMatMul", x, w, ep, None, b_name, {"clamp": [ep.low, ep.high]})
         finish(ctx, ep, out)
         return
     a_shape = ctx.index.shape.get(a_name)
@@ -293,7 +299,7 @@ def _matmul_activations(ctx: LoweringContext, node: onnx.NodeProto, x: QTensor) 
     out = ctx.fresh(f"{ep.tensor}/codes")
     ctx.emit("QLinearMatMul", [x.name, xs, xzp, y.name, bs, bzp, ys, yzp], [out], name=node.name)
     w = {"scale": np.asarray(np.float32(y.grid.scale)), "zero_point": np.asarray(y.grid.zero_point)}
-    _record(ctx, node, "QLinearMatMul", x, w, ep, None, None, {"clamp": [ep.low, ep.high]})
+    record_linear(ctx, node, "QLinearMatMul", x, w, ep, None, None, {"clamp": [ep.low, ep.high]})
     finish(ctx, ep, out)
 
 
