@@ -13,12 +13,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from light_models import light_model, output_of, prefix, randomized  # tests/light_models.py
 from models import BUILDERS, make_model  # tests/models.py
 from onnx import TensorProto, helper, numpy_helper
 from test_export_integer import _assert_integer_only, _export_checked, _steps
 
 import quantsim
+from benchmarks.suite.light_models import light_model, output_of, prefix, randomized
 from quantsim.export.integer.batchnorm import affine_codes
 from quantsim.prepare import canonicalize_ops, prepare
 

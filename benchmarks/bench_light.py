@@ -1,0 +1,183 @@
+"""CNNs from other exporters: the real architectures that ship inside the ``onnx`` wheel, end to end.
+
+    python -m benchmarks.bench_light [--models resnet50 densenet121 ...] [--weight-codes int8|uint8]
+        [--threads 1] [--repeats 10]
+
+The ``light_*.onnx`` models of ``onnx/backend/test/data/light`` (Caffe2 and early PyTorch exports at opset 9,
+IR 3: variadic ``Sum`` residuals, standalone BatchNorms, LRN, Dropout, old-style Reshape) with deterministic
+random weights (`benchmarks.suite.light_models.randomized`): nothing is downloaded, and none of them is in the
+benchmark suite the defaults were tuned on. Per model, in one process: the W8A8 sim (min-max, the default
+per-channel config) calibrated on seeded N(0, 1) images, its QDQ export and ``export_integer``, and
+``onnxruntime.quantization.quantize_static`` (MinMax, per-channel, QUInt8 activations, QInt8 or QUInt8
+weights as ``--weight-codes``; QDQ and QOperator) on the same images. Columns: float compute ops left in the
+integer export (with the ops), each model's relative error of the output probabilities against FP32 and
+top-1 agreement over the evaluation images, and latency ratios from interleaved runs (`interleaved_best`) in
+sessions with ``--threads`` intra-op threads: our QDQ / quantize_static's QDQ, our integer model /
+quantize_static's QOperator, FP32 / our integer model. ``--weight-codes uint8`` on x86 CPUs without VNNI,
+where int8 x uint8 kernels saturate (`quantsim.graph.int8_kernels`); quantize_static's QOperator model still
+holds int8 per-channel Conv weights then (last column): on such a CPU it runs the fast, saturating kernels.
+The Markdown table is printed and written to ``benchmarks/results/light.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from benchmarks.common import interleaved_best
+from benchmarks.suite.light_models import light_model, randomized
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("resnet50", "densenet121", "inception_v1", "inception_v2", "shufflenet", "squeezenet", "bvlc_alexnet")
+SIZE = 224
+
+
+def _session(model: onnx.ModelProto | str, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def _images(rng: np.random.Generator, name: str, count: int) -> list[dict[str, np.ndarray]]:
+    return [{name: rng.standard_normal((1, 3, SIZE, SIZE)).astype(np.float32)} for _ in range(count)]
+
+
+def _quantize_static(path: str, calib: list[dict], out: str, qdq: bool, weight_codes: str) -> str:
+    """``quantize_static`` of the float model at ``path`` (upgraded to opset 13 with IR 7 first: its version
+    converter rejects IR 3's initializers listed as graph inputs)."""
+    from onnx import version_converter
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model = onnx.load(path)
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    model.ir_version = 7
+    plain = out + ".float.onnx"
+    onnx.save(version_converter.convert_version(model, 13), plain)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(calib)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    quantize_static(plain, out, Reader(), quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QUInt8 if weight_codes == "uint8" else QuantType.QInt8)
+    return out
+
+
+def _quality(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:
+    """Mean relative error (max |difference| over max |FP32|) and top-1 agreement with FP32."""
+    rel = [float(np.abs(g - r).max() / max(float(np.abs(r).max()), 1e-12)) for r, g in zip(ref, got)]
+    top1 = [int(np.argmax(g)) == int(np.argmax(r)) for r, g in zip(ref, got)]
+    return float(np.mean(rel)), float(np.mean(top1))
+
+
+def bench_model(name: str, workdir: Path, weight_codes: str, threads: int, repeats: int) -> dict:
+    import quantsim
+
+    base = light_model(name)
+    if base is None:
+        return {"name": name, "error": "not in this onnx wheel"}
+    model = randomized(base)
+    path = str(workdir / f"{name}.onnx")
+    onnx.save(model, path)
+    inits = {t.name for t in model.graph.initializer}
+    data_input = next(i.name for i in model.graph.input if i.name not in inits)
+    rng = np.random.default_rng(0)
+    calib, evaluation = _images(rng, data_input, 8), _images(rng, data_input, 4)
+    sim = quantsim.QuantizationSimModel(path, param_type="int8", activation_type="int8", quant_scheme="min_max",
+                                        progress=False)
+    sim.compute_encodings(calib)
+    integer = sim.export_integer(weight_codes=weight_codes)
+    floats = collections.Counter(entry.op_type for entry in integer.report)
+    models = {
+        "fp32": path,
+        "qdq": sim.to_onnx_qdq(weight_codes=weight_codes),
+        "integer": integer.model,
+        "qs_qdq": _quantize_static(path, calib, str(workdir / f"{name}.qs_qdq.onnx"), True, weight_codes),
+        "qs_qop": _quantize_static(path, calib, str(workdir / f"{name}.qs_qop.onnx"), False, weight_codes),
+    }
+    sessions = {key: _session(value, threads) for key, value in models.items()}
+
+    def run(session: ort.InferenceSession) -> list[np.ndarray]:
+        return [session.run(None, feed)[0] for feed in evaluation]
+
+    ref = run(sessions["fp32"])
+    quality = {key: _quality(ref, run(s)) for key, s in sessions.items() if key != "fp32"}
+    quality["sim"] = _quality(ref, [sim.session.run(None, feed)[0] for feed in evaluation])
+    best = interleaved_best({key: (lambda s=s: run(s)) for key, s in sessions.items()}, repeats=repeats)
+    return {"name": name, "floats": floats, "quality": quality, "best": best,
+            "qs_weights": _weight_types(onnx.load(models["qs_qop"]))}
+
+
+def _weight_types(model: onnx.ModelProto) -> str:
+    """The element types of a QOperator model's QLinearConv / QLinearMatMul weights (``quantize_static`` writes
+    per-channel Conv weights as int8 even when asked for QUInt8)."""
+    inits = {t.name: t.data_type for t in model.graph.initializer}
+    slots = {"QLinearConv": 3, "QLinearMatMul": 3}
+    types = {inits[n.input[slots[n.op_type]]] for n in model.graph.node
+             if n.op_type in slots and n.input[slots[n.op_type]] in inits}
+    return "/".join(sorted(onnx.TensorProto.DataType.Name(t).lower() for t in types)) or "-"
+
+
+def render(rows: list[dict], weight_codes: str, threads: int, repeats: int) -> str:
+    lines = [
+        "# CNNs from other exporters (onnx wheel's light models, random weights)", "",
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, onnxruntime "
+        f"{ort.__version__}; {threads} intra-op thread(s), best of {repeats} interleaved passes over 4 images; "
+        f"8-bit weight codes {weight_codes}.", "",
+        "| model | float ops in integer export | output rel. error vs FP32: sim / our QDQ / our integer / qs QDQ / "
+        "qs QOperator | top-1 = FP32: sim / integer / qs QOperator | our QDQ / qs QDQ | our integer / qs QOperator "
+        "| FP32 / our integer | qs QOperator weights |",
+        "|---|---|---|---|--:|--:|--:|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | error: {r['error']} | | | | | | |")
+            continue
+        q, b = r["quality"], r["best"]
+        floats = ", ".join(f"{op} {n}" for op, n in sorted(r["floats"].items())) or "0"
+        errors = " / ".join(f"{q[k][0]:.3f}" for k in ("sim", "qdq", "integer", "qs_qdq", "qs_qop"))
+        top1 = " / ".join(f"{q[k][1]:.2f}" for k in ("sim", "integer", "qs_qop"))
+        lines.append(f"| {r['name']} | {floats} | {errors} | {top1} | {b['qdq'] / b['qs_qdq']:.2f}x "
+                     f"| {b['integer'] / b['qs_qop']:.2f}x | {b['fp32'] / b['integer']:.2f}x | {r['qs_weights']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--weight-codes", choices=("int8", "uint8"), default="int8")
+    parser.add_argument("--threads", type=int, default=1, help="intra_op_num_threads (0: onnxruntime default)")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--output", default=str(RESULTS / "light.md"), help="Markdown path ('' to skip writing)")
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="quantsim-light-") as folder:
+        for name in args.models:
+            rows.append(bench_model(name, Path(folder), args.weight_codes, args.threads, args.repeats))
+            print(render(rows[-1:], args.weight_codes, args.threads, args.repeats).splitlines()[-1], flush=True)
+    table = render(rows, args.weight_codes, args.threads, args.repeats)
+    print(table)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
