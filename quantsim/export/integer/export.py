@@ -192,13 +192,14 @@ def _float_model(sim) -> tuple[onnx.ModelProto, WeightSource | None]:
 
 def _check_sim(sim) -> None:
     model, _ = _float_model(sim)
-    wide = sorted({TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer
-                   if t.data_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)}
+    other = (TensorProto.DOUBLE, TensorProto.BFLOAT16)
+    wide = sorted({TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer if t.data_type in other}
                   | {TensorProto.DataType.Name(i.type.tensor_type.elem_type) for i in model.graph.input
-                     if i.type.tensor_type.elem_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)})
+                     if i.type.tensor_type.elem_type in other})
     if wide:
-        raise IntegerExportError(f"export_integer lowers float32 models; this one computes in {', '.join(wide)}. "
-                                 "Its QDQ export (sim.to_onnx_qdq / export(..., qdq=True)) runs on onnxruntime")
+        raise IntegerExportError(f"export_integer lowers float32 and float16 models; this one computes in "
+                                 f"{', '.join(wide)}. Its QDQ export (sim.to_onnx_qdq / export(..., qdq=True)) "
+                                 "runs on onnxruntime")
     ensure = getattr(sim, "_ensure_param_encodings", None)
     if ensure is not None:
         ensure()
