@@ -14,8 +14,7 @@ its container is carried as uint8 (onnxruntime's CPU kernels want uint8 activati
 (2..7 bits, strict symmetric) ride in the same uint8 container with the same scale and zero point (shifted
 by 128 when signed) and a code range ``[low, high]`` inside [0, 255]: every op writing such a grid clamps
 its codes to that range (`epilogue`, ``int_input``), which is exactly the sim's saturation. 16-bit grids
-and float16 are not `Grid`s: tensors on them stay float. A float16 tensor's float value is float16
-(`float_types`).
+and float16 are not `Grid`s: tensors on them stay float. Float values keep their type (`float_types`).
 
 A rule that cannot lower a node raises `Unsupported(reason)`; the driver rolls the context back to its
 `snapshot` and runs the node in float instead.
@@ -163,7 +162,6 @@ class LoweringContext:
         self._copied: set[str] = set()
         self._node_names: set[str] = set()
 
-    # transactions ------------------------------------------------------------------------------
     def snapshot(self) -> tuple:
         return (len(self.nodes), len(self.initializers), dict(self.ints), dict(self.floats), set(self.absorbed),
                 dict(self.requant), set(self.domains), dict(self.memo), set(self._copied), set(self._node_names))

@@ -33,8 +33,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.export.integer.context import Grid, LoweringContext, QTensor, Unsupported
-from quantsim.export.integer.float_types import HALF, is_half
 from quantsim.export.integer.epilogue import clamp_codes, epilogue, finish
+from quantsim.export.integer.float_types import HALF, is_half
 from quantsim.export.integer.piecewise import apply_table, fast_form
 from quantsim.graph.index import node_attributes
 

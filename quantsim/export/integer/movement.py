@@ -135,5 +135,5 @@ def lower_clamp(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 
 RULES = {op: lower_direct for op in DIRECT_OPS}
-RULES.update({"Cast": lower_float_cast, "Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape, "Size": lower_shape,
-              "Relu": lower_clamp, "Clip": lower_clamp})
+RULES.update({"Cast": lower_float_cast, "Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape,
+              "Size": lower_shape, "Relu": lower_clamp, "Clip": lower_clamp})
