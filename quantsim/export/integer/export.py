@@ -46,6 +46,9 @@ uncalibrated quantizer or a scale that is zero or not finite in float32 raises `
 naming the tensor. ``requant`` holds, per lowered node, the real requantization multipliers and their
 fixed-point form (int32 mantissa in [2^30, 2^31) and shift, `fixed_point`), zero points and scales.
 
+Float16-compute models (float32 I/O, Casts, float16 ops) lower the same way: `float_types`. Float64 and
+bfloat16 models raise `IntegerExportError`.
+
 The model keeps the prepared model's ai.onnx opset (``opset`` asks for a higher one, converted with
 onnx.version_converter) and IR version; contrib kernels come from the ``com.microsoft`` domain, which
 onnxruntime's default CPU provider runs. Below opset 12 onnxruntime has no uint8 Clip / MaxPool, so
