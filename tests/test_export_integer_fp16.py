@@ -138,3 +138,17 @@ def test_an_fp16_op_left_in_float_computes_in_fp16_between_codes():
     assert "Tanh" not in ops and "MatMul" not in ops  # the float16 Tanh is a table, the MatMuls integer kernels
     steps = _steps(sim, exported, (64, 8), "y16")
     assert steps.max() <= 2 and np.mean(steps >= 1) <= 0.05
+
+
+def test_a_cast_of_a_float_value_stays_a_cast_and_the_ops_after_it_run_in_fp16():
+    """Input quantizer disabled: the input Cast has no codes to pass, so it casts the float value (not
+    reported: no arithmetic), and the layers reading it run in float16 as in the sim (reported)."""
+    sim = _sim(fp16_mlp(), (8, 16))
+    sim.qc_quantize_op_dict["x"].enabled = False
+    exported = export_integer(sim)
+    assert [(e.node, e.op_type) for e in exported.report] == [("mm1", "MatMul"), ("add1", "Add"), ("relu", "Relu")]
+    assert "'x_fp16' has no enabled quantizer" in exported.report[0].reason
+    casts = [n.attribute[0].i for n in exported.model.graph.node if n.op_type == "Cast"]
+    assert casts == [TensorProto.FLOAT16, TensorProto.FLOAT]  # the input Cast; the Relu's value to its Q
+    steps = _steps(sim, exported, (64, 16), "y_fp16")
+    assert steps.max() <= 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from quantsim.export.integer.context import LoweringContext, QTensor, Unsupported
 from quantsim.export.integer.epilogue import clamp_codes, clip_bounds, code_clamp
@@ -91,11 +92,12 @@ def lower_alias(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 def lower_float_cast(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """A Cast between float types (float32 <-> float16): codes pass through on their grid (`float_types`);
-    a value without codes is cast in float (no arithmetic to lower). Casts to or from other types are
-    Unsupported."""
+    a value without codes is cast in float (no arithmetic to lower). Casts to or from other types (float64,
+    integers) are Unsupported."""
     source, target = node.input[0], node.output[0]
-    if not (ctx.index.is_float(source) and ctx.index.is_float(target)):
-        raise Unsupported("Cast to or from a non-float type")
+    types = {ctx.index.elem_type.get(source), ctx.index.elem_type.get(target)}
+    if not types <= {TensorProto.FLOAT, TensorProto.FLOAT16}:
+        raise Unsupported("Cast to or from a type other than float32 / float16")
     try:
         codes = ctx.int_input(source)
     except Unsupported:
