@@ -7,8 +7,8 @@ quantizers between Casts: ``Cast(float) -> QuantizeLinear -> DequantizeLinear ->
 
 * a float value of a float16 tensor (an island's input, an op left in float) is the float32 dequantization
   of its codes (``Cast -> Sub -> Mul``, bit-identical to DequantizeLinear) then ``Cast(float16)``: exactly
-  the sim's value. (DequantizeLinear with a float16 scale would compute the product in float16 on some
-  kernels, one more rounding than the sim's.)
+  the sim's value. (DequantizeLinear writes float16 only from a float16 scale, from opset 19: the sim's
+  float32 scale rounded to float16 is another grid.)
 * a float16 value is ``Cast(float)`` before its QuantizeLinear (which takes float32 below opset 19), as in
   the sim;
 * a ``Cast`` between float types of a quantized tensor moves no code: its output keeps the codes and the
