@@ -74,10 +74,21 @@ def test_a_non_float32_model_calibrates_simulates_and_exports(tmp_path, dtype, b
     assert np.array_equal(again.session.run(None, feeds[0])[0], out)
 
 
-def test_integer_export_of_a_float16_model_says_what_runs_instead():
+def test_integer_export_keeps_float16_io_and_says_what_runs_instead_of_float64():
     sim = QuantizationSimModel(_as(_mlp(), np.float16), progress=False)
-    sim.compute_encodings(_feeds((4, 8), np.float16))
-    with pytest.raises(IntegerExportError, match="computes in FLOAT16.*QDQ export"):
+    feeds = _feeds((4, 8), np.float16)
+    sim.compute_encodings(feeds)
+    exported = sim.export_integer(weight_codes="uint8")  # exact on every CPU
+    assert exported.report == []
+    assert [v.type.tensor_type.elem_type for v in (*exported.model.graph.input, *exported.model.graph.output)] == \
+        [onnx.TensorProto.FLOAT16] * 2
+    got = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+    want = sim.session.run(None, feeds[0])[0]
+    step = float(np.asarray(sim.qc_quantize_op_dict["y"].encoding.scale))
+    assert got.dtype == np.float16 and np.round(np.abs(got.astype(np.float64) - want) / step).max() <= 1
+    sim = QuantizationSimModel(_as(_mlp(), np.float64), progress=False)
+    sim.compute_encodings(_feeds((4, 8), np.float64))
+    with pytest.raises(IntegerExportError, match="computes in DOUBLE.*QDQ export"):
         sim.export_integer()
 
 

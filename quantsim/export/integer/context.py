@@ -14,7 +14,7 @@ its container is carried as uint8 (onnxruntime's CPU kernels want uint8 activati
 (2..7 bits, strict symmetric) ride in the same uint8 container with the same scale and zero point (shifted
 by 128 when signed) and a code range ``[low, high]`` inside [0, 255]: every op writing such a grid clamps
 its codes to that range (`epilogue`, ``int_input``), which is exactly the sim's saturation. 16-bit grids
-and float16 are not `Grid`s: tensors on them stay float.
+and float16 are not `Grid`s: tensors on them stay float. Float values keep their type (`float_types`).
 
 A rule that cannot lower a node raises `Unsupported(reason)`; the driver rolls the context back to its
 `snapshot` and runs the node in float instead.
@@ -35,6 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.numerics import Encoding, dequantize, fake_quantize, fp16_round_trip, quantize
 from quantsim.export.integer.code_graphs import CodeGraphs
+from quantsim.export.integer.float_types import as_float32, as_own_type
 from quantsim.graph.deferred import DeferredArray, DeferredWeights
 from quantsim.graph.index import GraphIndex
 
@@ -45,7 +46,6 @@ MS_DOMAIN = "com.microsoft"
 
 class Unsupported(Exception):
     """A rule cannot lower this node to integer kernels (the message says why)."""
-
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,6 @@ class LoweringContext:
         self._copied: set[str] = set()
         self._node_names: set[str] = set()
 
-    # transactions ------------------------------------------------------------------------------
     def snapshot(self) -> tuple:
         return (len(self.nodes), len(self.initializers), dict(self.ints), dict(self.floats), set(self.absorbed),
                 dict(self.requant), set(self.domains), dict(self.memo), set(self._copied), set(self._node_names))
@@ -316,6 +315,7 @@ class LoweringContext:
         source = self.floats.get(tensor)
         if source is None:
             raise Unsupported(f"{tensor!r} is not available")
+        source = as_float32(self, source, tensor)  # a float16 value: QuantizeLinear takes float32, as in the sim
         if not grid.full:  # saturate to the narrow grid in float: clip(x, min, max) quantizes to [low, high]
             source = self.float_clip(source, grid.min, grid.max, tensor)
         scale, zp = self.grid_inputs(grid, tensor)
@@ -350,12 +350,12 @@ class LoweringContext:
         return out
 
     def dequantize_output(self, tensor: str) -> str:
-        """A DequantizeLinear of ``tensor``'s codes (for graph outputs)."""
+        """A DequantizeLinear of ``tensor``'s codes (for graph outputs), in the output's own type."""
         codes = self.ints[tensor]
         scale, zp = self.grid_inputs(codes.grid, tensor)
         name = self.fresh(f"{tensor}/dequantized")
         self.emit("DequantizeLinear", [codes.name, scale, zp], [name], name=f"{tensor}/dequantize")
-        return name
+        return as_own_type(self, name, tensor)
 
     def float_input(self, tensor: str) -> str:
         """A float (or non-float, unchanged) tensor of the new graph holding ``tensor``'s sim value."""
@@ -363,10 +363,10 @@ class LoweringContext:
             return ""
         if tensor in self.floats:
             return self.floats[tensor]
-        if tensor in self.ints:
+        if tensor in self.ints:  # in the tensor's own type (`float_types`)
             codes = self.ints[tensor]
-            self.floats[tensor] = self.arithmetic_dequantize(codes.name, codes.grid.scale, codes.grid.zero_point,
-                                                             tensor)
+            value = self.arithmetic_dequantize(codes.name, codes.grid.scale, codes.grid.zero_point, tensor)
+            self.floats[tensor] = as_own_type(self, value, tensor)
             return self.floats[tensor]
         if self.index.is_constant(tensor):
             if tensor not in self._copied:

@@ -46,6 +46,9 @@ uncalibrated quantizer or a scale that is zero or not finite in float32 raises `
 naming the tensor. ``requant`` holds, per lowered node, the real requantization multipliers and their
 fixed-point form (int32 mantissa in [2^30, 2^31) and shift, `fixed_point`), zero points and scales.
 
+Float16-compute models (float32 I/O, Casts, float16 ops) lower the same way: `float_types`. Float64 and
+bfloat16 models raise `IntegerExportError`.
+
 The model keeps the prepared model's ai.onnx opset (``opset`` asks for a higher one, converted with
 onnx.version_converter) and IR version; contrib kernels come from the ``com.microsoft`` domain, which
 onnxruntime's default CPU provider runs. Below opset 12 onnxruntime has no uint8 Clip / MaxPool, so
@@ -194,13 +197,14 @@ def _float_model(sim) -> tuple[onnx.ModelProto, WeightSource | None]:
 
 def _check_sim(sim) -> None:
     model, _ = _float_model(sim)
-    wide = sorted({TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer
-                   if t.data_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)}
+    other = (TensorProto.DOUBLE, TensorProto.BFLOAT16)
+    wide = sorted({TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer if t.data_type in other}
                   | {TensorProto.DataType.Name(i.type.tensor_type.elem_type) for i in model.graph.input
-                     if i.type.tensor_type.elem_type in (TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)})
+                     if i.type.tensor_type.elem_type in other})
     if wide:
-        raise IntegerExportError(f"export_integer lowers float32 models; this one computes in {', '.join(wide)}. "
-                                 "Its QDQ export (sim.to_onnx_qdq / export(..., qdq=True)) runs on onnxruntime")
+        raise IntegerExportError(f"export_integer lowers float32 and float16 models; this one computes in "
+                                 f"{', '.join(wide)}. Its QDQ export (sim.to_onnx_qdq / export(..., qdq=True)) "
+                                 "runs on onnxruntime")
     ensure = getattr(sim, "_ensure_param_encodings", None)
     if ensure is not None:
         ensure()

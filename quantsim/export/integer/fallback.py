@@ -11,10 +11,11 @@ quantizers:
 * a wider integer grid (9..16-bit): ``[Clip] -> QuantizeLinear`` in its 16-bit storage type, as the sim
   builds it (com.microsoft QuantizeLinear below opset 21, where ai.onnx has none), then the codes back to
   float. (4-bit storage types are never used: onnxruntime cannot Cast them, so a 4-bit graph would not load.)
-* float16: ``Cast(float16) -> Cast(float)``;
+* float16: ``Cast(float16) -> Cast(float)`` (nothing on a float16 tensor);
 * no quantizer: the float value is kept.
 
-The result equals the sim on that node; the export's report lists it with the reason.
+A float16 tensor's value is cast to float32 before its quantizer and back after it, as the sim does
+(`float_types`). The result equals the sim on that node; the export's report lists it with the reason.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from onnx import TensorProto
 
 from quantsim.errors import IntegerExportError
 from quantsim.export.integer.context import MS_DOMAIN, Grid, LoweringContext, Unsupported
+from quantsim.export.integer.float_types import as_float32, as_own_type, is_half
 
 _log = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ def apply_quantizer(ctx: LoweringContext, tensor: str, source: str) -> None:
         ctx.floats[tensor] = source
         return
     if q.spec.is_float:
+        if is_half(ctx, tensor):  # float16 precision on a float16 tensor changes nothing (as in the sim)
+            ctx.floats[tensor] = source
+            return
         half, back = ctx.fresh(f"{tensor}/fp16"), ctx.fresh(f"{tensor}/fp16_round_trip")
         ctx.emit("Cast", [source], [half], name=f"{tensor}/cast_fp16", to=TensorProto.FLOAT16)
         ctx.emit("Cast", [half], [back], name=f"{tensor}/cast_fp32", to=TensorProto.FLOAT)
@@ -60,6 +65,7 @@ def apply_quantizer(ctx: LoweringContext, tensor: str, source: str) -> None:
         raise IntegerExportError(f"activation {tensor!r}: no onnxruntime-loadable container for its "
                                  f"{enc.bits}-bit grid ({onnx.TensorProto.DataType.Name(storage)})")
     domain = MS_DOMAIN if ctx.opset < 21 else ""
+    source = as_float32(ctx, source, tensor)
     scale = ctx.scalar(np.float32(enc.scale), np.float32, f"{tensor}/scale")
     zp = ctx.scalar(int(enc.zero_point), onnx.helper.tensor_dtype_to_np_dtype(storage), f"{tensor}/zero_point")
     if not enc.full_storage_range:
@@ -68,7 +74,8 @@ def apply_quantizer(ctx: LoweringContext, tensor: str, source: str) -> None:
         source = ctx.float_clip(source, float(lo), float(hi), tensor)
     codes = ctx.fresh(f"{tensor}/codes")
     ctx.emit("QuantizeLinear", [source, scale, zp], [codes], name=f"{tensor}/quantize", domain=domain)
-    ctx.floats[tensor] = ctx.arithmetic_dequantize(codes, float(np.float32(enc.scale)), int(enc.zero_point), tensor)
+    value = ctx.arithmetic_dequantize(codes, float(np.float32(enc.scale)), int(enc.zero_point), tensor)
+    ctx.floats[tensor] = as_own_type(ctx, value, tensor)
 
 
 def _has_subgraph(node: onnx.NodeProto) -> bool:

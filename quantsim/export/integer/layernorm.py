@@ -33,6 +33,7 @@ import onnx
 
 from quantsim.export.integer.context import LoweringContext, Unsupported
 from quantsim.export.integer.fallback import apply_quantizer
+from quantsim.export.integer.float_types import as_float32, as_own_type
 from quantsim.graph.index import GraphIndex, node_attributes
 
 __all__ = ["RULES", "LayerNormMatch", "match_decomposed_layer_norm", "lower_decomposed_layer_norm",
@@ -163,7 +164,7 @@ def lower_decomposed_layer_norm(ctx: LoweringContext, node: onnx.NodeProto) -> N
         raise Unsupported(f"decomposed LayerNorm output {match.y!r}: {ctx.why_not_8bit(match.y)} "
                           "(the normalization runs in float as in the sim)")
     ctx.int_input(match.x)  # codes available (raises Unsupported otherwise)
-    source = ctx.float_input(match.x)
+    source = as_float32(ctx, ctx.float_input(match.x), match.x)  # the island computes in float32
     shape = _normalized_shape(ctx.index, match)
     width = int(np.prod(shape))
     ones = ctx.add_initializer(np.ones(shape, np.float32), f"{node.name}/layer_norm_scale")
@@ -171,7 +172,7 @@ def lower_decomposed_layer_norm(ctx: LoweringContext, node: onnx.NodeProto) -> N
     out = ctx.fresh(f"{match.y}/float")
     ctx.emit("LayerNormalization", [source, ones, zeros], [out], name=f"{node.name}/layer_norm",
              axis=match.axis, epsilon=float(np.float32(match.epsilon)))
-    apply_quantizer(ctx, match.y, out)
+    apply_quantizer(ctx, match.y, as_own_type(ctx, out, match.y))
     ctx.absorbed.update(n.name for n in match.nodes[1:])
     ctx.islands.append((node.name, "LayerNormalization",
                         f"decomposed LayerNorm ({len(match.nodes)} ops over {width} values) fused into one: "

@@ -34,6 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.export.integer.context import Grid, LoweringContext, QTensor, Unsupported
 from quantsim.export.integer.epilogue import clamp_codes, epilogue, finish
+from quantsim.export.integer.float_types import HALF, is_half
 from quantsim.export.integer.piecewise import apply_table, fast_form
 from quantsim.graph.index import node_attributes
 
@@ -71,10 +72,18 @@ def lut_table(ctx: LoweringContext, grid_in: Grid, grid_out: Grid, node: onnx.No
                 inputs.append(f"c{slot}")
             else:
                 raise Unsupported(f"operand {name!r} of {node.op_type} is not a constant")
+        # a float16 op runs in float16 between Casts, as in the sim
+        half = is_half(ctx, node.input[data_slot]) or any(t.data_type == HALF for t in inits[4:])
+        if half:
+            nodes.append(helper.make_node("Cast", ["x"], ["x16"], to=HALF))
+            inputs[data_slot] = "x16"
         copy = helper.make_node(node.op_type, inputs, ["y"], domain=node.domain or None)
         copy.attribute.extend(node.attribute)
         nodes.append(copy)
         result = "y"
+        if half:
+            nodes.append(helper.make_node("Cast", ["y"], ["y32"], to=TensorProto.FLOAT))
+            result = "y32"
         if node.domain:
             opsets[node.domain] = ctx.index.opset(node.domain) or 1
     nodes.append(helper.make_node("QuantizeLinear", [result, "s_out", "z_out"], ["table"]))

@@ -11,7 +11,8 @@ or ties them to the input's quantizer). Two adjustments keep this exact:
 * Resize: only ``mode="nearest"`` (a selection); linear/cubic interpolation is arithmetic.
 * An output with its own, different quantizer is moved to that grid (`regrid`: a requantizing kernel or a table).
 
-Identity and Dropout (inference) alias their input codes; Shape and Size read the codes' shape.
+Identity and Dropout (inference) alias their input codes, and so does a Cast between float types (float32 <->
+float16, `float_types`); Shape and Size read the codes' shape.
 
 Relu / Clip not absorbed by their producer (`epilogue`): when the output grid equals the input grid (the
 sim ties a Relu output to its input quantizer) the op is ``clip(q, q(lo), q(hi))`` on codes, exact by
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from quantsim.export.integer.context import LoweringContext, QTensor, Unsupported
 from quantsim.export.integer.epilogue import clamp_codes, clip_bounds, code_clamp
+from quantsim.export.integer.fallback import apply_quantizer
 from quantsim.export.integer.lut import regrid
 from quantsim.graph.index import node_attributes
 from quantsim.graph.op_facts import UINT8_KERNEL_OPSET
@@ -87,6 +90,26 @@ def lower_alias(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     _settle(ctx, node.output[0], ctx.int_input(node.input[0]))
 
 
+def lower_float_cast(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """A Cast between float types (float32 <-> float16): codes pass through on their grid (`float_types`);
+    a value without codes is cast in float (no arithmetic to lower). Casts to or from other types (float64,
+    integers) are Unsupported."""
+    source, target = node.input[0], node.output[0]
+    types = {ctx.index.elem_type.get(source), ctx.index.elem_type.get(target)}
+    if not types <= {TensorProto.FLOAT, TensorProto.FLOAT16}:
+        raise Unsupported("Cast to or from a type other than float32 / float16")
+    try:
+        codes = ctx.int_input(source)
+    except Unsupported:
+        codes = None
+    if codes is not None and (ctx.grid_of(target) is not None or not ctx.has_quantizer(target)):
+        _settle(ctx, target, codes)
+        return
+    out = ctx.fresh(f"{target}/float")
+    ctx.emit("Cast", [ctx.float_input(source)], [out], name=node.name, attributes_of=node)
+    apply_quantizer(ctx, target, out)
+
+
 def lower_shape(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """Shape/Size read the codes tensor: its shape is the float tensor's shape."""
     ctx.emit(node.op_type, [ctx.any_input(node.input[0])], list(node.output), name=node.name, attributes_of=node)
@@ -114,5 +137,5 @@ def lower_clamp(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 
 RULES = {op: lower_direct for op in DIRECT_OPS}
-RULES.update({"Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape, "Size": lower_shape,
-              "Relu": lower_clamp, "Clip": lower_clamp})
+RULES.update({"Cast": lower_float_cast, "Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape,
+              "Size": lower_shape, "Relu": lower_clamp, "Clip": lower_clamp})
