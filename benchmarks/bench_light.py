@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import interleaved_best
+from benchmarks.common import interleaved_best, print_and_save
 from benchmarks.suite.light_models import light_model, randomized
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -172,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_model(name, Path(folder), args.weight_codes, args.threads, args.repeats))
             print(render(rows[-1:], args.weight_codes, args.threads, args.repeats).splitlines()[-1], flush=True)
     table = render(rows, args.weight_codes, args.threads, args.repeats)
-    print(table)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(table)
+    print_and_save(table, args.output)
     return 0
 
 

@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import interleaved_best
+from benchmarks.common import interleaved_best, print_and_save
 from benchmarks.suite import cases as C
 from benchmarks.suite.run import BUILDERS, best_baseline, model_fetchers, run_all
 
@@ -209,10 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"name": key, "error": f"{type(e).__name__}: {e}"[:200]})
             print(f"[bench_qdq] {rows[-1]}", file=sys.stderr)
     table = render(rows, "quick" if args.quick else "full", args.repeats, args.weight_codes)
-    print(table)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(table)
+    print_and_save(table, args.output)
     return 0
 
 

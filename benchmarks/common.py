@@ -129,3 +129,11 @@ def quiet_kwargs(qsm_cls) -> dict:
     except (TypeError, ValueError):
         return {}
     return {"progress": False} if "progress" in params else {}
+
+
+def print_and_save(table: str, output: str) -> None:
+    """Print a Markdown ``table`` and write it to ``output`` (a path; '' not to write)."""
+    print(table)
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(table)
