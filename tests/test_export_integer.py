@@ -510,6 +510,27 @@ def test_uncalibrated_and_zero_scale_errors_name_the_tensor():
         export_integer(sim)
 
 
+def test_tensor_calibration_left_without_encoding_stays_float_like_the_sim():
+    """Sqrt of values with negatives is NaN in every batch: calibration warns and leaves its quantizer without an
+    encoding, the sim passes the tensor through in float, and both exports do the same (with a warning)."""
+    model = _model([helper.make_node("Sqrt", ["x"], ["s"], name="sqrt"), helper.make_node("Relu", ["x"], ["r"], name="relu")],
+                   [_vi("x", 2, 8)], [_vi("s", 2, 8), _vi("r", 2, 8)], [])
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        sim = _sim(model, (2, 8))
+    assert sim.qc_quantize_op_dict["s"].encoding is None and sim.qc_quantize_op_dict["r"].encoding is not None
+    with pytest.warns(RuntimeWarning, match=r"no encoding.*\['s'\]"):
+        exported = export_integer(sim)
+    assert [(entry.node, entry.op_type) for entry in exported.report] == [("sqrt", "Sqrt")]
+    feed = _feeds((2, 8), 9)
+    session = ort.InferenceSession(exported.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got, want = session.run(None, feed), sim.session.run(None, feed)
+    np.testing.assert_array_equal(got[0], want[0])  # NaN where x < 0, else sqrt of the dequantized x: bit for bit
+    assert np.isnan(got[0]).any()
+    assert np.abs(got[1] - want[1]).max() <= float(sim.qc_quantize_op_dict["r"].encoding.scale) * 1.01
+    with pytest.warns(RuntimeWarning, match="no encoding"):
+        sim.to_onnx_qdq()
+
+
 def test_gemm_and_matmul_variants():
     rng = np.random.default_rng(5)
     inits = [_named(_w(rng, 6, 5), "g.w"), numpy_helper.from_array(np.float32(0.3), "g.b"),

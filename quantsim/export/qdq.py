@@ -71,7 +71,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.bias import quantize_bias
-from quantsim.errors import InvalidStateError, warn_at_caller
+from quantsim.export.readiness import check_activations_calibrated
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
@@ -497,20 +497,7 @@ def qdq_skeleton(sim, int32_bias: bool = True, weight_codes: str = "int8") -> tu
 
     codes = resolve_weight_codes(weight_codes, sim.providers, warn_as="to_onnx_qdq")
     sim.compute_param_encodings()
-    _check_activations_calibrated(sim, "to_onnx_qdq")
+    check_activations_calibrated(sim, "to_onnx_qdq")
     weights = DeferredWeights()
     return to_qdq_model(sim, int32_bias=int32_bias, weights=weights, weight_codes=codes), weights
 
-
-def _check_activations_calibrated(sim, what: str) -> None:
-    """An error when no enabled activation quantizer has an encoding (the export would hold no activation
-    Q/DQ at all); a warning naming them when only some lack one."""
-    activations = [q for q in sim.quantizers if q.enabled and q.role == "activation"]
-    missing = [q.name for q in activations if not q.is_initialized()]
-    if not missing:
-        return
-    if len(missing) == len(activations):
-        raise InvalidStateError(f"{what}: no activation quantizer has an encoding; call compute_encodings "
-                                "(or load encodings) first")
-    warn_at_caller(f"{what}: {len(missing)} enabled activation quantizer(s) have no encoding and get no Q/DQ, "
-                   f"e.g. {missing[:3]}", RuntimeWarning)

@@ -175,9 +175,9 @@ class LoweringContext:
 
     # quantizers of the sim ------------------------------------------------------------------------
     def quantizer(self, tensor: str):
-        """The enabled quantizer of ``tensor`` (float16 ones included) or None."""
+        """The enabled quantizer of ``tensor`` (float16 ones included) with an encoding, else None (float value)."""
         q = self.sim.qc_quantize_op_dict.get(tensor)
-        return q if q is not None and q.enabled else None
+        return q if q is not None and q.enabled and q.is_initialized() else None
 
     def grid_of(self, tensor: str) -> Grid | None:
         """The uint8 grid of ``tensor``'s enabled activation quantizer (None: none, or not 8-bit)."""

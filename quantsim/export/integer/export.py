@@ -77,6 +77,7 @@ from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsuppor
 from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
 from quantsim.export.integer.prefetch import prefetch
 from quantsim.export.integer.shapes import fold_shape_arithmetic, shape_derived, static_input_shapes
+from quantsim.export.readiness import check_activations_calibrated
 from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
 from quantsim.graph.deferred import DeferredWeights, WeightSource
 from quantsim.graph.file_set import FileSet
@@ -208,13 +209,11 @@ def _check_sim(sim) -> None:
     ensure = getattr(sim, "_ensure_param_encodings", None)
     if ensure is not None:
         ensure()
+    check_activations_calibrated(sim, "export_integer", IntegerExportError)
     for q in sim.quantizers:
-        if not q.enabled or q.spec.is_float:
+        if not q.enabled or q.spec.is_float or q.encoding is None:  # without one: float, as in the sim
             continue
         names = ", ".join(repr(t) for t in q.tensors)
-        if q.encoding is None:
-            raise IntegerExportError(f"quantizer of {names} has no encoding: calibrate the sim "
-                                     "(sim.compute_encodings) or load encodings before export_integer")
         scale = np.asarray(q.encoding.scale, dtype=np.float32)
         if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
             raise IntegerExportError(f"quantizer of {names} has a zero, negative or non-finite float32 scale "

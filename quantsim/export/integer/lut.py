@@ -172,8 +172,7 @@ def hard_swish_gate(ctx: LoweringContext, node: onnx.NodeProto) -> onnx.NodeProt
     mul = ctx.index.single_consumer(node.output[0])
     if mul is None or mul.op_type != "Mul" or sorted(mul.input) != sorted([node.input[0], node.output[0]]):
         return None
-    gate_q = ctx.sim.qc_quantize_op_dict.get(node.output[0])
-    if gate_q is not None and gate_q.enabled:  # the sim rounds the gate itself: not one HardSwish
+    if ctx.quantizer(node.output[0]) is not None:  # the sim rounds the gate itself: not one HardSwish
         return None
     state = ctx.snapshot()
     try:  # one table needs an integer x and an integer product grid, else both run in float
