@@ -56,6 +56,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.bench_qdq
 	$(PY) -m benchmarks.bench_prepare
 	$(PY) -m benchmarks.bench_light
+	$(PY) -m benchmarks.bench_onnx_nodes
 	$(PY) -m benchmarks.bench_adaround
 	$(PY) -m benchmarks.bench_large --sizes 0.1 0.8 2.4 --export
 	$(PY) -m benchmarks.suite.run
