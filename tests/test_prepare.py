@@ -127,6 +127,25 @@ def test_gemm_batchnorm_is_folded(trans_b, with_c):
     assert ops(prepared) == ["Gemm"]
 
 
+def test_model_without_default_domain_gets_the_quantizers_domain_imported():
+    """A model of ai.onnx.ml ops only (sklearn-onnx style) imports no default domain: preparation imports it
+    (nothing to convert) so the sim's QuantizeLinear/DequantizeLinear have a domain, instead of failing to
+    convert "from opset 0"."""
+    import quantsim
+
+    node = helper.make_node("Binarizer", ["x"], ["y"], name="binarize", domain="ai.onnx.ml", threshold=0.25)
+    graph = helper.make_graph([node], "ml_only", [helper.make_tensor_value_info("x", 1, [2, 3])],
+                              [helper.make_tensor_value_info("y", 1, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)], ir_version=8)
+    prepared = checked_prepare(model)
+    assert {(o.domain, o.version) for o in prepared.opset_import} == {("ai.onnx.ml", 1), ("", 13)}
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    feed = {"x": f32(2, 3)}
+    sim.compute_encodings([feed])
+    (got,) = sim.session.run(None, feed)
+    assert set(np.unique(got)) <= {0.0, 1.0}
+
+
 def test_batchnorm_parameters_from_constant_subgraphs_fold_without_warning():
     """Exporters without constant folding (e.g. the onnx package's Caffe2 model tests) compute a BatchNorm's
     parameters with ConstantOfShape: constants are folded first, so the BatchNorm folds and nothing warns."""

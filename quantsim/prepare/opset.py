@@ -31,8 +31,10 @@ MIN_OPSET = 13
 def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     """Check the model against onnxruntime's limits and convert it to opset 13 if it is older."""
     version = default_opset(model)
-    if version is None:
-        return model, False
+    if version is None:  # no default-domain node (only ai.onnx.ml ops, say): import the domain the sim's Q/DQ need
+        model.opset_import.add(domain="", version=MIN_OPSET)
+        model.ir_version = max(model.ir_version, helper.find_min_ir_version_for([helper.make_opsetid("", MIN_OPSET)]))
+        return model, True
     max_opset, max_ir = runtime_limits()
     import onnxruntime
 
