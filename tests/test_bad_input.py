@@ -123,13 +123,39 @@ def test_a_wrong_channel_count_names_the_batch_and_axis():
         sim.compute_encodings([batch(0), bad])
 
 
-def test_an_opset_whose_quantize_kernels_onnxruntime_lacks_is_refused_up_front():
+def test_an_opset_newer_than_onnxruntimes_quantize_kernels_is_converted_down_or_refused_up_front():
+    """onnxruntime may load a model at an opset it has no QuantizeLinear for (the newest exporters): the model
+    is converted down to onnxruntime's maximum with a warning, and the sim computes what the float model does.
+    An onnx that does not know that opset cannot convert it: then a clear error up front."""
+    from quantsim import PrepareWarning
+    from quantsim.prepare.opset import runtime_limits
+
+    newest = runtime_limits()[0]
+    model = make_model()
+    model.opset_import[0].version = newest + 1
+    model.ir_version = 10
+    if onnx.defs.onnx_opset_version() <= newest:
+        with pytest.raises(ValueError, match=f"opset {newest + 1}.*supports at most opset {newest}"):
+            new_sim(model)
+        return
+    with pytest.warns(PrepareWarning, match=f"opset {newest + 1}.*converted down to opset {newest}"):
+        sim = new_sim(model)
+    assert next(o.version for o in sim.model.opset_import if o.domain == "") == newest
+    reference = make_model()
+    reference.opset_import[0].version = newest
+    want = new_sim(reference)
+    sim.compute_encodings(batches(2))
+    want.compute_encodings(batches(2))
+    np.testing.assert_array_equal(sim.session.run(None, batch(5))[0], want.session.run(None, batch(5))[0])
+
+
+def test_an_opset_no_onnx_knows_is_refused_up_front():
     from quantsim.prepare.opset import runtime_limits
 
     model = make_model()
-    model.opset_import[0].version = runtime_limits()[0] + 1
+    model.opset_import[0].version = onnx.defs.onnx_opset_version() + 5
     model.ir_version = 10
-    with pytest.raises(ValueError, match=f"opset {runtime_limits()[0] + 1}.*supports at most opset"):
+    with pytest.raises(ValueError, match=f"supports at most opset {runtime_limits()[0]}.*converter cannot"):
         new_sim(model)
 
 

@@ -4,7 +4,8 @@ and the on-disk cache that makes doing it twice free.
 ``prepare(model)`` copies the model and runs ``default_passes()`` on the copy:
 
 1. ``check_graph``                clear errors for cycles, dangling inputs, values written twice; topological order
-2. ``upgrade_opset``              default-domain opset < 13 -> 13; opset/IR above onnxruntime's maximum -> error
+2. ``upgrade_opset``              default-domain opset < 13 -> 13; above onnxruntime's Q/DQ maximum -> converted
+                                  down (warning) or an error; IR above its maximum -> error
 3. ``name_nodes``                 unique, stable node names
 4. ``constants_to_initializers``  Constant nodes -> initializers (Paddle-style weights)
 5. ``canonicalize_ops``           legacy spellings -> the ops placement and exports know (two-input Sum -> Add)

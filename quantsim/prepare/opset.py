@@ -8,9 +8,14 @@ Rules:
    (from below IR 4, initializers are dropped from the graph inputs, where that IR had to list them,
    so they stay constants rather than becoming overridable inputs). A conversion failure is a
    ``PrepareError`` naming the model's opset;
-2. an opset or IR version above onnxruntime's maximum is a ``PrepareError`` stating that maximum
-   (found once per process by asking onnxruntime to load one-node models: there is no public API);
-3. a model without a default-domain opset import, or already within range, is left unchanged;
+2. an opset above onnxruntime's maximum (the newest at which it loads QuantizeLinear/DequantizeLinear,
+   found once per process by asking onnxruntime to load one-node models: there is no public API) is
+   converted down to that maximum with ``onnx.version_converter``, with a ``PrepareWarning`` (models
+   from the newest exporters, whose ops did not change since); where the converter cannot (an unknown
+   opset, an op whose meaning changed without an adapter), a ``PrepareError`` states the maximum. An IR
+   version above onnxruntime's maximum is a ``PrepareError`` stating it;
+3. a model without a default-domain opset import gets one at ``MIN_OPSET`` (nothing to convert: the
+   sim's Q/DQ need the domain); one already within range is left unchanged;
 4. other domains (``com.microsoft``, custom) are not touched.
 """
 from __future__ import annotations
@@ -20,7 +25,7 @@ import functools
 import onnx
 from onnx import helper
 
-from quantsim.errors import PrepareError
+from quantsim.errors import PrepareError, PrepareWarning, warn_at_caller
 from quantsim.graph.edit import default_opset
 
 __all__ = ["MIN_OPSET", "upgrade_opset", "runtime_limits"]
@@ -39,9 +44,19 @@ def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     import onnxruntime
 
     if version > max_opset:
-        raise PrepareError(f"the model uses default-domain opset {version}, but onnxruntime "
-                           f"{onnxruntime.__version__} supports at most opset {max_opset}; export the model "
-                           f"at opset {MIN_OPSET}..{max_opset}")
+        try:
+            model = onnx.version_converter.convert_version(model, max_opset)
+        except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors
+            raise PrepareError(f"the model uses default-domain opset {version}, but onnxruntime "
+                               f"{onnxruntime.__version__} supports at most opset {max_opset} and onnx's "
+                               f"version converter cannot take it there ({_one_line(exc)}); export the model at "
+                               f"opset {MIN_OPSET}..{max_opset}") from exc
+        warn_at_caller(f"the model uses default-domain opset {version}, newer than onnxruntime "
+                       f"{onnxruntime.__version__}'s QuantizeLinear/DequantizeLinear (opset {max_opset}): "
+                       f"converted down to opset {max_opset} with onnx's version converter", PrepareWarning)
+        if model.ir_version > max_ir:
+            model.ir_version = max(max_ir, helper.find_min_ir_version_for([helper.make_opsetid("", max_opset)]))
+        return model, True
     if model.ir_version > max_ir:
         raise PrepareError(f"the model has IR version {model.ir_version}, but onnxruntime "
                            f"{onnxruntime.__version__} loads at most IR version {max_ir}; set "
@@ -101,3 +116,7 @@ def _loads(opset: int, ir_version: int) -> bool:
     except Exception:  # noqa: BLE001 - any refusal means "not supported"
         return False
     return True
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:200]
