@@ -53,18 +53,33 @@ def _feeds(case) -> dict[str, np.ndarray] | None:
     return feeds
 
 
-def _worst_steps(sim, got: list[np.ndarray], want: list[np.ndarray]) -> float:
-    """Largest |got - want| over the outputs in steps of a quantized output's grid (relative to the output's
-    magnitude x 1000 for one without a per-tensor grid); inf where NaN disagrees."""
+def _grid_step(sim, model, tensor: str) -> float | None:
+    """The step of the per-tensor grid ``tensor`` lies on in the sim: its own quantizer's, or (an output of data
+    movement whose quantizer the sim ties to its input) the nearest one up the chain of movement ops."""
+    from quantsim.graph.op_facts import GRID_MOVEMENT_OPS
+
+    producers = {out: node for node in model.graph.node for out in node.output}
+    while True:
+        q = sim.qc_quantize_op_dict.get(tensor)
+        if q is not None and q.enabled and q.encoding is not None:
+            return float(q.encoding.scale) if np.ndim(q.encoding.scale) == 0 else None
+        node = producers.get(tensor)
+        if node is None or node.op_type not in GRID_MOVEMENT_OPS:
+            return None
+        tensor = node.input[0]
+
+
+def _worst_steps(sim, model, got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    """Largest |got - want| over the outputs in steps of the grid an output lies on (`_grid_step`; relative to
+    the output's magnitude x 1000 for one on no per-tensor grid); inf where NaN disagrees."""
     worst = 0.0
     for info, g, w in zip(sim.session.get_outputs(), got, want):
         if (np.isnan(g) != np.isnan(w)).any():
             return float("inf")
         diff = np.nan_to_num(np.abs(g.astype(np.float64) - w), nan=0.0)
-        q = sim.qc_quantize_op_dict.get(info.name)
-        scale = q.encoding.scale if q is not None and q.encoding is not None else None
-        if scale is not None and np.ndim(scale) == 0:
-            worst = max(worst, float(diff.max(initial=0.0)) / float(scale))
+        scale = _grid_step(sim, model, info.name)
+        if scale is not None:
+            worst = max(worst, float(diff.max(initial=0.0)) / scale)
         else:
             worst = max(worst, 1000 * float(diff.max(initial=0.0)) / (float(np.nanmax(np.abs(w), initial=0.0)) + 1e-6))
     return worst
@@ -85,7 +100,7 @@ def run_case(case, feeds: dict[str, np.ndarray]) -> tuple[float, float]:
               for e, w in zip(exact, want))
     integer = sim.export_integer(weight_codes="uint8").model
     got = ort.InferenceSession(integer.SerializeToString(), providers=PROVIDERS).run(None, feeds)
-    return qdq, _worst_steps(sim, got, want)
+    return qdq, _worst_steps(sim, case.model, got, want)
 
 
 def main(argv: list[str] | None = None) -> int:
