@@ -38,7 +38,6 @@ import datetime
 import logging
 import os
 import platform
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -47,6 +46,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from benchmarks.common import ort_quantize_static
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # report entries that move or reshape data or compute shapes (not arithmetic on activations)
@@ -172,34 +173,6 @@ def _session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _ort_quantized(model: onnx.ModelProto, calibration: list[dict], fmt, weight_codes: str = "int8") -> onnx.ModelProto:
-    from onnxruntime.quantization import CalibrationMethod, QuantType, quant_pre_process, quantize_static
-
-    class Reader:
-        def __init__(self):
-            self.items = iter(calibration)
-
-        def get_next(self):
-            return next(self.items, None)
-
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    if opset < 13:  # per-channel DequantizeLinear (its axis attribute) needs opset 13 (ddddocr is opset 12)
-        model = onnx.version_converter.convert_version(model, 13)
-    with tempfile.TemporaryDirectory() as tmp:
-        source, target = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "quant.onnx")
-        onnx.save(model, source)
-        weight_type = QuantType.QUInt8 if weight_codes == "uint8" else QuantType.QInt8
-        options = dict(quant_format=fmt, per_channel=True, activation_type=QuantType.QUInt8,
-                       weight_type=weight_type, calibrate_method=CalibrationMethod.MinMax)
-        try:
-            quantize_static(source, target, Reader(), **options)
-        except Exception:  # noqa: BLE001 - some exports (PP-OCR rec) need ORT's pre-processing first
-            pre = os.path.join(tmp, "pre.onnx")
-            quant_pre_process(source, pre, skip_symbolic_shape=True)
-            quantize_static(pre, target, Reader(), **options)
-        return onnx.load(target)
-
-
 def _suite_model(name: str):
     """(model, calibration feeds, two test feeds, case) of a suite model (benchmarks.suite, QUICK sizes): PP-OCR
     cls / rec / det, nudenet's YOLOv8n detector, the PicoDet layout detector, the PP-LCNet orientation
@@ -250,9 +223,9 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
         variants[f"quantsim QDQ (to_onnx_qdq{tag})"] = sim.to_onnx_qdq(weight_codes=code)
         variants[f"quantsim integer (export_integer{tag})"] = integer
         ort_tag = "" if codes == ("int8",) else f", {'QUInt8' if code == 'uint8' else 'QInt8'} weights"
-        variants[f"ORT quantize_static QOperator{ort_tag}"] = _ort_quantized(model, calibration, QuantFormat.QOperator,
+        variants[f"ORT quantize_static QOperator{ort_tag}"] = ort_quantize_static(model, calibration, QuantFormat.QOperator,
                                                                               code)
-        variants[f"ORT quantize_static QDQ{ort_tag}"] = _ort_quantized(model, calibration, QuantFormat.QDQ, code)
+        variants[f"ORT quantize_static QDQ{ort_tag}"] = ort_quantize_static(model, calibration, QuantFormat.QDQ, code)
         integer_rows[f"quantsim integer (export_integer{tag})"] = f"ORT quantize_static QOperator{ort_tag}"
     sessions = {k: _session(m, threads) for k, m in variants.items()}
     feed = tests[0]

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import interleaved_best, print_and_save
+from benchmarks.common import interleaved_best, ort_quantize_static, print_and_save
 from benchmarks.suite.light_models import light_model, randomized
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -51,34 +51,6 @@ def _images(rng: np.random.Generator, name: str, count: int) -> list[dict[str, n
     return [{name: rng.standard_normal((1, 3, SIZE, SIZE)).astype(np.float32)} for _ in range(count)]
 
 
-def _quantize_static(path: str, calib: list[dict], out: str, qdq: bool, weight_codes: str) -> str:
-    """``quantize_static`` of the float model at ``path`` (upgraded to opset 13 with IR 7 first: its version
-    converter rejects IR 3's initializers listed as graph inputs)."""
-    from onnx import version_converter
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    model = onnx.load(path)
-    inits = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
-    del model.graph.input[:]
-    model.graph.input.extend(inputs)
-    model.ir_version = 7
-    plain = out + ".float.onnx"
-    onnx.save(version_converter.convert_version(model, 13), plain)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds = iter(calib)
-
-        def get_next(self):
-            return next(self.feeds, None)
-
-    quantize_static(plain, out, Reader(), quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator,
-                    per_channel=True, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QUInt8 if weight_codes == "uint8" else QuantType.QInt8)
-    return out
-
-
 def _quality(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:
     """Mean relative error (max |difference| over max |FP32|) and top-1 agreement with FP32."""
     rel = [float(np.abs(g - r).max() / max(float(np.abs(r).max()), 1e-12)) for r, g in zip(ref, got)]
@@ -87,6 +59,8 @@ def _quality(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float
 
 
 def bench_model(name: str, workdir: Path, weight_codes: str, threads: int, repeats: int) -> dict:
+    from onnxruntime.quantization import QuantFormat
+
     import quantsim
 
     base = light_model(name)
@@ -108,8 +82,8 @@ def bench_model(name: str, workdir: Path, weight_codes: str, threads: int, repea
         "fp32": path,
         "qdq": sim.to_onnx_qdq(weight_codes=weight_codes),
         "integer": integer.model,
-        "qs_qdq": _quantize_static(path, calib, str(workdir / f"{name}.qs_qdq.onnx"), True, weight_codes),
-        "qs_qop": _quantize_static(path, calib, str(workdir / f"{name}.qs_qop.onnx"), False, weight_codes),
+        "qs_qdq": ort_quantize_static(model, calib, QuantFormat.QDQ, weight_codes),
+        "qs_qop": ort_quantize_static(model, calib, QuantFormat.QOperator, weight_codes),
     }
     sessions = {key: _session(value, threads) for key, value in models.items()}
 
@@ -121,7 +95,7 @@ def bench_model(name: str, workdir: Path, weight_codes: str, threads: int, repea
     quality["sim"] = _quality(ref, [sim.session.run(None, feed)[0] for feed in evaluation])
     best = interleaved_best({key: (lambda s=s: run(s)) for key, s in sessions.items()}, repeats=repeats)
     return {"name": name, "floats": floats, "quality": quality, "best": best,
-            "qs_weights": _weight_types(onnx.load(models["qs_qop"]))}
+            "qs_weights": _weight_types(models["qs_qop"])}
 
 
 def _weight_types(model: onnx.ModelProto) -> str:

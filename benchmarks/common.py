@@ -137,3 +137,48 @@ def print_and_save(table: str, output: str) -> None:
     if output:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(table)
+
+
+def ort_quantize_static(model, calibration: list[dict], fmt, weight_codes: str = "int8"):
+    """``onnxruntime.quantization.quantize_static`` of ``model`` (a ModelProto) in format ``fmt`` (QDQ or
+    QOperator): per-channel MinMax, QUInt8 activations, QInt8 weights (QUInt8 with ``weight_codes="uint8"``);
+    the quantized ModelProto. A model below opset 13 is converted first (per-channel DequantizeLinear needs
+    it); below IR 4 (every initializer also a graph input, which the converter rejects) its initializers leave
+    the inputs first. Falls back to ``quant_pre_process`` where the plain call fails (PP-OCR rec)."""
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quant_pre_process, quantize_static
+
+    class Reader:
+        def __init__(self):
+            self.items = iter(calibration)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset < 13:  # per-channel DequantizeLinear (its axis attribute) needs opset 13 (ddddocr is opset 12)
+        if model.ir_version < 4:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            constants = {t.name for t in copy.graph.initializer}
+            inputs = [i for i in copy.graph.input if i.name not in constants]
+            del copy.graph.input[:]
+            copy.graph.input.extend(inputs)
+            copy.ir_version = 7
+            model = copy
+        model = onnx.version_converter.convert_version(model, 13)
+    with tempfile.TemporaryDirectory() as tmp:
+        source, target = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "quant.onnx")
+        onnx.save(model, source)
+        weight_type = QuantType.QUInt8 if weight_codes == "uint8" else QuantType.QInt8
+        options = dict(quant_format=fmt, per_channel=True, activation_type=QuantType.QUInt8,
+                       weight_type=weight_type, calibrate_method=CalibrationMethod.MinMax)
+        try:
+            quantize_static(source, target, Reader(), **options)
+        except Exception:  # noqa: BLE001 - some exports (PP-OCR rec) need ORT's pre-processing first
+            pre = os.path.join(tmp, "pre.onnx")
+            quant_pre_process(source, pre, skip_symbolic_shape=True)
+            quantize_static(pre, target, Reader(), **options)
+        return onnx.load(target)
