@@ -30,6 +30,13 @@ __all__ = [
 ]
 
 
+def one_line(message: str) -> str:
+    """Another library's error message on one line for ours: its lines joined, without the ``==> Context:``
+    dump of a whole node that onnx's checker appends (its first line often stops before the node it names)."""
+    message = message.split("==> Context:")[0]
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
+
+
 class QuantsimError(Exception):
     """Root of every error quantsim raises on purpose."""
 

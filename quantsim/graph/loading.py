@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
-from quantsim.errors import InvalidArgumentError, InvalidTypeError
+from quantsim.errors import InvalidArgumentError, InvalidTypeError, one_line
 from quantsim.graph.large_models import is_large
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.source_weights import map_external
@@ -60,7 +60,7 @@ def load_model_mapped(model: onnx.ModelProto | str | os.PathLike, signatures: di
             onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
         if "topologically sorted" not in str(error):  # preparation sorts the nodes, or names the cycle / input
-            raise InvalidArgumentError(f"{label} fails onnx.checker: {_one_line(str(error))}") from error
+            raise InvalidArgumentError(f"{label} fails onnx.checker: {one_line(str(error))}") from error
     return (*_checked_tail(proto, label), weights)
 
 
@@ -112,10 +112,3 @@ def _checked_tail(proto: onnx.ModelProto, label: str) -> tuple[onnx.ModelProto, 
             "QuantizationSimModel.from_onnx_qdq(model) instead"
         )
     return proto, label
-
-
-def _one_line(message: str) -> str:
-    """The checker's message on one line, with the node it names (its first line often stops before it),
-    without the trailing ``==> Context`` dump of the whole node."""
-    message = message.split("==> Context:")[0]
-    return " ".join(part.strip() for part in message.splitlines() if part.strip())

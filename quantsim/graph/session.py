@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantsim.errors import InvalidStateError, SessionError
+from quantsim.errors import InvalidStateError, SessionError, one_line
 from quantsim.graph.deferred import DeferredArray
 from quantsim.graph.model_io import IN_MEMORY_LOCATION, session_model_source
 from quantsim.graph.timing import timed
@@ -134,7 +134,7 @@ def make_session(
     except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
         if not fuse_qdq:
             raise SessionError(f"onnxruntime cannot load the model {model.graph.name or '<unnamed>'!r} "
-                               f"({_one_line(str(error))}); check that the float model runs in onnxruntime") from error
+                               f"({one_line(str(error))}); check that the float model runs in onnxruntime") from error
         raise InvalidStateError(
             "onnxruntime could not build integer kernels for this sim (its Q/DQ fusion supports 8-bit "
             f"activations with int8/uint8 weights): {error}. Use the exact sim session instead."
@@ -318,7 +318,3 @@ def _write_stored(temporary: Path, target: Path, value: DeferredArray) -> bool:
     with open(target, "wb") as file:
         _pwrite(file.fileno(), 0, value)
     return False
-
-
-def _one_line(message: str) -> str:
-    return " ".join(message.split())

@@ -25,7 +25,7 @@ import functools
 import onnx
 from onnx import helper
 
-from quantsim.errors import PrepareError, PrepareWarning, warn_at_caller
+from quantsim.errors import PrepareError, PrepareWarning, one_line, warn_at_caller
 from quantsim.graph.edit import default_opset
 
 __all__ = ["MIN_OPSET", "upgrade_opset", "runtime_limits"]
@@ -49,7 +49,7 @@ def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
         except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors
             raise PrepareError(f"the model uses default-domain opset {version}, but onnxruntime "
                                f"{onnxruntime.__version__} supports at most opset {max_opset} and onnx's "
-                               f"version converter cannot take it there ({_one_line(exc)}); export the model at "
+                               f"version converter cannot take it there ({one_line(str(exc))[:200]}); export the model at "
                                f"opset {MIN_OPSET}..{max_opset}") from exc
         warn_at_caller(f"the model uses default-domain opset {version}, newer than onnxruntime "
                        f"{onnxruntime.__version__}'s QuantizeLinear/DequantizeLinear (opset {max_opset}): "
@@ -116,7 +116,3 @@ def _loads(opset: int, ir_version: int) -> bool:
     except Exception:  # noqa: BLE001 - any refusal means "not supported"
         return False
     return True
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())[:200]
