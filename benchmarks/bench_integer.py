@@ -47,7 +47,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.common import ort_quantize_static
+from benchmarks.common import cpu_session, ort_quantize_static
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # report entries that move or reshape data or compute shapes (not arithmetic on activations)
@@ -166,13 +166,6 @@ def _interleaved_times(fns: dict, repeats: int, warmup: int = 3) -> dict[str, np
     return {k: np.asarray(v) for k, v in times.items()}
 
 
-def _session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
 def _suite_model(name: str):
     """(model, calibration feeds, two test feeds, case) of a suite model (benchmarks.suite, QUICK sizes): PP-OCR
     cls / rec / det, nudenet's YOLOv8n detector, the PicoDet layout detector, the PP-LCNet orientation
@@ -227,7 +220,7 @@ def bench_model(name: str, model: onnx.ModelProto, repeats: int, threads: int, c
                                                                               code)
         variants[f"ORT quantize_static QDQ{ort_tag}"] = ort_quantize_static(model, calibration, QuantFormat.QDQ, code)
         integer_rows[f"quantsim integer (export_integer{tag})"] = f"ORT quantize_static QOperator{ort_tag}"
-    sessions = {k: _session(m, threads) for k, m in variants.items()}
+    sessions = {k: cpu_session(m, threads=threads) for k, m in variants.items()}
     feed = tests[0]
     times = _interleaved_times({k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}, repeats)
     best = {k: float(v.min()) for k, v in times.items()}

@@ -32,19 +32,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import interleaved_best, ort_quantize_static, print_and_save
+from benchmarks.common import cpu_session, interleaved_best, ort_quantize_static, print_and_save
 from benchmarks.suite.light_models import light_model, randomized
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("resnet50", "densenet121", "inception_v1", "inception_v2", "shufflenet", "squeezenet", "bvlc_alexnet")
 SIZE = 224
-
-
-def _session(model: onnx.ModelProto | str, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    source = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def _images(rng: np.random.Generator, name: str, count: int) -> list[dict[str, np.ndarray]]:
@@ -85,7 +78,7 @@ def bench_model(name: str, workdir: Path, weight_codes: str, threads: int, repea
         "qs_qdq": ort_quantize_static(model, calib, QuantFormat.QDQ, weight_codes),
         "qs_qop": ort_quantize_static(model, calib, QuantFormat.QOperator, weight_codes),
     }
-    sessions = {key: _session(value, threads) for key, value in models.items()}
+    sessions = {key: cpu_session(value, threads=threads) for key, value in models.items()}
 
     def run(session: ort.InferenceSession) -> list[np.ndarray]:
         return [session.run(None, feed)[0] for feed in evaluation]

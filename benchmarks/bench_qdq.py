@@ -48,21 +48,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import interleaved_best, print_and_save
+from benchmarks.common import cpu_session, interleaved_best, print_and_save
 from benchmarks.suite import cases as C
 from benchmarks.suite.run import BUILDERS, best_baseline, model_fetchers, run_all
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PROVIDERS = ["CPUExecutionProvider"]
-
-
-def _session(model: onnx.ModelProto | Path, fused: bool = True, threads: int = 0) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    if not fused:
-        options.add_session_config_entry("session.disable_quant_qdq", "1")
-    source = str(model) if isinstance(model, Path) else model.SerializeToString()
-    return ort.InferenceSession(source, options, providers=PROVIDERS)
 
 
 def _output_step(sim, name: str) -> float | None:
@@ -105,7 +95,7 @@ def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int
     sim.compute_encodings(case.calib)
     qdq = sim.to_onnx_qdq(weight_codes=weight_codes)
     export_s = time.perf_counter() - t0
-    fp32 = _session(case.model_path)
+    fp32 = cpu_session(case.model_path)
     ref, _ = run_all(fp32, case.eval)
     label, base, _, base_path = best_baseline(case, ref, workdir, weight_codes)
     if base.error or base_path is None:
@@ -118,18 +108,18 @@ def bench_case(key: str, model_dirs: dict[str, Path], size: C.Size, repeats: int
     earlier_path = earlier / f"{key}{suffix}.ours.onnx" if earlier is not None else None
     if earlier_path is not None and not earlier_path.exists():
         earlier_path = None
-    sessions = {"fp32": fp32, "ours": _session(qdq), "base": _session(base_path)}
+    sessions = {"fp32": fp32, "ours": cpu_session(qdq), "base": cpu_session(base_path)}
     if earlier_path is not None:
-        sessions["earlier"] = _session(earlier_path)
+        sessions["earlier"] = cpu_session(earlier_path)
     outs = {k: run_all(s, case.eval)[0] for k, s in sessions.items() if k in ("ours", "base")}
     outs_sim, _ = run_all(sim.session, case.eval)
-    exact, _ = run_all(_session(sim.to_onnx_qdq(int32_bias=False), fused=False), case.eval)
+    exact, _ = run_all(cpu_session(sim.to_onnx_qdq(int32_bias=False), fused=False), case.eval)
     best = interleaved_best({k: (lambda s=s: run_all(s, case.eval)) for k, s in sessions.items()},
                             repeats=repeats, warmup=1)
-    single = {"fp32": _session(case.model_path, threads=1), "ours": _session(qdq, threads=1),
-              "base": _session(base_path, threads=1)}
+    single = {"fp32": cpu_session(case.model_path, threads=1), "ours": cpu_session(qdq, threads=1),
+              "base": cpu_session(base_path, threads=1)}
     if earlier_path is not None:
-        single["earlier"] = _session(earlier_path, threads=1)
+        single["earlier"] = cpu_session(earlier_path, threads=1)
     cpu = interleaved_best({k: (lambda s=s: run_all(s, case.eval)) for k, s in single.items()},
                            repeats=repeats, warmup=1, clock=time.process_time)
     return {

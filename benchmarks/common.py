@@ -182,3 +182,16 @@ def ort_quantize_static(model, calibration: list[dict], fmt, weight_codes: str =
             quant_pre_process(source, pre, skip_symbolic_shape=True)
             quantize_static(pre, target, Reader(), **options)
         return onnx.load(target)
+
+
+def cpu_session(model, fused: bool = True, threads: int = 0):
+    """A default onnxruntime CPU session over ``model`` (a ModelProto or a path) with ``threads`` intra-op
+    threads (0: onnxruntime's default); ``fused=False`` keeps Q/DQ as written (``session.disable_quant_qdq``)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if not fused:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
+    source = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
