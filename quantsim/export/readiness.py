@@ -12,16 +12,15 @@ from quantsim.errors import InvalidStateError, QuantsimError, warn_at_caller
 __all__ = ["check_activations_calibrated"]
 
 
-def check_activations_calibrated(sim, what: str, error: type[QuantsimError] = InvalidStateError) -> list[str]:
+def check_activations_calibrated(sim, what: str, error: type[QuantsimError] = InvalidStateError) -> None:
     """Raise ``error`` when no enabled (integer-grid) activation quantizer of ``sim`` has an encoding; warn, naming
-    them, when only some lack one. Returns the names of those without (empty when all have one)."""
+    them, when only some lack one."""
     activations = [q for q in sim.quantizers if q.enabled and q.role == "activation" and not q.spec.is_float]
     missing = [q.name for q in activations if q.encoding is None]
     if not missing:
-        return []
+        return
     if len(missing) == len(activations):
         raise error(f"{what}: no activation quantizer has an encoding (e.g. {missing[:3]}); call compute_encodings "
                     "(or load encodings) first")
     warn_at_caller(f"{what}: {len(missing)} enabled activation quantizer(s) have no encoding (calibration saw no "
                    f"finite values there) and stay float, as in the sim, e.g. {missing[:3]}", RuntimeWarning)
-    return missing
