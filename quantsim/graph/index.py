@@ -21,7 +21,8 @@ from quantsim.graph.deferred import WeightSource
 from quantsim.graph.large_models import value_bytes
 from quantsim.graph.mapped import active_weights, is_mapped
 
-__all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "CONSTANT_CACHE_BYTES", "subgraph_references", "node_attributes"]
+__all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "CONSTANT_CACHE_BYTES", "subgraph_references", "node_attributes",
+           "rename_outer_references"]
 
 CONSTANT_CACHE_BYTES = 64 << 20
 """At most this many bytes of converted constants are kept by `GraphIndex.cached_constants`: the others are
@@ -46,16 +47,35 @@ def subgraph_references(node: onnx.NodeProto) -> set[str]:
     """Names that the subgraphs of ``node`` read from the enclosing scope."""
     names: set[str] = set()
     for attr in node.attribute:
-        graphs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
-        for graph in graphs:
-            local = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-            for inner in graph.node:
-                local.update(inner.output)
+        for graph in [*attr.graphs, *([attr.g] if attr.HasField("g") else [])]:
+            local = _local_names(graph)
             for inner in graph.node:
                 names.update(n for n in inner.input if n and n not in local)
                 names.update(subgraph_references(inner) - local)
             names.update(o.name for o in graph.output if o.name not in local)
     return names
+
+
+def _local_names(graph: onnx.GraphProto) -> set[str]:
+    names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for inner in graph.node:
+        names.update(inner.output)
+    return names
+
+
+def rename_outer_references(node: onnx.NodeProto, renames: dict[str, str]) -> None:
+    """Rewrite, in place, the enclosing-scope names that the subgraphs of ``node`` read (`subgraph_references`)
+    as ``renames`` says; names a subgraph defines itself are left alone, at every depth."""
+    for attr in node.attribute:
+        for graph in [*attr.graphs, *([attr.g] if attr.HasField("g") else [])]:
+            outer = {old: new for old, new in renames.items() if old not in _local_names(graph)}
+            if not outer:
+                continue
+            for inner in graph.node:
+                inner.input[:] = [outer.get(n, n) for n in inner.input]
+                rename_outer_references(inner, outer)
+            for out in graph.output:
+                out.name = outer.get(out.name, out.name)
 
 
 class GraphIndex:
@@ -176,15 +196,21 @@ class GraphIndex:
         return uses[0].node
 
     def bias_add(self, name: str) -> tuple[onnx.NodeProto, str] | None:
-        """``(Add node, constant name)`` when ``name``'s only consumer adds one float constant to it (a bias).
+        """``(Add node, constant name)`` when ``name``'s only consumer adds one float constant to it that is a
+        per-column bias (shape ``[N]``, or ``[1, ..., 1, N]``).
 
         The one home of "MatMul followed by a constant Add": placement puts the pair's output quantizer after
-        the Add, the int32-bias fit and the integer export fold the constant into the kernel's bias."""
+        the Add, the int32-bias fit and the integer export fold the constant into the kernel's bias. A constant
+        of any other shape (a Swin block's ``[1, heads, 49, 49]`` relative-position table added to attention
+        scores) is an ordinary Add, as in AIMET, whose pass takes rank-1 biases only."""
         add = self.single_consumer(name)
         if add is None or add.op_type != "Add":
             return None
         others = [n for n in add.input if n != name]
         if len(others) != 1 or not self.is_constant(others[0]) or not self.is_float(others[0]):
+            return None
+        dims = self.initializers[others[0]].dims
+        if len(dims) == 0 or int(np.prod(dims[:-1], dtype=np.int64)) != 1:
             return None
         return add, others[0]
 

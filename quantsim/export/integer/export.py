@@ -74,14 +74,14 @@ from quantsim.export.integer import linear as lowering_linear
 from quantsim.export.integer import lut as lowering_lut
 from quantsim.export.integer import movement as lowering_movement
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, Unsupported
-from quantsim.export.integer.fallback import apply_quantizer, lower_in_float
+from quantsim.export.integer.fallback import apply_quantizer, emit_as_is, lower_in_float
 from quantsim.export.integer.prefetch import prefetch
 from quantsim.export.integer.shapes import fold_shape_arithmetic, shape_derived, static_input_shapes
 from quantsim.export.readiness import check_activations_calibrated
 from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
 from quantsim.graph.deferred import DeferredWeights, WeightSource
 from quantsim.graph.file_set import FileSet
-from quantsim.graph.index import GraphIndex
+from quantsim.graph.index import GraphIndex, rename_outer_references, subgraph_references
 from quantsim.graph.large_models import converted_skeleton, copy_without_initializers
 from quantsim.graph.session import make_session
 from quantsim.sim.build import IR_FOR_OPSET
@@ -254,12 +254,14 @@ class _ByName:
 
 def _lower_node(ctx: LoweringContext, node: onnx.NodeProto, report: list[ReportEntry], from_shapes: set[str]) -> None:
     index = ctx.index
-    if not any(index.is_float(n) for n in node.input if n) and not any(index.is_float(n) for n in node.output if n):
-        ctx.emit(node.op_type, [ctx.float_input(n) for n in node.input], list(node.output), name=node.name,
-                 domain=node.domain, attributes_of=node)  # shape / index arithmetic, unchanged
+    reads = [n for n in node.input if n] + sorted(subgraph_references(node))
+    if not any(index.is_float(n) for n in reads) and not any(index.is_float(n) for n in node.output if n):
+        emit_as_is(ctx, node, [ctx.float_input(n) for n in node.input], list(node.output))  # shape / index arithmetic
         return
     rule = LOWERINGS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
     reason = f"no integer lowering for {node.op_type}"
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        reason = f"{node.op_type} body runs in float, as in the sim"
     if rule is not None:
         state = ctx.snapshot()
         try:
@@ -358,6 +360,7 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     for node in ctx.nodes:
         node.input[:] = [renames.get(n, n) for n in node.input]
         node.output[:] = [renames.get(n, n) for n in node.output]
+        rename_outer_references(node, renames)
     graph = helper.make_graph(ctx.nodes, model.graph.name or "integer", inputs, outputs, ctx.initializers)
     opsets = [helper.make_opsetid("", opset)]
     opsets += [o for o in model.opset_import if o.domain not in ("", "ai.onnx", MS_DOMAIN)]

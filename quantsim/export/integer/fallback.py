@@ -28,10 +28,11 @@ from onnx import TensorProto
 from quantsim.errors import IntegerExportError
 from quantsim.export.integer.context import MS_DOMAIN, Grid, LoweringContext, Unsupported
 from quantsim.export.integer.float_types import as_float32, as_own_type, is_half
+from quantsim.graph.index import rename_outer_references, subgraph_references
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["lower_in_float", "apply_quantizer"]
+__all__ = ["lower_in_float", "apply_quantizer", "emit_as_is"]
 
 _WIDE_TYPES = {TensorProto.INT16, TensorProto.UINT16}
 
@@ -78,21 +79,27 @@ def apply_quantizer(ctx: LoweringContext, tensor: str, source: str) -> None:
     ctx.floats[tensor] = as_own_type(ctx, value, tensor)
 
 
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+def emit_as_is(ctx: LoweringContext, node: onnx.NodeProto, inputs: list[str], outputs: list[str]) -> None:
+    """Append ``node`` reading ``inputs`` and writing ``outputs``; its subgraphs (If / Loop / Scan bodies, run
+    in float as in the sim) read the new graph's float value of each enclosing-scope tensor."""
+    attributes_of = node
+    references = subgraph_references(node)
+    if references:
+        attributes_of = onnx.NodeProto()
+        attributes_of.CopyFrom(node)
+        rename_outer_references(attributes_of, {name: ctx.float_input(name) for name in sorted(references)})
+    ctx.emit(node.op_type, inputs, outputs, name=node.name, domain=node.domain, attributes_of=attributes_of)
 
 
 def lower_in_float(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """Run ``node`` in float between DequantizeLinear inputs and its outputs' sim quantizers."""
-    if _has_subgraph(node):
-        raise IntegerExportError(f"node {node.name!r} ({node.op_type}) has subgraphs: not exportable to integer")
     try:
         inputs = [ctx.float_input(name) for name in node.input]
+        outputs = [ctx.fresh(f"{name}/float") if name and ctx.index.is_float(name) else name for name in node.output]
+        emit_as_is(ctx, node, inputs, outputs)
     except Unsupported as error:
         raise IntegerExportError(f"node {node.name!r}: {error}") from error
-    outputs = [ctx.fresh(f"{name}/float") if name and ctx.index.is_float(name) else name for name in node.output]
     _log.info("integer export: node %r (%s) runs in float", node.name, node.op_type)
-    ctx.emit(node.op_type, inputs, outputs, name=node.name, domain=node.domain, attributes_of=node)
     for name, out in zip(node.output, outputs):
         if name and ctx.index.is_float(name):
             apply_quantizer(ctx, name, out)
