@@ -184,3 +184,38 @@ def test_bias_add_is_one_float_constant_added_to_the_only_use():
     assert index.bias_add("mm2") is None
     assert index.bias_add("mm3") is None
     assert index.bias_add("out") is None
+
+
+def test_only_a_per_column_constant_after_a_weighted_matmul_is_a_bias():
+    """Found on torchvision's Swin (TorchScript export): attention scores ``q @ k^T`` plus a ``[1, heads, 49,
+    49]`` relative-position table were taken as a MatMul with a bias, so the scores had no quantizer and the
+    integer export ran MatMul + Add in float. As AIMET's MatmulAdd pass: the bias is per column (``[N]`` or
+    ``[1, ..., 1, N]``), the MatMul has a constant weight."""
+    from quantsim.graph.index import GraphIndex
+
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "table"], ["tabled"]),  # [1, 2, 4, 4]: not a bias
+        helper.make_node("MatMul", ["tabled", "w"], ["mm2"]),
+        helper.make_node("Add", ["mm2", "row"], ["biased"]),  # [1, 1, 4]: a bias
+        helper.make_node("Transpose", ["biased"], ["t"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["biased", "t"], ["scores"]),  # activation x activation
+        helper.make_node("Add", ["scores", "b"], ["out"]),
+    ]
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(1, 2, 4, 4)).astype(np.float32), "table"),
+             numpy_helper.from_array(rng.normal(size=(1, 1, 4)).astype(np.float32), "row"),
+             numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "b")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                       [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2, 4, 4])], inits)
+    index = GraphIndex(model)
+    assert index.bias_add("mm") is None
+    assert index.bias_add("mm2") is not None and index.bias_add("mm2")[1] == "row"
+    sim = QuantizationSimModel(model, progress=False)
+    enabled = {name for name, q in sim.qc_quantize_op_dict.items() if q.enabled}
+    assert {"mm", "tabled", "biased", "scores", "out"} <= enabled
+    assert "mm2" not in enabled  # the weighted MatMul's output, before its bias
+    sim.compute_encodings([{"x": rng.normal(size=(1, 2, 4, 4)).astype(np.float32)} for _ in range(4)])
+    export = sim.export_integer(weight_codes="uint8")
+    assert not [e for e in export.report if e.op_type in ("MatMul", "Add")], str(export.report)

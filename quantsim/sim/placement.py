@@ -273,12 +273,13 @@ def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:
 
 
 def _matmul_add_biases(index: GraphIndex, config: QuantsimConfig) -> dict[str, onnx.NodeProto]:
-    """``{bias constant: Add node}`` for ``Add(MatMul(x, W), b)`` when the MatmulAdd pass is configured."""
+    """``{bias constant: Add node}`` for ``Add(MatMul(x, W), b)`` when the MatmulAdd pass is configured: a
+    MatMul with a constant weight (as AIMET's pass; attention's ``q @ k^T`` is not a layer with a bias)."""
     if "MatmulAdd" not in config.supergroup_pass_list:
         return {}
     found = {}
     for node in index.nodes:
-        if node.op_type != "MatMul" or not node.output:
+        if node.op_type != "MatMul" or not node.output or not any(index.is_constant(n) for n in node.input):
             continue
         pair = index.bias_add(node.output[0])
         if pair is not None:

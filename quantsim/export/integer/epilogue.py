@@ -79,10 +79,7 @@ def epilogue(ctx: LoweringContext, node: onnx.NodeProto, *, allow_bias: bool = F
             pair = index.bias_add(tensor)
             if pair is None:
                 raise Unsupported(f"output {tensor!r} feeds an Add that is not a constant bias")
-            values = np.asarray(ctx.constant(pair[1]), dtype=np.float32)
-            if values.ndim > 1 and int(np.prod(values.shape[:-1])) != 1:
-                raise Unsupported(f"bias {pair[1]!r} of shape {values.shape} is not a per-column bias")
-            bias = values.reshape(-1)
+            bias = np.asarray(ctx.constant(pair[1]), dtype=np.float32).reshape(-1)  # per column (`bias_add`)
         elif consumer.op_type in ACTIVATIONS and consumer.input[0] == tensor:
             activations.append(clip_bounds(ctx, consumer))
         else:

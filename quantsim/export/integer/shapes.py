@@ -111,24 +111,27 @@ def fold_shape_arithmetic(model: onnx.ModelProto, shapes: Mapping[str, Sequence[
             del shape.dim[:]
             for d in shapes[info.name]:
                 shape.dim.add().dim_value = int(d)
-    del work.graph.value_info[:]
-    inferred = onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True)
-    known = {v.name: _declared(v) for v in (*inferred.graph.value_info, *inferred.graph.input)}
     before = len(work.graph.node)
     outputs = {o.name for o in work.graph.output}
-    keep = []
-    for node in work.graph.node:
-        static = node.input and not outputs.intersection(node.output)
-        value = _static_shape_value(node, known.get(node.input[0])) if static else None
-        if value is None:
-            keep.append(node)
-        else:
-            work.graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
-    del work.graph.node[:]
-    work.graph.node.extend(keep)
-    work, _ = fold_constants(work)
-    del work.graph.value_info[:]
-    work.graph.value_info.extend(onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True).graph.value_info)
+    while True:  # a shape known only once earlier shape arithmetic is folded (a Pad's computed pads) needs a round more
+        del work.graph.value_info[:]
+        inferred = onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True)
+        work.graph.value_info.extend(inferred.graph.value_info)
+        known = {v.name: _declared(v) for v in (*inferred.graph.value_info, *inferred.graph.input)}
+        keep, folded = [], 0
+        for node in work.graph.node:
+            static = node.input and not outputs.intersection(node.output)
+            value = _static_shape_value(node, known.get(node.input[0])) if static else None
+            if value is None:
+                keep.append(node)
+            else:
+                work.graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+                folded += 1
+        if not folded:
+            break
+        del work.graph.node[:]
+        work.graph.node.extend(keep)
+        work, _ = fold_constants(work)
     stand_ins = {t.name for t in kept_out}
     real_inputs = [i for i in work.graph.input if i.name not in stand_ins]
     del work.graph.input[:]
