@@ -121,3 +121,27 @@ def test_bad_input_shapes_name_the_input(shapes, message):
     sim = _sim(_anchor_head(), (2, 1, 16, 16))
     with pytest.raises(InvalidArgumentError, match=message):
         export_integer(sim, input_shapes=shapes)
+
+
+def test_shapes_known_only_after_folding_fold_too():
+    """Found on torchvision's Swin: a window padding ``(7 - W % 7) % 7`` (Mod, which ONNX data propagation does not
+    evaluate) feeds a Pad, whose output shape builds the shifted-window mask (ConstantOfShape ...). Inference
+    learns the Pad's shape only once the pads are folded to a constant, so the fold repeats until no Shape is
+    left; one round left the mask arithmetic float."""
+    ints = {"hw_axes": [2, 3], "eight": [8, 8], "six_zeros": [0] * 6}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
+    n = helper.make_node
+    fill = helper.make_tensor("fill", 1, [1], [0.25])
+    nodes = [n("Shape", ["x"], ["xs"], name="xs"), n("Gather", ["xs", "hw_axes"], ["hw"], name="hw"),
+             n("Mod", ["hw", "eight"], ["rest"], name="rest"), n("Sub", ["eight", "rest"], ["short"], name="short"),
+             n("Mod", ["short", "eight"], ["pad_hw"], name="pad_hw"),
+             n("Concat", ["six_zeros", "pad_hw"], ["pads"], name="pads", axis=0),
+             n("Pad", ["x", "pads"], ["padded"], name="pad"), n("Shape", ["padded"], ["ps"], name="ps"),
+             n("ConstantOfShape", ["ps"], ["mask"], name="mask", value=fill),
+             n("Add", ["padded", "mask"], ["y"], name="add_mask")]
+    model = _model(nodes, [_vi("x", 1, 1, 5, 5)], [_vi("y", 1, 1, 8, 8)], inits)
+    sim = _sim(model, (1, 1, 5, 5))
+    exported = _export_checked(sim)
+    assert exported.report == [], str(exported.report)
+    steps = _steps(sim, exported, _feeds((1, 1, 5, 5), 7))["y"]
+    assert steps.max() <= 1
