@@ -19,7 +19,8 @@ All tensors are uint8 per-tensor grids; with ``r = s (q - z)`` on each side:
   copied by a plain uint8 ``Concat``; otherwise ``QLinearConcat`` requantizes each input with
   ``M_i = s_i / s_out`` (onnxruntime: a 256-entry table per input).
 * AveragePool / GlobalAveragePool: ``q_y = z_y + round(M sum_k (q_k - z_x))``, ``M = s_x / (s_y N)``
-  over the ``N`` taps -> ``QLinearAveragePool`` / ``QLinearGlobalAveragePool``.
+  over the ``N`` taps -> ``QLinearAveragePool`` / ``QLinearGlobalAveragePool``; a ReduceMean over all
+  spatial axes (channels first or last, torch's dynamo export of ``adaptive_avg_pool2d(1)``) is the latter.
 * Sigmoid, LeakyRelu -> ``QLinearSigmoid`` / ``QLinearLeakyRelu`` (onnxruntime builds a 256-entry
   table in float); Softmax -> ``QLinearSoftmax`` (exp table, row sum, division; ``opset`` attribute
   = the model's Softmax semantics).
@@ -169,15 +170,59 @@ def lower_average_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 
 def lower_global_average_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """GlobalAveragePool -> com.microsoft QLinearGlobalAveragePool."""
+    shape = ctx.index.shape.get(node.input[0]) or ()
+    _global_average_pool(ctx, node, channels_last=0, pooled=list(range(2, len(shape))), squeeze=False)
+
+
+def _reduced_axes(ctx: LoweringContext, node: onnx.NodeProto, rank: int) -> list[int]:
+    """The axes a ReduceMean reduces, non-negative (attribute up to opset 17, constant input from 18)."""
+    axes = node_attributes(node).get("axes")
+    if axes is None and len(node.input) > 1 and node.input[1]:
+        if not ctx.index.is_constant(node.input[1]):
+            raise Unsupported(f"ReduceMean axes {node.input[1]!r} are not a constant")
+        axes = ctx.index.constant_value(node.input[1]).reshape(-1).tolist()
+    if not axes:
+        raise Unsupported("ReduceMean over every axis (no axes given)")
+    return sorted({int(a) + rank if int(a) < 0 else int(a) for a in axes})
+
+
+def lower_reduce_mean(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """ReduceMean over every axis after the channel axis (or, channels last, between batch and channel): a
+    global average pool, as torch's dynamo exporter writes ``adaptive_avg_pool2d(1)`` and ``x.mean((2, 3))`` ->
+    QLinearGlobalAveragePool; ``keepdims=0`` squeezes the pooled axes of its uint8 codes. Other reductions
+    stay float."""
+    shape = ctx.index.shape.get(node.input[0])
+    if shape is None or len(shape) < 3:
+        raise Unsupported("ReduceMean input of unknown rank or rank below 3 is not a global average pool")
+    rank = len(shape)
+    axes = _reduced_axes(ctx, node, rank)
+    if axes not in (list(range(2, rank)), list(range(1, rank - 1))):
+        raise Unsupported(f"ReduceMean over axes {axes} of a rank-{rank} tensor is not a global average pool")
+    _global_average_pool(ctx, node, channels_last=int(axes[0] == 1), pooled=axes,
+                         squeeze=not node_attributes(node).get("keepdims", 1))
+
+
+def _global_average_pool(ctx: LoweringContext, node: onnx.NodeProto, *, channels_last: int, pooled: list[int],
+                         squeeze: bool) -> None:
+    """com.microsoft QLinearGlobalAveragePool over the ``pooled`` axes of ``node.input[0]`` (then, with
+    ``squeeze``, those axes squeezed from the uint8 codes)."""
     x = ctx.int_input(node.input[0])
     ep = epilogue(ctx, node)
     out = ctx.fresh(f"{ep.tensor}/codes")
     ctx.emit("QLinearGlobalAveragePool", [x.name, *ctx.grid_inputs(x.grid, node.input[0]),
                                           *ctx.grid_inputs(ep.grid, ep.tensor)], [out],
-             name=node.name, domain=MS_DOMAIN, channels_last=0)
+             name=node.name, domain=MS_DOMAIN, channels_last=channels_last)
+    if squeeze:
+        squeezed = ctx.fresh(f"{ep.tensor}/squeezed")
+        if ctx.opset >= 13:
+            ctx.emit("Squeeze", [out, ctx.scalar(pooled, np.int64, f"{node.name}/axes")], [squeezed],
+                     name=f"{node.name}/squeeze")
+        else:
+            ctx.emit("Squeeze", [out], [squeezed], name=f"{node.name}/squeeze", axes=pooled)
+        out = squeezed
     entry = _grid_entry("QLinearGlobalAveragePool", ep.tensor, [x.grid], ep.grid)
     shape = ctx.index.shape.get(node.input[0]) or ()
-    spatial = shape[2:]
+    spatial = [shape[a] for a in pooled if a < len(shape)]
     if spatial and all(isinstance(d, int) and d > 0 for d in spatial):
         taps = int(np.prod(spatial))
         entry.update(taps=taps, **multiplier_record(_f32(x.grid.scale) / (_f32(ep.grid.scale) * taps)))
@@ -216,6 +261,7 @@ RULES = {
     "Concat": lower_concat,
     "AveragePool": lower_average_pool,
     "GlobalAveragePool": lower_global_average_pool,
+    "ReduceMean": lower_reduce_mean,
     "Sigmoid": _unary_kernel("QLinearSigmoid"),
     "LeakyRelu": _unary_kernel("QLinearLeakyRelu"),
     "Softmax": _unary_kernel("QLinearSoftmax"),

@@ -97,6 +97,15 @@ def _lower_mul(ctx, node: onnx.NodeProto) -> None:
         lowering_elementwise.RULES["Mul"](ctx, node)
 
 
+def _lower_reduce_mean(ctx, node: onnx.NodeProto) -> None:
+    """A ReduceMean opening a decomposed layer norm is one LayerNormalization; one over the spatial axes is a
+    global average pool; any other stays float."""
+    if lowering_layernorm.match_decomposed_layer_norm(ctx.index, node) is not None:
+        lowering_layernorm.RULES["ReduceMean"](ctx, node)
+    else:
+        lowering_elementwise.RULES["ReduceMean"](ctx, node)
+
+
 LOWERINGS = {
     **lowering_lut.RULES,
     **{op: lowering_lut.lower_scalar_binary for op in ("Sub", "Div", "Pow", "Max", "Min", "PRelu")},
@@ -106,6 +115,7 @@ LOWERINGS = {
     **lowering_layernorm.RULES,
     **lowering_batchnorm.RULES,
     "Mul": _lower_mul,
+    "ReduceMean": _lower_reduce_mean,
 }
 
 
