@@ -1,7 +1,12 @@
 """CNNs from other exporters: the real architectures that ship inside the ``onnx`` wheel, end to end.
 
     python -m benchmarks.bench_light [--models resnet50 densenet121 ...] [--weight-codes int8|uint8]
-        [--threads 1] [--repeats 10]
+        [--threads 1] [--repeats 10] [--torchvision [DIR]]
+
+``--torchvision`` takes the models instead from the ``*.onnx`` files that `benchmarks.suite.torchvision_export`
+wrote (torchvision architectures through torch's TorchScript and dynamo exporters, random weights with measured
+BatchNorm statistics; default folder ``~/.cache/quantsim/models/torchvision``; ``--models`` then filters by
+file-name prefix).
 
 The ``light_*.onnx`` models of ``onnx/backend/test/data/light`` (Caffe2 and early PyTorch exports at opset 9,
 IR 3: variadic ``Sum`` residuals, standalone BatchNorms, LRN, Dropout, old-style Reshape) with deterministic
@@ -36,12 +41,13 @@ from benchmarks.common import cpu_session, interleaved_best, ort_quantize_static
 from benchmarks.suite.light_models import light_model, randomized
 
 RESULTS = Path(__file__).resolve().parent / "results"
+TORCHVISION = Path.home() / ".cache" / "quantsim" / "models" / "torchvision"
 MODELS = ("resnet50", "densenet121", "inception_v1", "inception_v2", "shufflenet", "squeezenet", "bvlc_alexnet")
 SIZE = 224
 
 
-def _images(rng: np.random.Generator, name: str, count: int) -> list[dict[str, np.ndarray]]:
-    return [{name: rng.standard_normal((1, 3, SIZE, SIZE)).astype(np.float32)} for _ in range(count)]
+def _images(rng: np.random.Generator, name: str, count: int, shape=(1, 3, SIZE, SIZE)) -> list[dict[str, np.ndarray]]:
+    return [{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(count)]
 
 
 def _quality(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:
@@ -51,21 +57,36 @@ def _quality(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float
     return float(np.mean(rel)), float(np.mean(top1))
 
 
-def bench_model(name: str, workdir: Path, weight_codes: str, threads: int, repeats: int) -> dict:
+def _light(name: str, workdir: Path) -> tuple[onnx.ModelProto, str] | None:
+    """The onnx wheel's light model ``name`` with random weights, saved in ``workdir``; None if not there."""
+    base = light_model(name)
+    if base is None:
+        return None
+    model = randomized(base)
+    path = str(workdir / f"{name}.onnx")
+    onnx.save(model, path)
+    return model, path
+
+
+def bench_model(name: str, workdir: Path, weight_codes: str, threads: int, repeats: int,
+                source: Path | None = None) -> dict:
+    """One model end to end: the light model ``name``, or the ONNX file ``source``."""
     from onnxruntime.quantization import QuantFormat
 
     import quantsim
 
-    base = light_model(name)
-    if base is None:
-        return {"name": name, "error": "not in this onnx wheel"}
-    model = randomized(base)
-    path = str(workdir / f"{name}.onnx")
-    onnx.save(model, path)
+    if source is None:
+        found = _light(name, workdir)
+        if found is None:
+            return {"name": name, "error": "not in this onnx wheel"}
+        model, path = found
+    else:
+        model, path = onnx.load(str(source)), str(source)
     inits = {t.name for t in model.graph.initializer}
-    data_input = next(i.name for i in model.graph.input if i.name not in inits)
+    data_input = next(i for i in model.graph.input if i.name not in inits)
+    shape = tuple(d.dim_value or 1 for d in data_input.type.tensor_type.shape.dim)
     rng = np.random.default_rng(0)
-    calib, evaluation = _images(rng, data_input, 8), _images(rng, data_input, 4)
+    calib, evaluation = _images(rng, data_input.name, 8, shape), _images(rng, data_input.name, 4, shape)
     sim = quantsim.QuantizationSimModel(path, param_type="int8", activation_type="int8", quant_scheme="min_max",
                                         progress=False)
     sim.compute_encodings(calib)
@@ -103,7 +124,7 @@ def _weight_types(model: onnx.ModelProto) -> str:
 
 def render(rows: list[dict], weight_codes: str, threads: int, repeats: int) -> str:
     lines = [
-        "# CNNs from other exporters (onnx wheel's light models, random weights)", "",
+        "# CNNs from other exporters (random weights: onnx wheel's light models, or torchvision through torch's exporters)", "",
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, onnxruntime "
         f"{ort.__version__}; {threads} intra-op thread(s), best of {repeats} interleaved passes over 4 images; "
         f"8-bit weight codes {weight_codes}.", "",
@@ -131,12 +152,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weight-codes", choices=("int8", "uint8"), default="int8")
     parser.add_argument("--threads", type=int, default=1, help="intra_op_num_threads (0: onnxruntime default)")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--output", default=str(RESULTS / "light.md"), help="Markdown path ('' to skip writing)")
+    parser.add_argument("--output", default=None, help="Markdown path ('' to skip writing; default "
+                        "results/light.md, results/torchvision.md with --torchvision)")
+    parser.add_argument("--torchvision", nargs="?", const=str(TORCHVISION), default=None,
+                        help="folder of benchmarks.suite.torchvision_export's files instead of the light models")
     args = parser.parse_args(argv)
+    if args.output is None:
+        args.output = str(RESULTS / ("torchvision.md" if args.torchvision else "light.md"))
+    jobs: list[tuple[str, Path | None]] = [(name, None) for name in args.models]
+    if args.torchvision:
+        files = sorted(Path(args.torchvision).glob("*.onnx"))
+        chosen = [] if args.models == list(MODELS) else args.models
+        jobs = [(f.stem, f) for f in files if not chosen or any(f.stem.startswith(c) for c in chosen)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="quantsim-light-") as folder:
-        for name in args.models:
-            rows.append(bench_model(name, Path(folder), args.weight_codes, args.threads, args.repeats))
+        for name, source in jobs:
+            rows.append(bench_model(name, Path(folder), args.weight_codes, args.threads, args.repeats, source))
             print(render(rows[-1:], args.weight_codes, args.threads, args.repeats).splitlines()[-1], flush=True)
     table = render(rows, args.weight_codes, args.threads, args.repeats)
     print_and_save(table, args.output)
