@@ -159,3 +159,37 @@ def test_option_rejects_other_values():
 
     with pytest.raises(InvalidArgumentError, match="linear_ops_in_norm_blocks"):
         QuantizationSimModel(_two_norms(), progress=False, linear_ops_in_norm_blocks="some")
+
+
+def test_a_sqrt_of_a_dimension_is_no_statistic():
+    """Found on timm's XCiT (TorchScript export): after an L2 normalization (a ReduceL2, a reduction), the
+    attention scale ``1 / sqrt(sqrt(head_dim))`` is computed from ``Shape(q)``; the rule walked back from that
+    Sqrt through the Shape into the activations and marked 1,354 tensors, the whole network from the first
+    reduction on, as norm statistics (all float). A shape edge ends the path in both directions."""
+    from quantsim.graph.index import GraphIndex
+    from quantsim.graph.tensor_roles import find_normalization_statistics
+
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+             numpy_helper.from_array(np.array([-1], np.int64), "last"),
+             numpy_helper.from_array(np.float32(1.0), "one"),
+             numpy_helper.from_array(rng.standard_normal((D, D)).astype(np.float32), "W")]
+    nodes = [helper.make_node("ReduceL2", ["x", "axes"], ["norm"]),  # F.normalize: x / ||x||
+             helper.make_node("Div", ["x", "norm"], ["unit"]),
+             helper.make_node("MatMul", ["unit", "W"], ["q"]),
+             helper.make_node("Shape", ["q"], ["q_shape"]),
+             helper.make_node("Gather", ["q_shape", "last"], ["head_dim"]),
+             helper.make_node("Cast", ["head_dim"], ["head_dim_f"], to=TensorProto.FLOAT),
+             helper.make_node("Sqrt", ["head_dim_f"], ["root"]),
+             helper.make_node("Sqrt", ["root"], ["root2"]),
+             helper.make_node("Div", ["one", "root2"], ["scale"]),
+             helper.make_node("Mul", ["q", "scale"], ["q_scaled"]),
+             helper.make_node("Transpose", ["q_scaled"], ["k"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q_scaled", "k"], ["y"])]
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, D])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    assert find_normalization_statistics(GraphIndex(model)) == frozenset()
+    sim = QuantizationSimModel(model, progress=False)
+    assert all(_quantized(sim, name) for name in ("x", "unit", "q_scaled", "y"))

@@ -9,10 +9,12 @@
 * **Normalization statistics**: the per-row mean, variance and 1/std inside a decomposed normalization
   layer, i.e. the tensors on a path from a reduction (ReduceMean, ReduceSum, ReduceSumSquare, ReduceL2)
   to a Sqrt or Reciprocal (both ends included), plus what is computed only to be reduced into them
-  (the ``x * x`` before the ReduceSum of a variance). Fused LayerNormalization kernels keep these in float or
-  int32; on an 8-bit grid the variance computed as ``E[x^2] - E[x]^2`` cancels to noise (magika's
-  LayerNorm drops to 34% top-1 agreement from that one tensor). They are per-row scalars, so keeping
-  them float costs nothing.
+  (the ``x * x`` before the ReduceSum of a variance). The path never runs through a shape edge (a
+  ``Shape`` node's input, a Reshape's shape): a Sqrt of a dimension (TorchScript's attention scale
+  ``1 / sqrt(sqrt(head_dim))`` from ``Shape(q)``) is shape arithmetic, not a statistic of the data.
+  Fused LayerNormalization kernels keep these in float or int32; on an 8-bit grid the variance computed
+  as ``E[x^2] - E[x]^2`` cancels to noise (magika's LayerNorm drops to 34% top-1 agreement from that one
+  tensor). They are per-row scalars, so keeping them float costs nothing.
 * **Mask fill arithmetic**: additive attention masks and the masked scores, found structurally by
   `quantsim.graph.attention_masks` (any fill value, any construction).
 * **Non-negative tensors**: outputs of Relu, Sigmoid, Softmax, Exp, Abs, Clip with a constant lower
@@ -76,9 +78,10 @@ def find_normalization_statistics(index: GraphIndex, *, per_layer: bool = False)
     roots = {o for n in index.nodes if n.op_type in _ROOT_OPS for o in n.output if o}
 
     def continues(node: onnx.NodeProto, slot: int) -> bool:
+        if node.op_type in SHAPE_SOURCES or slot in SHAPE_SLOTS.get(node.op_type, ()):
+            return False  # a shape edge: what follows is shape arithmetic, not a statistic
         return not per_layer or node.op_type in _ROOT_OPS or (
-            node.op_type not in _LINEAR_OPS and node.op_type not in SHAPE_SOURCES
-            and slot not in SHAPE_SLOTS.get(node.op_type, ()) and not any(i in roots for i in node.input))
+            node.op_type not in _LINEAR_OPS and not any(i in roots for i in node.input))
 
     frontier = [o for n in index.nodes if n.op_type in STATISTIC_REDUCTIONS for o in n.output if o]
     while frontier:
@@ -99,8 +102,9 @@ def find_normalization_statistics(index: GraphIndex, *, per_layer: bool = False)
             continue
         backward.add(name)
         producer = index.producer_of(name)
-        if producer is not None:
-            frontier.extend(n for n in producer.input if n)
+        if producer is not None and producer.op_type not in SHAPE_SOURCES:  # a shape edge carries no statistic:
+            skip = SHAPE_SLOTS.get(producer.op_type, ())  # an attention scale 1/sqrt(sqrt(d)) from Shape(q)
+            frontier.extend(n for slot, n in enumerate(producer.input) if n and slot not in skip)
     # what is computed only to be reduced into a statistic (x * x before ReduceSum) is part of it; per layer,
     # only what feeds nothing but the reductions (else a norm's input, read only by the mean and x - mean,
     # would pull in the layers before it)
