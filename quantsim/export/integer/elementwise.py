@@ -19,8 +19,9 @@ All tensors are uint8 per-tensor grids; with ``r = s (q - z)`` on each side:
   copied by a plain uint8 ``Concat``; otherwise ``QLinearConcat`` requantizes each input with
   ``M_i = s_i / s_out`` (onnxruntime: a 256-entry table per input).
 * AveragePool / GlobalAveragePool: ``q_y = z_y + round(M sum_k (q_k - z_x))``, ``M = s_x / (s_y N)``
-  over the ``N`` taps -> ``QLinearAveragePool`` / ``QLinearGlobalAveragePool``; a ReduceMean over all
-  spatial axes (channels first or last, torch's dynamo export of ``adaptive_avg_pool2d(1)``) is the latter.
+  over the ``N`` taps -> ``QLinearAveragePool`` / ``QLinearGlobalAveragePool``; a ReduceMean or ReduceSum
+  over trailing axes (torch's dynamo export of ``adaptive_avg_pool2d(1)``), or channels last over the
+  spatial axes, is the latter (a sum on a grid ``N`` times finer).
 * Sigmoid, LeakyRelu -> ``QLinearSigmoid`` / ``QLinearLeakyRelu`` (onnxruntime builds a 256-entry
   table in float); Softmax -> ``QLinearSoftmax`` (exp table, row sum, division; ``opset`` attribute
   = the model's Softmax semantics).
@@ -171,61 +172,94 @@ def lower_average_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 def lower_global_average_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """GlobalAveragePool -> com.microsoft QLinearGlobalAveragePool."""
     shape = ctx.index.shape.get(node.input[0]) or ()
-    _global_average_pool(ctx, node, channels_last=0, pooled=list(range(2, len(shape))), squeeze=False)
+    _global_average_pool(ctx, node, channels_last=0, pooled=list(range(2, len(shape))))
 
 
 def _reduced_axes(ctx: LoweringContext, node: onnx.NodeProto, rank: int) -> list[int]:
-    """The axes a ReduceMean reduces, non-negative (attribute up to opset 17, constant input from 18)."""
+    """The axes a ReduceMean / ReduceSum reduces, non-negative (attribute, or constant input from opset 18 /
+    ReduceSum 13)."""
     axes = node_attributes(node).get("axes")
     if axes is None and len(node.input) > 1 and node.input[1]:
         if not ctx.index.is_constant(node.input[1]):
-            raise Unsupported(f"ReduceMean axes {node.input[1]!r} are not a constant")
+            raise Unsupported(f"{node.op_type} axes {node.input[1]!r} are not a constant")
         axes = ctx.index.constant_value(node.input[1]).reshape(-1).tolist()
     if not axes:
-        raise Unsupported("ReduceMean over every axis (no axes given)")
+        raise Unsupported(f"{node.op_type} over every axis (no axes given)")
     return sorted({int(a) + rank if int(a) < 0 else int(a) for a in axes})
 
 
-def lower_reduce_mean(ctx: LoweringContext, node: onnx.NodeProto) -> None:
-    """ReduceMean over every axis after the channel axis (or, channels last, between batch and channel): a
-    global average pool, as torch's dynamo exporter writes ``adaptive_avg_pool2d(1)`` and ``x.mean((2, 3))`` ->
-    QLinearGlobalAveragePool; ``keepdims=0`` squeezes the pooled axes of its uint8 codes. Other reductions
-    stay float."""
+def lower_spatial_reduction(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """ReduceMean / ReduceSum over trailing axes (``adaptive_avg_pool2d(1)`` in torch's dynamo export, a
+    ``sum(dim=-1)`` of attention-weighted keys) or, channels last, over every axis between batch and channel
+    -> QLinearGlobalAveragePool. Trailing axes from the third on are the kernel's spatial axes as they are;
+    otherwise the codes are reshaped to ``[batch, kept, reduced]`` first and back after (the kept dims must be
+    static). A sum is the mean on a grid ``N`` times finer (``s_y / N``, with ``N`` the static number of
+    reduced elements), so its codes are the sum's on the output grid. ``keepdims=0`` squeezes the reduced
+    axes. Other reductions stay float."""
     shape = ctx.index.shape.get(node.input[0])
-    if shape is None or len(shape) < 3:
-        raise Unsupported("ReduceMean input of unknown rank or rank below 3 is not a global average pool")
+    if shape is None or len(shape) < 2:
+        raise Unsupported(f"{node.op_type} input of unknown rank or rank below 2")
     rank = len(shape)
     axes = _reduced_axes(ctx, node, rank)
-    if axes not in (list(range(2, rank)), list(range(1, rank - 1))):
-        raise Unsupported(f"ReduceMean over axes {axes} of a rank-{rank} tensor is not a global average pool")
-    _global_average_pool(ctx, node, channels_last=int(axes[0] == 1), pooled=axes,
-                         squeeze=not node_attributes(node).get("keepdims", 1))
+    keepdims = bool(node_attributes(node).get("keepdims", 1))
+    reduced = [shape[a] for a in axes]
+    count = int(np.prod(reduced)) if all(isinstance(d, int) and d > 0 for d in reduced) else None
+    if node.op_type == "ReduceSum" and count is None:
+        raise Unsupported(f"ReduceSum over dims {reduced}: a sum needs the static number of reduced elements")
+    if rank >= 3 and axes == list(range(1, rank - 1)):
+        _global_average_pool(ctx, node, channels_last=1, pooled=axes, squeeze=not keepdims, count=count)
+        return
+    first = axes[0]
+    if first < 1 or axes != list(range(first, rank)):
+        raise Unsupported(f"{node.op_type} over axes {axes} of a rank-{rank} tensor is not a global average pool")
+    if first == 2:
+        _global_average_pool(ctx, node, channels_last=0, pooled=axes, squeeze=not keepdims, count=count)
+        return
+    kept = shape[1:first]
+    if not all(isinstance(d, int) and d > 0 for d in kept):
+        raise Unsupported(f"{node.op_type} over axes {axes}: the kept dims {list(kept)} are not static")
+    x = ctx.int_input(node.input[0])
+    merged = ctx.fresh(f"{node.input[0]}/merged")
+    ctx.emit("Reshape", [x.name, ctx.scalar([0, int(np.prod(kept)), -1], np.int64, f"{node.name}/merged_shape")],
+             [merged], name=f"{node.name}/merge")
+    out_shape = [0, *kept, *([1] * len(axes) if keepdims else [])]
+    _global_average_pool(ctx, node, channels_last=0, pooled=axes, count=count, codes=merged,
+                         reshape_to=[int(d) for d in out_shape])
 
 
 def _global_average_pool(ctx: LoweringContext, node: onnx.NodeProto, *, channels_last: int, pooled: list[int],
-                         squeeze: bool) -> None:
-    """com.microsoft QLinearGlobalAveragePool over the ``pooled`` axes of ``node.input[0]`` (then, with
-    ``squeeze``, those axes squeezed from the uint8 codes)."""
+                         squeeze: bool = False, count: int | None = None, codes: str | None = None,
+                         reshape_to: list[int] | None = None) -> None:
+    """com.microsoft QLinearGlobalAveragePool over the ``pooled`` axes of ``node.input[0]`` (its codes, or
+    ``codes``: the same values reshaped), then ``squeeze`` those axes or ``reshape_to`` a shape. A ReduceSum
+    runs on the output grid's scale divided by ``count``."""
     x = ctx.int_input(node.input[0])
     ep = epilogue(ctx, node)
+    scale = _f32(ep.grid.scale) / count if node.op_type == "ReduceSum" and count else _f32(ep.grid.scale)
     out = ctx.fresh(f"{ep.tensor}/codes")
-    ctx.emit("QLinearGlobalAveragePool", [x.name, *ctx.grid_inputs(x.grid, node.input[0]),
-                                          *ctx.grid_inputs(ep.grid, ep.tensor)], [out],
+    ctx.emit("QLinearGlobalAveragePool",
+             [codes or x.name, *ctx.grid_inputs(x.grid, node.input[0]),
+              ctx.scalar(np.float32(scale), np.float32, f"{ep.tensor}/pool_scale"),
+              ctx.grid_inputs(ep.grid, ep.tensor)[1]], [out],
              name=node.name, domain=MS_DOMAIN, channels_last=channels_last)
-    if squeeze:
-        squeezed = ctx.fresh(f"{ep.tensor}/squeezed")
-        if ctx.opset >= 13:
-            ctx.emit("Squeeze", [out, ctx.scalar(pooled, np.int64, f"{node.name}/axes")], [squeezed],
+    if squeeze or reshape_to is not None:
+        moved = ctx.fresh(f"{ep.tensor}/reshaped")
+        if reshape_to is not None:
+            ctx.emit("Reshape", [out, ctx.scalar(reshape_to, np.int64, f"{node.name}/shape")], [moved],
+                     name=f"{node.name}/reshape")
+        elif ctx.opset >= 13:
+            ctx.emit("Squeeze", [out, ctx.scalar(pooled, np.int64, f"{node.name}/axes")], [moved],
                      name=f"{node.name}/squeeze")
         else:
-            ctx.emit("Squeeze", [out], [squeezed], name=f"{node.name}/squeeze", axes=pooled)
-        out = squeezed
+            ctx.emit("Squeeze", [out], [moved], name=f"{node.name}/squeeze", axes=pooled)
+        out = moved
     entry = _grid_entry("QLinearGlobalAveragePool", ep.tensor, [x.grid], ep.grid)
     shape = ctx.index.shape.get(node.input[0]) or ()
     spatial = [shape[a] for a in pooled if a < len(shape)]
     if spatial and all(isinstance(d, int) and d > 0 for d in spatial):
         taps = int(np.prod(spatial))
-        entry.update(taps=taps, **multiplier_record(_f32(x.grid.scale) / (_f32(ep.grid.scale) * taps)))
+        divisor = 1 if node.op_type == "ReduceSum" else taps
+        entry.update(taps=taps, **multiplier_record(_f32(x.grid.scale) / (_f32(ep.grid.scale) * divisor)))
     entry["clamp"] = [ep.low, ep.high]
     ctx.record(node, entry)
     finish(ctx, ep, out)
@@ -261,7 +295,8 @@ RULES = {
     "Concat": lower_concat,
     "AveragePool": lower_average_pool,
     "GlobalAveragePool": lower_global_average_pool,
-    "ReduceMean": lower_reduce_mean,
+    "ReduceMean": lower_spatial_reduction,
+    "ReduceSum": lower_spatial_reduction,
     "Sigmoid": _unary_kernel("QLinearSigmoid"),
     "LeakyRelu": _unary_kernel("QLinearLeakyRelu"),
     "Softmax": _unary_kernel("QLinearSoftmax"),
