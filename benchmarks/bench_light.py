@@ -1,11 +1,11 @@
 """CNNs from other exporters: the real architectures that ship inside the ``onnx`` wheel, end to end.
 
     python -m benchmarks.bench_light [--models resnet50 densenet121 ...] [--weight-codes int8|uint8]
-        [--threads 1] [--repeats 10] [--torchvision [DIR]]
+        [--threads 1] [--repeats 10] [--torch [DIR]]
 
-``--torchvision`` takes the models instead from the ``*.onnx`` files that `benchmarks.suite.torchvision_export`
-wrote (torchvision architectures through torch's TorchScript and dynamo exporters, random weights with measured
-BatchNorm statistics; default folder ``~/.cache/quantsim/models/torchvision``; ``--models`` then filters by
+``--torch`` takes the models instead from the ``*.onnx`` files that `benchmarks.suite.torch_export` wrote
+(torchvision and timm architectures through torch's TorchScript and dynamo exporters, random weights with
+measured BatchNorm statistics; default folder ``~/.cache/quantsim/models/torch``; ``--models`` then filters by
 file-name prefix).
 
 The ``light_*.onnx`` models of ``onnx/backend/test/data/light`` (Caffe2 and early PyTorch exports at opset 9,
@@ -41,7 +41,7 @@ from benchmarks.common import cpu_session, interleaved_best, ort_quantize_static
 from benchmarks.suite.light_models import light_model, randomized
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TORCHVISION = Path.home() / ".cache" / "quantsim" / "models" / "torchvision"
+TORCH_EXPORTS = Path.home() / ".cache" / "quantsim" / "models" / "torch"
 MODELS = ("resnet50", "densenet121", "inception_v1", "inception_v2", "shufflenet", "squeezenet", "bvlc_alexnet")
 SIZE = 224
 
@@ -124,7 +124,7 @@ def _weight_types(model: onnx.ModelProto) -> str:
 
 def render(rows: list[dict], weight_codes: str, threads: int, repeats: int) -> str:
     lines = [
-        "# CNNs from other exporters (random weights: onnx wheel's light models, or torchvision through torch's exporters)", "",
+        "# CNNs from other exporters (random weights: onnx wheel's light models, torchvision/timm via torch's exporters)", "",
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, onnxruntime "
         f"{ort.__version__}; {threads} intra-op thread(s), best of {repeats} interleaved passes over 4 images; "
         f"8-bit weight codes {weight_codes}.", "",
@@ -153,15 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="intra_op_num_threads (0: onnxruntime default)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--output", default=None, help="Markdown path ('' to skip writing; default "
-                        "results/light.md, results/torchvision.md with --torchvision)")
-    parser.add_argument("--torchvision", nargs="?", const=str(TORCHVISION), default=None,
-                        help="folder of benchmarks.suite.torchvision_export's files instead of the light models")
+                        "results/light.md, results/torch.md with --torch)")
+    parser.add_argument("--torch", nargs="?", const=str(TORCH_EXPORTS), default=None,
+                        help="folder of benchmarks.suite.torch_export's files instead of the light models")
     args = parser.parse_args(argv)
     if args.output is None:
-        args.output = str(RESULTS / ("torchvision.md" if args.torchvision else "light.md"))
+        args.output = str(RESULTS / ("torch.md" if args.torch else "light.md"))
     jobs: list[tuple[str, Path | None]] = [(name, None) for name in args.models]
-    if args.torchvision:
-        files = sorted(Path(args.torchvision).glob("*.onnx"))
+    if args.torch:
+        files = sorted(Path(args.torch).glob("*.onnx"))
         chosen = [] if args.models == list(MODELS) else args.models
         jobs = [(f.stem, f) for f in files if not chosen or any(f.stem.startswith(c) for c in chosen)]
     rows = []

@@ -1,11 +1,12 @@
-"""torchvision architectures as ONNX, through both of torch's exporters, for `benchmarks.bench_light --torchvision`.
+"""torchvision and timm architectures as ONNX through both of torch's exporters, for `benchmarks.bench_light --torch`.
 
-    <python with torch + torchvision> -m benchmarks.suite.torchvision_export [--out DIR] [--exporter ts dynamo]
-        [--models resnet18 ...]
+    <python with torch + torchvision [+ timm]> -m benchmarks.suite.torch_export [--out DIR] [--exporter ts dynamo]
+        [--models resnet18 timm_lcnet_050 ...]
 
-Runs in any Python that has torch, torchvision and onnx (plus onnxscript for the dynamo exporter), not in
-quantsim's environment: quantsim never imports torch. Nothing is downloaded: every model is built with
-``weights=None`` (and ``weights_backbone=None``) from a fixed seed; BatchNorm running statistics are measured
+Runs in any Python that has torch, torchvision and onnx (plus onnxscript for the dynamo exporter, timm for
+the ``timm_*`` models), not in quantsim's environment: quantsim never imports torch. Nothing is downloaded:
+every model is built with ``weights=None`` (and ``weights_backbone=None``; timm: ``pretrained=False``, its
+default input size) from a fixed seed; BatchNorm running statistics are measured
 on four batches of N(0, 1) images (momentum None: their average), as a trained net's BN would hold
 statistics of its data, so activations are not degenerate. Files: ``DIR/<model>.<exporter>.onnx``, where
 ``ts`` is the TorchScript exporter (``dynamo=False``, opset 17) and ``dynamo`` the torch.export-based one
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "torchvision"
+DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "torch"
 IMAGE = (1, 3, 224, 224)
 SPECS: dict[str, tuple[str, dict, tuple[int, ...]]] = {  # name: (torchvision builder path, kwargs, input shape)
     "resnet18": ("resnet18", {}, IMAGE),
@@ -47,6 +48,11 @@ SPECS: dict[str, tuple[str, dict, tuple[int, ...]]] = {  # name: (torchvision bu
                                       (1, 3, 320, 320)),
     "r3d_18": ("video.r3d_18", {}, (1, 3, 8, 112, 112)),
 }
+TIMM = ("lcnet_050", "mobilevit_xxs", "mobilevitv2_050", "efficientformer_l1", "levit_128s", "ghostnet_100", "repvgg_a0",
+        "rexnet_100", "mobileone_s0", "fastvit_t8", "edgenext_xx_small", "tinynet_e", "mixnet_s", "tf_efficientnet_lite0",
+        "mobilenetv4_conv_small", "mobilenetv4_hybrid_medium", "efficientvit_b0", "efficientvit_m0", "poolformer_s12",
+        "deit_tiny_patch16_224", "pvt_v2_b0", "coat_lite_tiny", "xcit_nano_12_p16_224", "resnet18d", "regnetx_002",
+        "dla34", "hrnet_w18_small", "cspdarknet53", "repghostnet_050")
 
 
 def _builder(path: str) -> Callable:
@@ -77,12 +83,22 @@ def _measure_batchnorm(model, shape: tuple[int, ...]) -> None:
     model.eval()
 
 
+def _build(name: str):
+    """The model ``name`` (``timm_<arch>`` for timm) and its input shape."""
+    if name.startswith("timm_"):
+        import timm
+
+        model = timm.create_model(name[len("timm_"):], pretrained=False)
+        return model, (1, *model.pretrained_cfg.get("input_size", IMAGE[1:]))
+    path, kwargs, shape = SPECS[name]
+    return _builder(path)(weights=None, **kwargs), shape
+
+
 def export(name: str, exporter: str, out: Path) -> Path:
     import torch
 
-    path, kwargs, shape = SPECS[name]
     torch.manual_seed(0)
-    model = _builder(path)(weights=None, **kwargs)
+    model, shape = _build(name)
     _measure_batchnorm(model, shape)
     model.eval()
     target = out / f"{name}.{exporter}.onnx"
@@ -99,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--exporter", nargs="+", choices=("ts", "dynamo"), default=["ts", "dynamo"])
-    parser.add_argument("--models", nargs="+", choices=sorted(SPECS), default=sorted(SPECS))
+    names = [*sorted(SPECS), *(f"timm_{arch}" for arch in TIMM)]
+    parser.add_argument("--models", nargs="+", choices=names, default=names)
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
