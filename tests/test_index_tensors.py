@@ -219,3 +219,18 @@ def test_only_a_per_column_constant_after_a_weighted_matmul_is_a_bias():
     sim.compute_encodings([{"x": rng.normal(size=(1, 2, 4, 4)).astype(np.float32)} for _ in range(4)])
     export = sim.export_integer(weight_codes="uint8")
     assert not [e for e in export.report if e.op_type in ("MatMul", "Add")], str(export.report)
+
+
+def test_a_bias_constant_shared_by_two_layers_is_each_ones_bias():
+    """torch's dynamo exporter shares equal initializers: on ConvNeXt 36 MatMul + Add pairs read 16 bias
+    constants, and only one layer per constant had its quantizer moved after the Add."""
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b"], ["h1"]),
+             helper.make_node("MatMul", ["h1", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b"], ["y"])]
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), n) for n in ("w1", "w2")]
+    inits.append(numpy_helper.from_array(np.zeros(4, np.float32), "b"))
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], inits)
+    sim = QuantizationSimModel(model, progress=False)
+    enabled = {name for name, q in sim.qc_quantize_op_dict.items() if q.enabled}
+    assert {"h1", "y"} <= enabled and not {"m1", "m2"} & enabled

@@ -163,7 +163,7 @@ def place_quantizers(
             if not index.is_float(name) or not _finite_constant(index, name, left_in_float):
                 continue
             sites[name] = _param_plan(index, config, node, slot, ptype, param_type)
-    for name in bias_of_matmul:
+    for _, name in bias_of_matmul:
         if name not in sites:
             flags = config.param_flags("Add", "bias")
             spec = QSpec(param_type, PerTensor(), bool(flags.is_symmetric), config.strict_symmetric, config.unsigned_symmetric)
@@ -215,7 +215,7 @@ def place_quantizers(
         mul = index.single_consumer(gate) if gate else None
         if mul is not None and mul.op_type == "Mul" and node.input[0] in mul.input and gate in sites:
             sites[gate].enabled = False
-    for add_node in bias_of_matmul.values():
+    for add_node, _ in bias_of_matmul:
         matmul_out = next(n for n in add_node.input if not index.is_constant(n))
         if matmul_out in sites:
             sites[matmul_out].enabled = False
@@ -272,18 +272,19 @@ def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:
     return QuantizerPlan(name, "param", [name], spec, bool(flags.is_quantized), ptype, node.op_type, shape, axis)
 
 
-def _matmul_add_biases(index: GraphIndex, config: QuantsimConfig) -> dict[str, onnx.NodeProto]:
-    """``{bias constant: Add node}`` for ``Add(MatMul(x, W), b)`` when the MatmulAdd pass is configured: a
-    MatMul with a constant weight (as AIMET's pass; attention's ``q @ k^T`` is not a layer with a bias)."""
+def _matmul_add_biases(index: GraphIndex, config: QuantsimConfig) -> list[tuple[onnx.NodeProto, str]]:
+    """``(Add node, bias constant)`` of each ``Add(MatMul(x, W), b)`` when the MatmulAdd pass is configured: a
+    MatMul with a constant weight (as AIMET's pass; attention's ``q @ k^T`` is not a layer with a bias). One
+    constant may be the bias of several layers (torch's dynamo exporter shares equal initializers)."""
     if "MatmulAdd" not in config.supergroup_pass_list:
-        return {}
-    found = {}
+        return []
+    found = []
     for node in index.nodes:
         if node.op_type != "MatMul" or not node.output or not any(index.is_constant(n) for n in node.input):
             continue
         pair = index.bias_add(node.output[0])
         if pair is not None:
-            found[pair[1]] = pair[0]
+            found.append(pair)
     return found
 
 
