@@ -153,8 +153,9 @@ C = H * D
 
 
 def _attention() -> onnx.ModelProto:
-    """x [N,T,C] -> q/k/v MatMul+bias -> Reshape [N,T,H,D] -> Einsum 'bihd,bjhd->bhij' -> scale -> Softmax
-    -> Einsum 'bhij,bjhd->bihd' -> Reshape [N,T,C] -> output MatMul+bias."""
+    """x [N,T,C] -> MatMul + position embedding [T,C] -> q/k/v MatMul+bias -> Reshape [N,T,H,D] -> Einsum
+    'bihd,bjhd->bhij' + relative position bias [1,H,T,T] (MaxViT's) -> scale -> Softmax -> Einsum
+    'bhij,bjhd->bihd' -> Reshape [N,T,C] -> output MatMul+bias. Neither constant Add is a kernel's bias."""
     rng = np.random.default_rng(0)
     inits, nodes = [], []
 
@@ -167,14 +168,19 @@ def _attention() -> onnx.ModelProto:
         return out
 
     heads = const("heads", np.array([0, T, H, D], np.int64))
+    w_in = const("w_in", (rng.standard_normal((C, C)) / np.sqrt(C)).astype(np.float32))
+    h = node("Add", [node("MatMul", ["x", w_in], "in.mm"), const("pos", (0.3 * rng.standard_normal((T, C))).astype(np.float32))],
+             "h")
     parts = []
     for part in "qkv":
         w = const(f"w_{part}", (rng.standard_normal((C, C)) / np.sqrt(C)).astype(np.float32))
         b = const(f"b_{part}", (0.1 * rng.standard_normal(C)).astype(np.float32))
-        parts.append(node("Reshape", [node("Add", [node("MatMul", ["x", w], f"{part}.mm"), b], f"{part}.b"), heads],
+        parts.append(node("Reshape", [node("Add", [node("MatMul", [h, w], f"{part}.mm"), b], f"{part}.b"), heads],
                           part))
     scores = node("Einsum", parts[:2], "scores", equation="b i h d, b j h d -> b h i j")
-    probs = node("Softmax", [node("Mul", [scores, const("scale", np.float32(D ** -0.5))], "scaled")], "probs", axis=-1)
+    rel = const("rel_bias", rng.standard_normal((1, H, T, T)).astype(np.float32))
+    scores = node("Mul", [node("Add", [scores, rel], "biased"), const("scale", np.float32(D ** -0.5))], "scaled")
+    probs = node("Softmax", [scores], "probs", axis=-1)
     attn = node("Einsum", [probs, parts[2]], "attn", equation="bhij,bjhd->bihd")
     flat = node("Reshape", [attn, const("flat_shape", np.array([0, T, C], np.int64))], "flat")
     w_o = const("w_o", (rng.standard_normal((C, C)) / np.sqrt(C)).astype(np.float32))
@@ -191,7 +197,7 @@ def _x(seed: int, batch: int = 4) -> dict:
 def test_einsum_attention_is_simulated_and_exported_on_integer_kernels():
     model = _attention()
     prepared = prepare(model, cache=False)
-    assert [n.op_type for n in prepared.graph.node].count("MatMul") == 6
+    assert [n.op_type for n in prepared.graph.node].count("MatMul") == 7
     assert "Einsum" not in {n.op_type for n in prepared.graph.node}
     feed = _x(9)
     np.testing.assert_allclose(_run(prepared, feed), _run(model, feed), rtol=1e-5, atol=1e-5)
@@ -199,10 +205,11 @@ def test_einsum_attention_is_simulated_and_exported_on_integer_kernels():
     sim = quantsim.QuantizationSimModel(model, progress=False)
     sim.compute_encodings([_x(seed) for seed in range(3)])
     quantizers = sim.qc_quantize_op_dict
-    assert quantizers["scores"].enabled  # the Einsum's output, now the MatMul's
+    assert quantizers["scores"].enabled  # the Einsum's output, now the MatMul's (the position bias is no bias)
     assert quantizers["attn/matmul"].enabled  # the MatMul before the Transpose to the output's order
+    assert quantizers["in.mm"].enabled and not quantizers["q.mm"].enabled  # a [T, C] Add is no bias either
     exported = export_integer(sim, weight_codes="uint8")
-    assert not {e.op_type for e in exported.report} & {"Einsum", "MatMul"}, exported.report
+    assert exported.report == [], exported.report
     ops = {n.op_type for n in exported.model.graph.node}
     assert "QLinearMatMul" in ops and not ops & {"Einsum", "MatMul"}
     for steps in _steps(sim, exported, feed).values():
@@ -213,3 +220,4 @@ def test_einsum_attention_is_simulated_and_exported_on_integer_kernels():
                                  providers=["CPUExecutionProvider"])
     for seed in (10, 11):
         np.testing.assert_array_equal(exact.run(None, _x(seed))[0], sim.session.run(None, _x(seed))[0])
+
