@@ -8,7 +8,8 @@ and the on-disk cache that makes doing it twice free.
                                   down (warning) or an error; IR above its maximum -> error
 3. ``name_nodes``                 unique, stable node names
 4. ``constants_to_initializers``  Constant nodes -> initializers (Paddle-style weights)
-5. ``canonicalize_ops``           legacy spellings -> the ops placement and exports know (two-input Sum -> Add)
+5. ``canonicalize_ops``           legacy spellings -> the ops placement and exports know (two-input Sum -> Add,
+                                  matrix-product Einsum -> Transpose + MatMul)
 6. ``infer_shapes``               best effort; a failure warns and goes on without shapes
 7. ``fold_constants``             constant-only nodes -> initializers (optional)
 8. ``fold_batchnorm``             BatchNormalization into the preceding Conv/ConvTranspose/Gemm (optional),
