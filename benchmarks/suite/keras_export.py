@@ -1,0 +1,66 @@
+"""Keras applications as ONNX through tf2onnx, for `benchmarks.bench_light --torch` (same folder).
+
+    <python with tensorflow-cpu 2.15 + tf2onnx 1.16 + numpy<2> -m benchmarks.suite.keras_export [--out DIR]
+        [--models MobileNetV2 ...]
+
+A third exporter besides torch's two: tf2onnx writes NHWC models whose convolutions sit between Transposes,
+with Keras' input Rescaling as Mul/Add and BatchNorm folded into the Conv. Runs in its own environment (tf2onnx
+needs numpy < 2), never in quantsim's. Nothing is downloaded: ``weights=None`` from a fixed seed, BatchNorm
+moving statistics set from one training-mode batch of N(0, 1) images (momentum 0). Files
+``DIR/keras_<model>.tf2onnx.onnx``; a model tf2onnx cannot convert (it leaves ``PartitionedCall`` for grouped
+convolutions: RegNet, ConvNeXt) is reported and not written. Random weights: op coverage, float ops and
+latency, not accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "torch"
+MODELS = {"MobileNetV2": 224, "MobileNetV3Small": 224, "MobileNetV3Large": 224, "EfficientNetB0": 224,
+          "EfficientNetV2B0": 224, "ResNet50": 224, "ResNet50V2": 224, "DenseNet121": 224, "NASNetMobile": 224,
+          "Xception": 299, "InceptionV3": 299}
+
+
+def export(name: str, out: Path) -> Path:
+    import numpy as np
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+
+    tf.keras.utils.set_random_seed(0)
+    size = MODELS[name]
+    model = getattr(tf.keras.applications, name)(weights=None, input_shape=(size, size, 3))
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.BatchNormalization):
+            layer.momentum = 0.0  # the moving statistics become this batch's
+    model(np.random.default_rng(0).standard_normal((8, size, size, 3)).astype(np.float32), training=True)
+    target = out / f"keras_{name}.tf2onnx.onnx"
+    spec = (tf.TensorSpec((1, size, size, 3), tf.float32, name="input"),)
+    proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
+    onnx.checker.check_model(proto)  # tf2onnx writes PartitionedCall where it cannot convert
+    onnx.save(proto, str(target))
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.models:
+        start = time.perf_counter()
+        try:
+            print(f"{export(name, out).name}: {time.perf_counter() - start:.1f} s", flush=True)
+        except Exception as error:  # noqa: BLE001 - a model tf2onnx cannot convert is reported, not fatal
+            print(f"{name}: not exported: {type(error).__name__}: {str(error)[:200]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
