@@ -107,6 +107,28 @@ def test_a_graph_output_without_type_is_named():
         new_sim(model)
 
 
+def test_a_graph_output_without_shape_gets_the_inferred_one(tmp_path):
+    """onnx-graphsurgeon writes graph outputs with a type and no shape: onnxruntime runs such a model, onnx.checker
+    refuses it; the sim takes the shape ONNX inference gives, and leaves the caller's model as it was."""
+    model = make_model()
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    before = model.SerializeToString()
+    path = tmp_path / "shapeless.onnx"
+    onnx.save(model, str(path))
+    for source in (model, str(path)):
+        sim = new_sim(source)
+        sim.compute_encodings(batches())
+        assert sim.session.run(None, batch())[0].shape[-1] == 5
+    assert model.SerializeToString() == before
+
+
+def test_a_graph_input_without_shape_is_named():
+    model = make_model()
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(ValueError, match="graph input/output 'x' is declared without a shape and ONNX shape inference"):
+        new_sim(model)
+
+
 def test_a_declared_output_rank_that_differs_from_the_real_one_warns_and_calibrates():
     model = make_model()
     model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 1  # declared [N, 5, 1], computes [N, 5]

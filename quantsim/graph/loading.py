@@ -53,8 +53,12 @@ def load_model_mapped(model: onnx.ModelProto | str | os.PathLike, signatures: di
     if untyped:
         raise InvalidArgumentError(f"{label}: graph input/output {untyped[0]!r} has no type (ONNX requires an element "
                                    "type on every graph input and output)")
+    shapeless = [v.name for v in (*proto.graph.input, *proto.graph.output)
+                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    if shapeless:
+        proto = _with_inferred_io_shapes(proto, shapeless, label)
     try:
-        if isinstance(model, (str, os.PathLike)):
+        if isinstance(model, (str, os.PathLike)) and not shapeless:
             onnx.checker.check_model(str(model))  # from the file: works past 2 GiB, no re-serialisation
         elif not is_large(proto):  # a >2 GiB ModelProto cannot be serialised for the checker
             onnx.checker.check_model(proto)
@@ -62,6 +66,28 @@ def load_model_mapped(model: onnx.ModelProto | str | os.PathLike, signatures: di
         if "topologically sorted" not in str(error):  # preparation sorts the nodes, or names the cycle / input
             raise InvalidArgumentError(f"{label} fails onnx.checker: {one_line(str(error))}") from error
     return (*_checked_tail(proto, label), weights)
+
+
+def _with_inferred_io_shapes(proto: onnx.ModelProto, names: list[str], label: str) -> onnx.ModelProto:
+    """A copy of ``proto`` whose graph inputs / outputs ``names``, declared without a shape (onnx-graphsurgeon
+    writes them so; onnxruntime runs such a model, onnx.checker refuses it), carry the shape ONNX shape
+    inference gives them; `InvalidArgumentError` naming the first one it cannot give a shape."""
+    hint = ("onnx.checker requires a shape on every graph input and output: declare one (dims may be symbolic, "
+            "e.g. 'batch')")
+    if is_large(proto):
+        raise InvalidArgumentError(f"{label}: graph input/output {names[0]!r} is declared without a shape; {hint}")
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    types = {v.name: v.type for v in (*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info)}
+    unknown = [n for n in names if n not in types or not types[n].tensor_type.HasField("shape")]
+    if unknown:
+        raise InvalidArgumentError(f"{label}: graph input/output {unknown[0]!r} is declared without a shape and "
+                                   f"ONNX shape inference cannot give it one; {hint}")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for info in (*copy.graph.input, *copy.graph.output):
+        if info.name in names:
+            info.type.CopyFrom(types[info.name])
+    return copy
 
 
 def file_signature(path: str | os.PathLike) -> list[int] | None:
