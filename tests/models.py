@@ -52,6 +52,22 @@ def make_model(nodes, inputs, outputs, initializers, opset: int = 17, name: str 
     return model
 
 
+class GraphBuilder:
+    """A test graph's initializers and nodes, added one at a time; each node is named after its output."""
+
+    def __init__(self) -> None:
+        self.inits: list[TensorProto] = []
+        self.nodes: list[onnx.NodeProto] = []
+
+    def const(self, name: str, value) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], out: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+
 def _init(name: str, array: np.ndarray) -> TensorProto:
     return numpy_helper.from_array(np.asarray(array), name)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+from models import GraphBuilder  # tests/models.py
 from onnx import TensorProto, helper, numpy_helper
 
 import quantsim
@@ -35,15 +36,8 @@ def _block(until: str | None = None, opset: int = 17, dims: tuple = ("N", T, C))
     Softmax, ·v -> Transpose/Reshape -> projection MatMul+bias -> residual Add (cut after ``until``)."""
     rng = np.random.default_rng(0)
     d = C // H
-    inits, nodes = [], []
-
-    def const(name, value):
-        inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def node(op, ins, out, **attrs):
-        nodes.append(helper.make_node(op, ins, [out], name=out, **attrs))
-        return out
+    graph = GraphBuilder()
+    inits, nodes, const, node = graph.inits, graph.nodes, graph.const, graph.node
 
     def weight(*shape):
         return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from models import make_model  # tests/models.py
+from models import GraphBuilder, make_model  # tests/models.py
 from onnx import TensorProto, helper, numpy_helper
 from test_export_integer import _steps
 
@@ -157,15 +157,8 @@ def _attention() -> onnx.ModelProto:
     'bihd,bjhd->bhij' + relative position bias [1,H,T,T] (MaxViT's) -> scale -> Softmax -> Einsum
     'bhij,bjhd->bihd' -> Reshape [N,T,C] -> output MatMul+bias. Neither constant Add is a kernel's bias."""
     rng = np.random.default_rng(0)
-    inits, nodes = [], []
-
-    def const(name, value):
-        inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def node(op, ins, out, **attrs):
-        nodes.append(helper.make_node(op, ins, [out], name=out, **attrs))
-        return out
+    graph = GraphBuilder()
+    inits, nodes, const, node = graph.inits, graph.nodes, graph.const, graph.node
 
     heads = const("heads", np.array([0, T, H, D], np.int64))
     w_in = const("w_in", (rng.standard_normal((C, C)) / np.sqrt(C)).astype(np.float32))

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
+
+from benchmarks.suite.exporting import export_each
 
 DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "torch"
 MODELS = {"MobileNetV2": 224, "MobileNetV3Small": 224, "MobileNetV3Large": 224, "EfficientNetB0": 224,
@@ -53,12 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in args.models:
-        start = time.perf_counter()
-        try:
-            print(f"{export(name, out).name}: {time.perf_counter() - start:.1f} s", flush=True)
-        except Exception as error:  # noqa: BLE001 - a model tf2onnx cannot convert is reported, not fatal
-            print(f"{name}: not exported: {type(error).__name__}: {str(error)[:200]}", flush=True)
+    export_each((name, lambda name=name: export(name, out)) for name in args.models)
     return 0
 
 

@@ -16,9 +16,10 @@ Weights are random: use the files for op coverage, float-op counts and latency, 
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benchmarks.suite.exporting import export_each
 
 DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "torch"
 IMAGE = (1, 3, 224, 224)
@@ -120,14 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for exporter in args.exporter:
-        for name in args.models:
-            start = time.perf_counter()
-            try:
-                target = export(name, exporter, out)
-                print(f"{target.name}: {time.perf_counter() - start:.1f} s", flush=True)
-            except Exception as error:  # noqa: BLE001 - an architecture the exporter refuses is reported, not fatal
-                print(f"{name} ({exporter}): not exported: {type(error).__name__}: {str(error)[:200]}", flush=True)
+    export_each((f"{name} ({exporter})", lambda name=name, exporter=exporter: export(name, exporter, out))
+                for exporter in args.exporter for name in args.models)
     return 0
 
 
