@@ -11,7 +11,9 @@ or ties them to the input's quantizer). Two adjustments keep this exact:
 * Resize: only ``mode="nearest"`` (a selection); linear/cubic interpolation is arithmetic.
 * An output with its own, different quantizer is moved to that grid (`regrid`: a requantizing kernel or a table).
 
-Identity and Dropout (inference) alias their input codes, and so does a Cast between float types (float32 <->
+Where selects codes of branches moved onto its output grid (a constant branch quantized onto it); IsNaN /
+IsInf of a quantized tensor are false everywhere (grid points are finite). Identity and Dropout (inference)
+alias their input codes, and so does a Cast between float types (float32 <->
 float16, `float_types`); Shape and Size read the codes' shape.
 
 Relu / Clip not absorbed by their producer (`epilogue`): when the output grid equals the input grid (the
@@ -136,6 +138,46 @@ def lower_clamp(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     ctx.set_int(tensor, clamp_codes(ctx, x.name, lo, hi, tensor), grid)
 
 
+def lower_where(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """``Where(cond, a, b)``: each branch moved onto the output's grid (`regrid`; a constant branch quantized
+    onto it, as the sim's output quantizer quantizes it), then a uint8 Where selects codes. Exact: quantizing
+    commutes with selecting. An unquantized output keeps the branches' common grid, and a constant branch
+    must lie on it."""
+    if ctx.opset < 9:
+        raise Unsupported("Where needs opset >= 9")
+    out = node.output[0]
+    codes = {name: ctx.int_input(name) for name in node.input[1:3] if not ctx.index.is_constant(name)}
+    if not codes:
+        raise Unsupported("Where of two constants (a mask being built) stays float")
+    grids = {c.grid for c in codes.values()}
+    grid = ctx.output_grid(out, next(iter(grids)) if len(grids) == 1 else None)
+    inputs = [ctx.float_input(node.input[0])]  # the boolean condition, as it is
+    for slot, name in enumerate(node.input[1:3], start=1):
+        if name in codes:
+            inputs.append(regrid(ctx, codes[name], grid, f"{out}/branch{slot}").name)
+            continue
+        values = np.asarray(ctx.constant(name), np.float32)
+        if not ctx.has_quantizer(out) and not all(grid.on_grid(float(v)) for v in values.reshape(-1)):
+            raise Unsupported(f"Where constant {name!r} is not on the grid of the unquantized output")
+        constant = np.clip(grid.quantize(values), grid.low, grid.high).astype(np.uint8)
+        inputs.append(ctx.add_initializer(constant, f"{out}/branch{slot}_codes"))
+    result = ctx.fresh(f"{out}/codes")
+    ctx.emit("Where", inputs, [result], name=node.name)
+    ctx.set_int(out, result, grid)
+
+
+def lower_never_special(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """IsNaN / IsInf of a tensor on an 8-bit grid: its sim values are grid points, never NaN or infinite, so
+    the answer is false everywhere (``ConstantOfShape`` of the codes' shape). Transformers' exports guard
+    attention probabilities so: ``Where(IsNaN(p), 0, p)``."""
+    x = ctx.int_input(node.input[0])
+    shape = ctx.fresh(f"{node.output[0]}/shape")
+    ctx.emit("Shape", [x.name], [shape], name=f"{node.name}/shape")
+    ctx.emit("ConstantOfShape", [shape], [node.output[0]], name=node.name,
+             value=onnx.helper.make_tensor("false", TensorProto.BOOL, [1], [False]))
+
+
 RULES = {op: lower_direct for op in DIRECT_OPS}
 RULES.update({"Cast": lower_float_cast, "Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape,
-              "Size": lower_shape, "Relu": lower_clamp, "Clip": lower_clamp})
+              "Size": lower_shape, "Relu": lower_clamp, "Clip": lower_clamp, "Where": lower_where,
+              "IsNaN": lower_never_special, "IsInf": lower_never_special})
