@@ -249,3 +249,30 @@ def test_conv_transpose_weights_per_channel_on_axis_1_and_qdq_matches_sim(group)
     step = float(sim.qc_quantize_op_dict["y"].encoding.scale)
     diff = np.abs(ort.InferenceSession(qdq.SerializeToString()).run(None, feed)[0] - sim.session.run(None, feed)[0])
     assert diff.max() <= step * 1.001
+
+
+def test_a_batch_with_no_rows_runs_where_onnxruntime_reshape_fusion_would_fail():
+    """torchvision's FCOS with no detection: an [N, 2, 2] tensor reshaped to its computed shape [N, 4] (read from
+    another [N, 4] tensor). With the shapes preparation infers, onnxruntime's ReshapeFusion rewrites that shape
+    as [0, -1], which cannot be resolved when N is 0; the user's model ran, the sim failed. The library's
+    sessions leave that fusion out."""
+    n = helper.make_node
+    nodes = [n("Relu", ["x"], ["r"]), n("Concat", ["a", "b"], ["z"], axis=1), n("Shape", ["z"], ["s"]),
+             n("Gather", ["s", "zero"], ["d0"], axis=0), n("Gather", ["s", "one"], ["d1"], axis=0),
+             n("Unsqueeze", ["d0", "ax"], ["u0"]), n("Unsqueeze", ["d1", "ax"], ["u1"]),
+             n("Concat", ["u0", "u1"], ["shape"], axis=0), n("Reshape", ["r", "shape"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 2]),
+              helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2]),
+              helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 2])]
+    model = _model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+
+    def feed(rows):
+        return {"x": RNG.normal(size=(rows, 2, 2)).astype(np.float32), "a": np.ones((rows, 2), np.float32),
+                "b": np.ones((rows, 2), np.float32)}
+
+    sim = QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([feed(3), feed(0)])
+    assert sim.session.run(None, feed(0))[0].shape == (0, 4)
+    assert sim.session.run(None, feed(2))[0].shape == (2, 4)

@@ -50,6 +50,10 @@ _WRITERS = 2  # threads computing and writing deferred values (numpy and file wr
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
 EXACT_SIM_DISABLED_OPTIMIZERS = ("ReluQuantRewrite", "ClipQuantRewrite")
+# With the shapes preparation infers, onnxruntime's ReshapeFusion (1.32) rewrites a Reshape's computed shape
+# [N, 4] of an [N, 2, 2] tensor into [0, -1], which fails when N is 0 (a detector finding no box: torchvision's
+# FCOS); the user's model, without those shapes, runs. Every session the library makes leaves it out.
+ALWAYS_DISABLED_OPTIMIZERS = ("ReshapeFusion",)
 
 
 def make_session(
@@ -85,13 +89,13 @@ def make_session(
         if not hasattr(options, key):
             raise AttributeError(f"onnxruntime.SessionOptions has no attribute {key!r}")
         setattr(options, key, value)
-    disabled = None
+    disabled = list(ALWAYS_DISABLED_OPTIMIZERS)
     if not fuse_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
         # onnxruntime's Relu/Clip -> QuantizeLinear rewrites are only meant to drop a redundant Relu/Clip, but
         # with 4-bit zero points (ORT 1.32) ReluQuantRewrite drops a Relu that is not redundant (negative
         # values survive) and ClipQuantRewrite throws at session creation; the exact sim never needs them.
-        disabled = list(EXACT_SIM_DISABLED_OPTIMIZERS)
+        disabled += EXACT_SIM_DISABLED_OPTIMIZERS
     else:
         # DQ(weight) -> MatMul may become MatMulNBits, which at its default accuracy level computes the
         # activation in 8 bits: wrong for 16-bit activations. Level 1 keeps float activations there.
@@ -114,7 +118,7 @@ def make_session(
         # (measured on a 0.8 GB MLP: 1.64 GB instead of 1.43, for runs about 1.5x faster)
         options.enable_cpu_mem_arena = False
         # keep the dequantization of integer weights as written: folding it would make a float copy
-        disabled = [*(disabled or ()), "ConstantFolding"]
+        disabled.append("ConstantFolding")
     else:
         values = [ort.OrtValue.ortvalue_from_numpy(_materialized(array)) for array in external.values()]
         if values:
