@@ -1,4 +1,4 @@
-"""Integer export of If / Loop nodes: their bodies run in float, as in the sim, and read the exported graph's
+"""Integer and QDQ exports of If / Loop nodes: their bodies run in float, as in the sim, and read the exported graph's
 float value of every enclosing-scope tensor they use (which the export may have turned into integer codes).
 
 Found on torchvision's SSDLite (TorchScript export): an If whose int64 outputs come from a ReduceMax of an
@@ -135,3 +135,29 @@ def test_rename_outer_references_leaves_names_a_subgraph_defines():
     assert list(then.node[0].input) == ["a2"] and [o.name for o in then.output] == ["d", "a2"]
     nested = then.node[1].attribute[0].g.node[0]
     assert list(nested.input) == ["a2", "b"]
+
+
+def _if_reading_moved_tensor():
+    """``h`` -> Transpose (data movement: the QDQ export gives its output a derived Q/DQ pair) read only by the
+    branches of an If (Faster R-CNN's RPN: a Gather read by an If's body)."""
+    then_graph = _branch("then", helper.make_node("Relu", ["t"], ["b1"]), "b1", TensorProto.FLOAT, [4, 1])
+    else_graph = _branch("else", helper.make_node("Neg", ["t"], ["b2"]), "b2", TensorProto.FLOAT, [4, 1])
+    nodes = [*_condition_nodes(), helper.make_node("Transpose", ["h"], ["t"], perm=[1, 0]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph)]
+    return _model(nodes, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1])], [_weight(), _zero()])
+
+
+def test_qdq_export_keeps_what_only_a_subgraph_reads():
+    """The QDQ export dropped the derived Q/DQ pair of a tensor read only inside an If body as dead (its reads
+    were counted from node inputs alone): onnxruntime refused the model (the body named a missing tensor)."""
+    model = _if_reading_moved_tensor()
+    sim = QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([{"x": RNG.normal(size=(1, 3)).astype(np.float32)} for _ in range(8)])
+    exported = sim.to_onnx_qdq(weight_codes="uint8", int32_bias=False)
+    assert not exported.graph.value_info  # preparation's shapes stay out of the export (onnxruntime re-infers)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    session = ort.InferenceSession(exported.SerializeToString(), options, providers=PROVIDERS)
+    for _ in range(8):
+        feed = {"x": RNG.normal(size=(1, 3)).astype(np.float32)}
+        np.testing.assert_array_equal(session.run(None, feed)[0], sim.session.run(None, feed)[0])

@@ -73,7 +73,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantsim.core.bias import quantize_bias
 from quantsim.export.readiness import check_activations_calibrated
 from quantsim.graph.deferred import DeferredWeights
-from quantsim.graph.edit import drop_unused_initializers
+from quantsim.graph.edit import drop_unused_initializers, referenced_names
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, PARAM_SLOTS, RECURRENT_OPS, WEIGHTED_OPS, facts_of
 
@@ -336,7 +336,7 @@ def codes_for_boolean_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
         node.input[0] = converted[source]
     if before:
         _insert_before(model, before)
-        read = {i for n in model.graph.node for i in n.input if i} | {o.name for o in model.graph.output}
+        read = referenced_names(model.graph)
         kept = [n for n in model.graph.node if not (n.op_type == "Cast" and _boolean_cast_source(index, n.output[0])
                                                     and n.output[0] not in read)]
         del model.graph.node[:]
@@ -442,11 +442,10 @@ def drop_zero_zero_points(model: onnx.ModelProto, weights: DeferredWeights | Non
 
 def drop_dead_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     """Remove QuantizeLinear/DequantizeLinear nodes whose outputs nothing reads (module docstring)."""
-    outputs = {o.name for o in model.graph.output}
     while True:
-        read = {i for n in model.graph.node for i in n.input if i}
+        read = referenced_names(model.graph)  # an If / Loop body's read of an outer tensor counts
         dead = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
-                and not any(o in read or o in outputs for o in n.output)]
+                and not any(o in read for o in n.output)]
         if not dead:
             return model
         names = {n.name for n in dead}
@@ -486,6 +485,10 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     model = drop_dead_qdq(model)
     if codes == "uint8":
         model, _ = shift_weight_codes(model, deferred)
+    # the shapes preparation inferred are for the library's own passes: with them, onnxruntime 1.32's
+    # ReshapeFusion turns a computed [N, 4] shape into [0, -1], which fails on an empty batch (a detector
+    # finding nothing: torchvision's FCOS); onnxruntime infers what it needs when it loads the model
+    del model.graph.value_info[:]
     onnx.helper.set_model_props(model, {"producer": "quantsim"})
     return model if weights is not None else deferred.materialize(model)
 
