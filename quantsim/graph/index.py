@@ -196,13 +196,18 @@ class GraphIndex:
         return uses[0].node
 
     def bias_add(self, name: str) -> tuple[onnx.NodeProto, str] | None:
-        """``(Add node, constant name)`` when ``name``'s only consumer adds one float constant to it that is a
-        per-column bias (shape ``[N]``, or ``[1, ..., 1, N]``).
+        """``(Add node, constant name)`` when ``name`` comes from a node with a constant input (a layer's weight)
+        and its only consumer adds one float constant to it that is a per-column bias (shape ``[N]``, or
+        ``[1, ..., 1, N]``).
 
         The one home of "MatMul followed by a constant Add": placement puts the pair's output quantizer after
-        the Add, the int32-bias fit and the integer export fold the constant into the kernel's bias. A constant
-        of any other shape (a Swin block's ``[1, heads, 49, 49]`` relative-position table added to attention
-        scores) is an ordinary Add, as in AIMET, whose pass takes rank-1 biases only."""
+        the Add, the int32-bias fit and the integer export fold the constant into the kernel's bias. As in
+        AIMET's pass (rank-1 biases of weighted MatMuls), a constant of any other shape (a Swin block's
+        ``[1, heads, 49, 49]`` relative-position table) or one added to a product of two activations
+        (``q @ k^T``) is an ordinary Add."""
+        producer = self.producer_of(name)
+        if producer is None or not any(self.is_constant(n) for n in producer.input):
+            return None
         add = self.single_consumer(name)
         if add is None or add.op_type != "Add":
             return None

@@ -68,6 +68,12 @@ _ROOT_OPS = frozenset({"Sqrt", "Reciprocal"})
 _LINEAR_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "MatMulInteger", "ConvInteger", "Einsum"})
 
 
+def _shape_edge(node: onnx.NodeProto, slot: int) -> bool:
+    """Input ``slot`` of ``node`` is read for its shape (a Shape/Size input, a Reshape's shape, ...), not its
+    values: no statistic flows along it, in either direction."""
+    return node.op_type in SHAPE_SOURCES or slot in SHAPE_SLOTS.get(node.op_type, ())
+
+
 def find_normalization_statistics(index: GraphIndex, *, per_layer: bool = False) -> frozenset[str]:
     """Tensors on a path from a reduction's output to a Sqrt/Reciprocal output (module docstring). With
     ``per_layer`` a path ends at its last Sqrt/Reciprocal (Sqrt -> Reciprocal) and goes through neither the
@@ -78,8 +84,8 @@ def find_normalization_statistics(index: GraphIndex, *, per_layer: bool = False)
     roots = {o for n in index.nodes if n.op_type in _ROOT_OPS for o in n.output if o}
 
     def continues(node: onnx.NodeProto, slot: int) -> bool:
-        if node.op_type in SHAPE_SOURCES or slot in SHAPE_SLOTS.get(node.op_type, ()):
-            return False  # a shape edge: what follows is shape arithmetic, not a statistic
+        if _shape_edge(node, slot):
+            return False  # what follows is shape arithmetic, not a statistic
         return not per_layer or node.op_type in _ROOT_OPS or (
             node.op_type not in _LINEAR_OPS and not any(i in roots for i in node.input))
 
@@ -102,9 +108,8 @@ def find_normalization_statistics(index: GraphIndex, *, per_layer: bool = False)
             continue
         backward.add(name)
         producer = index.producer_of(name)
-        if producer is not None and producer.op_type not in SHAPE_SOURCES:  # a shape edge carries no statistic:
-            skip = SHAPE_SLOTS.get(producer.op_type, ())  # an attention scale 1/sqrt(sqrt(d)) from Shape(q)
-            frontier.extend(n for slot, n in enumerate(producer.input) if n and slot not in skip)
+        if producer is not None:  # not back through a shape edge: 1/sqrt(sqrt(d)) from Shape(q) is no statistic
+            frontier.extend(n for slot, n in enumerate(producer.input) if n and not _shape_edge(producer, slot))
     # what is computed only to be reduced into a statistic (x * x before ReduceSum) is part of it; per layer,
     # only what feeds nothing but the reductions (else a norm's input, read only by the mean and x - mean,
     # would pull in the layers before it)

@@ -273,14 +273,14 @@ def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:
 
 
 def _matmul_add_biases(index: GraphIndex, config: QuantsimConfig) -> list[tuple[onnx.NodeProto, str]]:
-    """``(Add node, bias constant)`` of each ``Add(MatMul(x, W), b)`` when the MatmulAdd pass is configured: a
-    MatMul with a constant weight (as AIMET's pass; attention's ``q @ k^T`` is not a layer with a bias). One
-    constant may be the bias of several layers (torch's dynamo exporter shares equal initializers)."""
+    """``(Add node, bias constant)`` of each ``Add(MatMul(x, W), b)`` (`GraphIndex.bias_add`) when the MatmulAdd
+    pass is configured. One constant may be the bias of several layers (torch's dynamo exporter shares equal
+    initializers)."""
     if "MatmulAdd" not in config.supergroup_pass_list:
         return []
     found = []
     for node in index.nodes:
-        if node.op_type != "MatMul" or not node.output or not any(index.is_constant(n) for n in node.input):
+        if node.op_type != "MatMul" or not node.output:
             continue
         pair = index.bias_add(node.output[0])
         if pair is not None:

@@ -202,18 +202,17 @@ def lower_spatial_reduction(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     rank = len(shape)
     axes = _reduced_axes(ctx, node, rank)
     keepdims = bool(node_attributes(node).get("keepdims", 1))
-    reduced = [shape[a] for a in axes]
-    count = int(np.prod(reduced)) if all(isinstance(d, int) and d > 0 for d in reduced) else None
-    if node.op_type == "ReduceSum" and count is None:
-        raise Unsupported(f"ReduceSum over dims {reduced}: a sum needs the static number of reduced elements")
+    if node.op_type == "ReduceSum" and _static_count(shape, axes) is None:
+        raise Unsupported(f"ReduceSum over dims {[shape[a] for a in axes]}: a sum needs the static number of "
+                          "reduced elements")
     if rank >= 3 and axes == list(range(1, rank - 1)):
-        _global_average_pool(ctx, node, channels_last=1, pooled=axes, squeeze=not keepdims, count=count)
+        _global_average_pool(ctx, node, channels_last=1, pooled=axes, squeeze=not keepdims)
         return
     first = axes[0]
     if first < 1 or axes != list(range(first, rank)):
         raise Unsupported(f"{node.op_type} over axes {axes} of a rank-{rank} tensor is not a global average pool")
     if first == 2:
-        _global_average_pool(ctx, node, channels_last=0, pooled=axes, squeeze=not keepdims, count=count)
+        _global_average_pool(ctx, node, channels_last=0, pooled=axes, squeeze=not keepdims)
         return
     kept = shape[1:first]
     if not all(isinstance(d, int) and d > 0 for d in kept):
@@ -223,19 +222,26 @@ def lower_spatial_reduction(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     ctx.emit("Reshape", [x.name, ctx.scalar([0, int(np.prod(kept)), -1], np.int64, f"{node.name}/merged_shape")],
              [merged], name=f"{node.name}/merge")
     out_shape = [0, *kept, *([1] * len(axes) if keepdims else [])]
-    _global_average_pool(ctx, node, channels_last=0, pooled=axes, count=count, codes=merged,
+    _global_average_pool(ctx, node, channels_last=0, pooled=axes, codes=merged,
                          reshape_to=[int(d) for d in out_shape])
 
 
+def _static_count(shape, axes: list[int]) -> int | None:
+    """The number of elements over ``axes`` of ``shape`` when those dims are static, else None."""
+    dims = [shape[a] for a in axes if a < len(shape)]
+    return int(np.prod(dims)) if dims and all(isinstance(d, int) and d > 0 for d in dims) else None
+
+
 def _global_average_pool(ctx: LoweringContext, node: onnx.NodeProto, *, channels_last: int, pooled: list[int],
-                         squeeze: bool = False, count: int | None = None, codes: str | None = None,
-                         reshape_to: list[int] | None = None) -> None:
+                         squeeze: bool = False, codes: str | None = None, reshape_to: list[int] | None = None) -> None:
     """com.microsoft QLinearGlobalAveragePool over the ``pooled`` axes of ``node.input[0]`` (its codes, or
     ``codes``: the same values reshaped), then ``squeeze`` those axes or ``reshape_to`` a shape. A ReduceSum
-    runs on the output grid's scale divided by ``count``."""
+    runs on the output grid's scale divided by the number of pooled elements."""
     x = ctx.int_input(node.input[0])
     ep = epilogue(ctx, node)
-    scale = _f32(ep.grid.scale) / count if node.op_type == "ReduceSum" and count else _f32(ep.grid.scale)
+    count = _static_count(ctx.index.shape.get(node.input[0]) or (), pooled)
+    divisor = count if node.op_type == "ReduceSum" and count else 1
+    scale = _f32(ep.grid.scale) / divisor
     out = ctx.fresh(f"{ep.tensor}/codes")
     ctx.emit("QLinearGlobalAveragePool",
              [codes or x.name, *ctx.grid_inputs(x.grid, node.input[0]),
@@ -254,12 +260,8 @@ def _global_average_pool(ctx: LoweringContext, node: onnx.NodeProto, *, channels
             ctx.emit("Squeeze", [out], [moved], name=f"{node.name}/squeeze", axes=pooled)
         out = moved
     entry = _grid_entry("QLinearGlobalAveragePool", ep.tensor, [x.grid], ep.grid)
-    shape = ctx.index.shape.get(node.input[0]) or ()
-    spatial = [shape[a] for a in pooled if a < len(shape)]
-    if spatial and all(isinstance(d, int) and d > 0 for d in spatial):
-        taps = int(np.prod(spatial))
-        divisor = 1 if node.op_type == "ReduceSum" else taps
-        entry.update(taps=taps, **multiplier_record(_f32(x.grid.scale) / (_f32(ep.grid.scale) * divisor)))
+    if count is not None:  # a sum's multiplier has no 1/N: the grid it runs on is N times finer
+        entry.update(taps=count, **multiplier_record(_f32(x.grid.scale) * divisor / (_f32(ep.grid.scale) * count)))
     entry["clamp"] = [ep.low, ep.high]
     ctx.record(node, entry)
     finish(ctx, ep, out)
