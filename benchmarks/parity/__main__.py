@@ -1,0 +1,111 @@
+"""Run every parity step on aimet-onnx and on quantsim and print the table (step, aimet, quantsim, agree?).
+
+Outputs agree when the largest difference of the probe logits is at most one step of aimet's output grid, or
+half of aimet's own largest error against FP32, whichever is larger (AdaRound and CLE, whose optimisation is
+not bit-reproducible across implementations, are held to aimet's error instead of a step). Every other read-
+out (encodings names, bitwidths, dtypes, return types, file lists) must be equal.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import shutil
+import sys
+import time
+import traceback
+import warnings
+
+import numpy as np
+
+from benchmarks.parity import fixtures as fx
+from benchmarks.parity.apis import aimet_api, quantsim_api
+from benchmarks.parity.steps import STEPS, scratch
+
+LOOSE = ("adaround", "seq_mse", "equalize", "choose_mixed")
+
+
+def run_side(api, name: str) -> tuple[dict | None, str, list[str]]:
+    """One step on one side: (read-outs or None, error text, warnings raised)."""
+    model, data, tmp = fx.build_model(), fx.calibration(), scratch()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = STEPS[name](api, model, data, tmp)
+        said = sorted({str(w.message).splitlines()[0][:120] for w in caught
+                       if not issubclass(w.category, DeprecationWarning) and "quantsim" in (w.filename + str(w.category))})
+        return result, "", said
+    except Exception as exc:  # noqa: BLE001 - every failure is a row of the table
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        logging.getLogger(__name__).debug("%s on %s: %s", name, api.side, traceback.format_exc())
+        return None, f"{type(exc).__name__}: {text}"[:140], []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def compare(name: str, a: dict, q: dict, fp32: np.ndarray) -> tuple[bool, str]:
+    """Whether quantsim's read-outs agree with aimet's, and the one-line figure that says why."""
+    notes, ok = [], True
+    if "out" in a and "out" in q:
+        diff = float(np.max(np.abs(np.asarray(q["out"], np.float64) - a["out"])))
+        err = float(np.max(np.abs(a["out"] - fp32)))
+        loose = any(k in name for k in LOOSE)
+        tol = 1.0 * err if loose else max(a.get("step") or 0.0, 0.5 * err)
+        ok = diff <= tol + 1e-7
+        notes.append(f"max diff {diff:.3g} (aimet err {err:.3g}, tol {tol:.3g})")
+    for key in sorted(set(a) | set(q)):
+        if key in ("out", "step"):
+            continue
+        if a.get(key) != q.get(key):
+            ok = False
+            notes.append(f"{key}: aimet {short(a.get(key))} vs {short(q.get(key))}")
+    return ok, "; ".join(notes)
+
+
+def short(value) -> str:
+    text = repr(value)
+    return text if len(text) < 160 else text[:157] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="substrings of step names to run")
+    parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR)
+    if not args.verbose:
+        logging.disable(logging.WARNING)  # aimet-onnx logs every step at INFO/WARNING on its own handlers
+    fp32 = fx.float_outputs(fx.build_model())
+    rows = ["| step | aimet-onnx 2.42 | quantsim | agree? |", "|---|---|---|---|"]
+    agreed = 0
+    names = [n for n in STEPS if not args.only or any(s in n for s in args.only)]
+    for name in names:
+        t0 = time.perf_counter()
+        a, a_err, _ = run_side(aimet_api(), name)
+        q, q_err, q_warn = run_side(quantsim_api(), name)
+        if a is None:
+            ok, note, acell, qcell = False, "", a_err, "ran" if q is not None else q_err
+        elif q is None:
+            ok, note, acell, qcell = False, "", "ran", q_err
+        else:
+            ok, note = compare(name, a, copy.deepcopy(q), fp32)
+            acell, qcell = "ran", "ran"
+        if q_warn:
+            qcell += " (warns: " + "; ".join(q_warn)[:200] + ")"
+        agreed += ok
+        cell = ("yes" if ok else "**no**") + (f": {note}" if note else "")
+        rows.append(f"| `{name}` | {acell} | {qcell} | {cell} |")
+        print(f"[{time.perf_counter() - t0:5.1f}s] {name}: {'agree' if ok else 'DIFFER'} {note or a_err or q_err}",
+              file=sys.stderr, flush=True)
+    rows.append(f"\n{agreed} of {len(names)} steps agree.")
+    table = "\n".join(rows)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The two import mappings a research script is run with: aimet-onnx 2.42's names and quantsim's.
+
+A name is looked up only when a step uses it, so a name one side lacks fails that step alone (reported as
+``missing: ...``) instead of the whole harness.
+"""
+from __future__ import annotations
+
+import importlib
+
+AIMET_NAMES: dict[str, tuple[str, ...]] = {
+    "QuantizationSimModel": ("aimet_onnx.quantsim:QuantizationSimModel",),
+    "compute_encodings": ("aimet_onnx:compute_encodings",),
+    "load_encodings_to_sim": ("aimet_onnx.quantsim:load_encodings_to_sim",),
+    "encodings_to_onnx_qdq": ("aimet_onnx:encodings_to_onnx_qdq",),
+    "set_blockwise_quantization_for_weights": ("aimet_onnx.quantsim:set_blockwise_quantization_for_weights",),
+    "set_lpbq_for_params": ("aimet_onnx.quantsim:set_lpbq_for_params",),
+    "set_grouped_blockwise_quantization_for_weights":
+        ("aimet_onnx.quantsim:set_grouped_blockwise_quantization_for_weights",),
+    "clamp_activation_encodings": ("aimet_onnx.quantsim:clamp_activation_encodings",),
+    "set_param_type": ("aimet_onnx.quantsim:set_param_type",),
+    "QuantScheme": ("aimet_onnx.common.defs:QuantScheme",),
+    "int4": ("aimet_onnx:int4",), "int8": ("aimet_onnx:int8",), "int16": ("aimet_onnx:int16",),
+    "float16": ("aimet_onnx:float16",), "float8e4m3fn": ("aimet_onnx:float8e4m3fn",),
+    "float8e5m2": ("aimet_onnx:float8e5m2",),
+    "apply_adaround": ("aimet_onnx:apply_adaround",),
+    "Adaround": ("aimet_onnx.adaround.adaround_weight:Adaround",),
+    "apply_seq_mse": ("aimet_onnx:apply_seq_mse",),
+    "SeqMseParams": ("aimet_onnx.sequential_mse.seq_mse:SeqMseParams",),
+    "equalize_model": ("aimet_onnx.cross_layer_equalization:equalize_model",),
+    "fold_all_batch_norms_to_weight": ("aimet_onnx.batch_norm_fold:fold_all_batch_norms_to_weight",),
+    "analyze_per_layer_sensitivity": ("aimet_onnx:analyze_per_layer_sensitivity",),
+    "QuantAnalyzer": ("aimet_onnx.quant_analyzer:QuantAnalyzer",),
+    "choose_mixed_precision": ("aimet_onnx.mixed_precision:choose_mixed_precision",),
+    "flip_layers_to_higher_precision": ("aimet_onnx.lite_mp:flip_layers_to_higher_precision",),
+    "CallbackFunc": ("aimet_onnx.common.defs:CallbackFunc",),
+}
+
+QUANTSIM_NAMES: dict[str, tuple[str, ...]] = {
+    "QuantizationSimModel": ("quantsim:QuantizationSimModel",),
+    "compute_encodings": ("quantsim:compute_encodings",),
+    "load_encodings_to_sim": ("quantsim:load_encodings_to_sim",),
+    "encodings_to_onnx_qdq": ("quantsim:encodings_to_onnx_qdq",),
+    "set_blockwise_quantization_for_weights": ("quantsim:set_blockwise_quantization_for_weights",),
+    "set_lpbq_for_params": ("quantsim:set_lpbq_for_params",),
+    "set_grouped_blockwise_quantization_for_weights": ("quantsim:set_grouped_blockwise_quantization_for_weights",),
+    "clamp_activation_encodings": ("quantsim:clamp_activation_encodings",),
+    "set_param_type": ("quantsim:set_param_type",),
+    "QuantScheme": ("quantsim:QuantScheme",),
+    "int4": ("quantsim:int4",), "int8": ("quantsim:int8",), "int16": ("quantsim:int16",),
+    "float16": ("quantsim:float16",), "float8e4m3fn": ("quantsim:float8e4m3fn",),
+    "float8e5m2": ("quantsim:float8e5m2",),
+    "apply_adaround": ("adaround:apply_adaround",),
+    "Adaround": ("adaround:Adaround",),
+    "apply_seq_mse": ("adaround:apply_seq_mse",),
+    "SeqMseParams": ("adaround:SeqMseParams",),
+    "equalize_model": ("adaround:equalize_model",),
+    "fold_all_batch_norms_to_weight": ("quantsim.batch_norm_fold:fold_all_batch_norms_to_weight",
+                                       "quantsim:fold_all_batch_norms_to_weight"),
+    "analyze_per_layer_sensitivity": ("mixed_precision:analyze_per_layer_sensitivity",),
+    "QuantAnalyzer": ("mixed_precision:QuantAnalyzer",),
+    "choose_mixed_precision": ("mixed_precision:choose_mixed_precision",),
+    "flip_layers_to_higher_precision": ("mixed_precision:flip_layers_to_higher_precision",),
+    "CallbackFunc": ("mixed_precision:CallbackFunc",),
+}
+
+
+class MissingName(AttributeError):
+    """A name the step needs is not in this side's package."""
+
+
+class Api:
+    """Attribute access resolves a name through one side's mapping (first candidate that imports)."""
+
+    def __init__(self, side: str, names: dict[str, tuple[str, ...]]):
+        self.side = side
+        self._names = names
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        tried = []
+        for spec in self._names.get(name, ()):
+            module, attr = spec.split(":")
+            tried.append(f"{module}.{attr}")
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError):
+                continue
+        raise MissingName(f"missing: {' / '.join(tried) or name}")
+
+
+def aimet_api() -> Api:
+    """aimet-onnx 2.42's public names."""
+    return Api("aimet", AIMET_NAMES)
+
+
+def quantsim_api() -> Api:
+    """The names the README's import mapping gives."""
+    return Api("quantsim", QUANTSIM_NAMES)
