@@ -70,7 +70,9 @@ class DeferredArray:
     def array(self, what: str = "deferred values") -> np.ndarray:
         """The values, computed now (C-contiguous, ``dtype``: cast from whatever ``compute`` returns), checked
         against the declared ``shape`` (``what`` names them in the error)."""
-        values = np.ascontiguousarray(self.compute(), dtype=self.dtype)
+        values = np.asarray(self.compute(), dtype=self.dtype)
+        if values.ndim:  # np.ascontiguousarray makes a 0-d value 1-d
+            values = np.ascontiguousarray(values)
         if values.shape != self.shape:
             raise InvalidStateError(f"{what}: computed shape {values.shape} is not the declared {self.shape}")
         return values

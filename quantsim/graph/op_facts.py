@@ -96,7 +96,7 @@ OP_FACTS: dict[str, OpFacts] = {
     "Col2Im": OpFacts(grid_preserving=True),
     "Compress": OpFacts(grid_preserving=True),
     "Dropout": OpFacts(grid_preserving=True),
-    "GatherND": OpFacts(grid_preserving=True),
+    "GatherND": OpFacts(grid_preserving=True, uint8_kernel_opset=11),
     "MaxRoiPool": OpFacts(grid_preserving=True),
     "NonZero": OpFacts(grid_preserving=True),
     "SplitToSequence": OpFacts(grid_preserving=True),

@@ -45,7 +45,7 @@ __all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxru
 STANDARD_OPS = frozenset(
     """Reshape Flatten Transpose Squeeze Unsqueeze Slice Pad Resize MaxPool Gather GatherElements Clip Div
     Constant Shape Concat Cast Identity Relu Max Min Expand Tile Add Sub Mul DepthToSpace SpaceToDepth
-    ReduceMax ReduceMin Size Dropout Split""".split()
+    ReduceMax ReduceMin Size Dropout Split GatherND""".split()
 )
 
 #: (domain, op_type) pairs the executor runs
