@@ -5,6 +5,8 @@ mixed precision (AIMET's ``choose_mixed_precision``) and its lite form (``flip_l
 from mixed_precision.amp import AMPSearchAlgo, CallbackFunc, choose_mixed_precision
 from mixed_precision.amp_result import AmpResult, ParetoPoint
 from mixed_precision.analysis import GroupScore, TensorHealth, group_sensitivity, report_dict, tensor_health
+from mixed_precision.auto_quant import auto_quantize
+from mixed_precision.auto_quant_result import AutoQuantResult, AutoQuantStep, write_auto_quant_report
 from mixed_precision.bitops import FLOAT_BITS_FACTOR, LayerCost, bit_operations, layer_costs
 from mixed_precision.html_page import write_analysis_html, write_pareto_html
 from mixed_precision.lite import flip_layers_to_higher_precision
@@ -33,6 +35,10 @@ __all__ = [
     "AmpResult",
     "ParetoPoint",
     "flip_layers_to_higher_precision",
+    "auto_quantize",
+    "AutoQuantResult",
+    "AutoQuantStep",
+    "write_auto_quant_report",
     "FLOAT_BITS_FACTOR",
     "LayerCost",
     "layer_costs",

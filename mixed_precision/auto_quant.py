@@ -1,0 +1,407 @@
+"""`auto_quantize`: from a float model and an accuracy budget to the cheapest configuration that meets it.
+
+The search tries techniques from the cheapest (in search time) to the most expensive and stops as soon as
+the budget is met at the lowest cost it can reach. With ``target = reference - allowed_accuracy_drop``,
+where ``reference`` is ``eval_callback`` on the float model (one onnxruntime session of the model as given):
+
+1. **defaults**: the base precision (W8A8, or the first candidate with 8-bit or wider weights) with min-max
+   calibration and the sim's calibrated rules;
+2. **scheme**: the other calibration schemes (``quant_schemes``, default TF-enhanced and percentile) at the
+   base precision, if the defaults miss the target; the best scheme is kept for what follows;
+3. **cle**: cross-layer equalization (`adaround.equalize_model`) on a copy of the model, only when the
+   equalized float model computes what the original does (largest output difference at most
+   `CLE_TOLERANCE` of the output range on the first calibration batch); otherwise it is skipped, said in
+   the result's message;
+4. when the base precision meets the target, **cheaper candidates** (low-bit weights such as W4A8): each
+   everywhere with Sequential MSE then AdaRound (``seq_mse_candidates``, ``adaround_iterations``), and if
+   none meets the target, a mix of the base and the cheaper candidates per quantizer group;
+5. when the base misses the target, a mix of the base and the **costlier candidates** (W8A16, W16A16,
+   FP16, ...) per quantizer group.
+
+A mix is searched exhaustively when the space has at most `EXHAUSTIVE_LIMIT` distinct configurations
+(cheapest first, each calibrated for itself and scored, up to the first that meets the target), else by
+`choose_mixed_precision`
+(AMP, in ``<results_dir>/amp``, resumable). Costs are bit operations relative to the costliest candidate
+everywhere (`mixed_precision.bitops`), read from the sim's actual quantizers after every automatic decision.
+
+Every score is written to ``<results_dir>/.cache/auto_quantize_scores.json`` as soon as it is known, keyed
+by the prepared model, the candidates and the settings: after an interruption, ``clean_start=False``
+scores only what is missing. Nothing is changed on the caller's model; an exception from the callback
+propagates after the scores so far are saved.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from tqdm.auto import tqdm
+
+from mixed_precision.amp import choose_mixed_precision
+from mixed_precision.amp_executor import checked_score
+from mixed_precision.amp_space import AmpSpace, Config
+from mixed_precision.auto_quant_result import AutoQuantResult, AutoQuantStep, write_auto_quant_report
+from mixed_precision.bitops import bit_operations, layer_costs
+from mixed_precision.files import write_text_atomic
+from mixed_precision.presets import Precision, candidate
+from mixed_precision.target import filter_candidates
+from quantsim import InvalidArgumentError, QuantizationSimModel
+from quantsim.prepare import hash_model
+
+__all__ = ["auto_quantize", "DEFAULT_LADDER", "EXHAUSTIVE_LIMIT", "CLE_TOLERANCE"]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_LADDER = ("W4A8", "W8A8", "W8A16", "W16A16", "FP16")
+EXHAUSTIVE_LIMIT = 16
+"""Largest number of distinct per-group configurations searched exhaustively (else AMP): each is calibrated
+for itself and scored, cheapest first, so the search stops at the cheapest that meets the target."""
+CLE_TOLERANCE = 1e-4
+"""Largest output difference (relative to the output's range) for which equalization counts as keeping the
+float model."""
+_CACHE = Path(".cache") / "auto_quantize_scores.json"
+
+
+class _Budget(Exception):
+    """The time budget is spent."""
+
+
+class _Search:
+    def __init__(self, model: onnx.ModelProto, batches: Callable[[], list], evaluate: Callable, drop: float,
+                 ladder: list[Precision], results: Path | None, clean_start: bool, executor: Executor | None,
+                 time_budget: float | None, show: bool, sim_kwargs: dict):
+        self.model, self.batches, self.evaluate, self.drop = model, batches, evaluate, drop
+        self.ladder, self.results, self.executor, self.show = ladder, results, executor, show
+        self.time_budget, self.sim_kwargs, self.start = time_budget, sim_kwargs, time.perf_counter()
+        self.steps: list[AutoQuantStep] = []
+        self.best: tuple[AutoQuantStep, Callable[[], QuantizationSimModel], QuantizationSimModel | None] | None = None
+        self.notes: list[str] = []
+        self.reference = checked_score(evaluate(_float_session(model)), "the float model")
+        self.target = self.reference - drop
+        self.clean_start = clean_start
+        self.key = self._cache_key(clean_start)
+
+    # scores, cached ---------------------------------------------------------------------------------------
+    def _cache_key(self, clean_start: bool) -> str:
+        digest = hashlib.sha256()
+        hash_model(digest, self.model)
+        digest.update(json.dumps([p.name for p in self.ladder]).encode())
+        fn = getattr(self.evaluate, "func", self.evaluate)
+        digest.update(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}".encode())
+        key = digest.hexdigest()
+        self.cache: dict[str, dict] = {}
+        path = self._cache_path()
+        if path is not None and path.exists() and not clean_start:
+            try:
+                stored = json.loads(path.read_text())
+            except (OSError, ValueError) as error:
+                warnings.warn(f"auto_quantize: {path} is unreadable ({error}); starting clean", RuntimeWarning,
+                              stacklevel=4)
+                stored = {}
+            if stored.get("key") == key and isinstance(stored.get("scores"), dict):
+                self.cache = stored["scores"]
+            elif stored:
+                warnings.warn(f"auto_quantize: {path} was written for another model, candidates or callback; "
+                              "starting clean", RuntimeWarning, stacklevel=4)
+        return key
+
+    def _cache_path(self) -> Path | None:
+        return None if self.results is None else self.results / _CACHE
+
+    def _save(self) -> None:
+        path = self._cache_path()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps({"key": self.key, "scores": self.cache}, indent=1))
+
+    def check_time(self) -> None:
+        """Stop (`_Budget`) once the time budget is spent; the defaults are always scored."""
+        if self.steps and self.time_budget is not None and time.perf_counter() - self.start > self.time_budget:
+            raise _Budget
+
+    # one configuration ------------------------------------------------------------------------------------
+    def sim(self, precision: Precision, scheme: str, model: onnx.ModelProto | None = None) -> QuantizationSimModel:
+        sim = QuantizationSimModel(model if model is not None else self.model, param_type=precision.param_type,
+                                   activation_type=precision.activation_type, quant_scheme=scheme, **self.sim_kwargs)
+        sim.progress = False
+        return sim
+
+    def score(self, stage: str, settings: dict[str, Any], build: Callable[[], QuantizationSimModel], *,
+              shared: bool = False) -> AutoQuantStep:
+        """Score the configuration ``build`` makes (or take its cached score), record the step. ``shared``: the
+        sim ``build`` returns is reused by later steps, so the chosen one is built again at the end."""
+        self.check_time()
+        key = stage + json.dumps(settings, sort_keys=True)
+        t0 = time.perf_counter()
+        made: QuantizationSimModel | None = None
+        if key in self.cache:
+            score, bops, cached = self.cache[key]["score"], self.cache[key]["relative_bops"], True
+        else:
+            made = build()
+            score = checked_score(self.evaluate(made.session), f"{stage} {settings}")
+            bops, cached = self.relative_bops(made), False
+            self.cache[key] = {"score": score, "relative_bops": bops}
+            self._save()
+        step = AutoQuantStep(stage, settings, score, bops, 0.0 if cached else time.perf_counter() - t0,
+                             score >= self.target, cached)
+        self.steps.append(step)
+        _log.info("auto_quantize: %s -> score %.6g, relative BOPs %.4f%s", step.label, score, bops,
+                  " (cached)" if cached else "")
+        self.offer(step, build, None if shared else made)
+        return step
+
+    def offer(self, step: AutoQuantStep, build: Callable[[], QuantizationSimModel],
+              sim: QuantizationSimModel | None) -> None:
+        """Keep ``step`` if it is the cheapest meeting the target (or, while none does, the best scoring)."""
+        if self.best is None:
+            self.best = (step, build, sim)
+            return
+        held = self.best[0]
+        better = (step.met and (not held.met or step.relative_bops < held.relative_bops
+                                or step.relative_bops == held.relative_bops and step.score > held.score)) \
+            or (not step.met and not held.met and step.score > held.score)
+        if better:
+            self.best = (step, build, sim)
+
+    # costs --------------------------------------------------------------------------------------------------
+    def relative_bops(self, sim: QuantizationSimModel) -> float:
+        costs = layer_costs(sim, self.sample)
+        actual = {q.name: (q.precision() if q.enabled else None) for q in sim.quantizers}
+        return bit_operations(costs, actual) / self.full_bops
+
+    def prepare_costs(self) -> None:
+        self.sample = self.batches()[0]
+        probe = self.sim(self.ladder[0], "min_max")
+        space = AmpSpace.build(probe, self.ladder, self.sample)
+        uniform = {p.name: space.bops(space.uniform(i)) for i, p in enumerate(self.ladder)}
+        self.full_bops = max(uniform.values()) or 1.0
+        self.ladder = sorted(self.ladder, key=lambda p: uniform[p.name])  # cheapest first
+
+    # mixes ----------------------------------------------------------------------------------------------------
+    def mix(self, precisions: list[Precision], scheme: str, model: onnx.ModelProto | None) -> None:
+        names = [p.name for p in precisions]
+        sim = self.sim(precisions[0], scheme, model)
+        space = AmpSpace.build(sim, precisions, self.sample)
+        configs = sorted({space.canonical(c) for c in itertools.product(range(len(precisions)),
+                                                                          repeat=len(space.groups))},
+                         key=lambda c: (space.bops(c), c))
+        settings = {"candidates": "/".join(names), "scheme": scheme, "cle": model is not None}
+        if len(configs) <= EXHAUSTIVE_LIMIT:
+            self.exhaustive(space, configs, settings)
+        else:
+            self.amp(sim, names, settings)
+
+    def exhaustive(self, space: AmpSpace, configs: list[Config], settings: dict) -> None:
+        """Each configuration, cheapest first, calibrated for itself and scored, until one meets the target."""
+        for config in configs:
+            def build(config: Config = config) -> QuantizationSimModel:
+                space.calibrated(config, self.batches(), lambda: None)
+                return space.sim
+            step = self.score("exhaustive", {**settings, "config": "/".join(space.describe(config))}, build,
+                              shared=True)
+            if step.met:
+                return
+
+    def amp(self, sim: QuantizationSimModel, names: list[str], settings: dict) -> None:
+        self.check_time()
+        folder = None if self.results is None else self.results / "amp"
+        import tempfile
+        with tempfile.TemporaryDirectory() as scratch:
+            result = choose_mixed_precision(sim, names, self.evaluate, self.evaluate, self.drop,
+                                            folder or scratch, self.clean_start, self.batches(),
+                                            executor=self.executor, progress=self.show)
+        step = AutoQuantStep("amp", settings, result.score, self.relative_bops(sim), result.wall_time_s,
+                             result.score >= self.target)
+        self.steps.append(step)
+        self.offer(step, lambda: sim, sim)
+
+
+def _float_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _batches(data: Any) -> Callable[[], list]:
+    if callable(data):
+        def fresh() -> list:
+            batches = list(data())
+            if not batches:
+                raise InvalidArgumentError("auto_quantize: the calibration_data callable returned no batch")
+            return batches
+        return fresh
+    if isinstance(data, Mapping) or not isinstance(data, Iterable):
+        raise InvalidArgumentError("auto_quantize: calibration_data must be a sequence of feed dicts "
+                                   f"({{input name: array}}) or a callable returning one, got {type(data).__name__}")
+    kept = list(data)
+    if not kept or not all(isinstance(b, Mapping) for b in kept):
+        raise InvalidArgumentError("auto_quantize: calibration_data must hold at least one feed dict "
+                                   "({input name: array})")
+    return lambda: kept
+
+
+def _equalized(model: onnx.ModelProto, first: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto | None, str]:
+    """A CLE copy of ``model`` when it keeps the float outputs on ``first`` (else None and why)."""
+    from adaround import equalize_model
+    work = copy.deepcopy(model)
+    equalized = equalize_model(work)
+    equalized = equalized if equalized is not None else work
+    before = _float_session(model).run(None, dict(first))
+    after = _float_session(equalized).run(None, dict(first))
+    worst = max(float(np.max(np.abs(a - b))) / max(float(np.ptp(a)), 1e-12) for a, b in zip(before, after))
+    if worst > CLE_TOLERANCE:
+        return None, (f"CLE skipped: it changes the float model's outputs by {worst:.3g} of their range "
+                      f"(> {CLE_TOLERANCE:g})")
+    return equalized, ""
+
+
+def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequence[Mapping[str, np.ndarray]] | Callable,
+                  eval_callback: Callable[[Any], float], allowed_accuracy_drop: float, *,
+                  results_dir: str | Path | None = None, candidates: Sequence[Any] | None = None,
+                  target: str | Path | None = None, executor: Executor | None = None,
+                  time_budget: float | None = None, quant_schemes: Sequence[str] = ("tf_enhanced", "percentile"),
+                  adaround_iterations: int = 1000, seq_mse_candidates: int = 20, clean_start: bool = True,
+                  progress: bool | None = None, **sim_kwargs: Any) -> AutoQuantResult:
+    """The cheapest configuration whose score is at least ``eval_callback(float model) - allowed_accuracy_drop``
+    (module docstring for the search).
+
+    ``calibration_data``: feed dicts, or a callable returning an iterable of them (called once per pass).
+    ``eval_callback(session) -> float``, higher is better (AMP's convention). ``candidates``: presets or
+    AIMET candidates (default `DEFAULT_LADDER`); ``target``: an AIMET quantsim-config file whose
+    ``supported_kernels`` filter the candidates (`mixed_precision.target`), also used as the sims' config.
+    ``executor`` scores mixes elsewhere (any ``concurrent.futures.Executor``, Dask's included);
+    ``time_budget`` (seconds) stops the search after the step running when it is spent. ``results_dir`` gets
+    the score cache (resumed with ``clean_start=False``) and the report (`write_auto_quant_report`). Other
+    keyword arguments go to every `QuantizationSimModel` (``config_file``, ``providers``, ...).
+    Returns an `AutoQuantResult` whose ``sim`` is calibrated in the chosen configuration.
+    """
+    if not isinstance(allowed_accuracy_drop, (int, float)) or not allowed_accuracy_drop >= 0:
+        raise InvalidArgumentError(f"allowed_accuracy_drop must be a number >= 0, got {allowed_accuracy_drop!r}")
+    if time_budget is not None and not time_budget > 0:
+        raise InvalidArgumentError(f"time_budget must be a number of seconds > 0, got {time_budget!r}")
+    if not callable(eval_callback):
+        raise InvalidArgumentError("eval_callback must be a callable taking an onnxruntime session")
+    source = onnx.load(str(model)) if isinstance(model, (str, Path)) else model
+    if not isinstance(source, onnx.ModelProto):
+        raise InvalidArgumentError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
+    ladder = [candidate(c) for c in (candidates or DEFAULT_LADDER)]
+    if target is not None:
+        if "config_file" in sim_kwargs:
+            raise InvalidArgumentError("give either target= or config_file=, not both (the target is the config)")
+        ladder = filter_candidates(ladder, target)
+        sim_kwargs["config_file"] = str(target)
+    if not ladder:
+        raise InvalidArgumentError("auto_quantize: no candidate left (check candidates= and the target's kernels)")
+    show = True if progress is None else bool(progress)
+    search = _Search(source, _batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
+                     None if results_dir is None else Path(results_dir), clean_start, executor, time_budget, show,
+                     sim_kwargs)
+    try:
+        _run(search, quant_schemes, adaround_iterations, seq_mse_candidates)
+    except _Budget:
+        search.notes.append(f"time budget of {time_budget:g} s spent: the search stopped early")
+    return _finish(search, results_dir)
+
+
+def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int) -> None:
+    search.prepare_costs()
+    ladder = search.ladder
+    base = next((p for p in ladder if p.param_type.bits >= 8 and not p.param_type.is_float
+                 and p.activation_type.bits >= 8), ladder[0])
+    bar = tqdm(total=5, desc="auto_quantize", disable=not search.show, leave=False)
+    step = search.score("defaults", {"precision": base.name, "scheme": "min_max"},
+                        partial(_calibrated, search, base, "min_max", None))
+    best_scheme, best_score, model = "min_max", step.score, None
+    bar.update()
+    if not step.met:
+        for scheme in schemes:
+            step = search.score("scheme", {"precision": base.name, "scheme": scheme},
+                                partial(_calibrated, search, base, scheme, None))
+            if step.score > best_score:
+                best_scheme, best_score = scheme, step.score
+            if step.met:
+                break
+    bar.update()
+    if not any(s.met for s in search.steps):
+        equalized, why = _equalized(search.model, search.batches()[0])
+        if equalized is None:
+            search.notes.append(why)
+        else:
+            step = search.score("cle", {"precision": base.name, "scheme": best_scheme},
+                                partial(_calibrated, search, base, best_scheme, equalized))
+            if step.score > best_score:
+                best_score, model = step.score, equalized
+    bar.update()
+    cheaper = ladder[:ladder.index(base)]
+    if any(s.met for s in search.steps):
+        for low in cheaper:  # cheapest first
+            step = search.score("seq_mse+adaround", {"precision": low.name, "scheme": best_scheme, "cle": model is not None,
+                                                     "iterations": iterations},
+                                partial(_rounded, search, low, best_scheme, model, seq_mse, iterations))
+            if step.met:
+                break
+        bar.update()
+        if cheaper and not any(s.met and s.stage == "seq_mse+adaround" for s in search.steps):
+            search.mix(cheaper + [base], best_scheme, model)
+    else:
+        bar.update()
+        costlier = ladder[ladder.index(base):]
+        if len(costlier) > 1:
+            search.mix(costlier, best_scheme, model)
+    bar.update()
+    bar.close()
+
+
+def _calibrated(search: _Search, precision: Precision, scheme: str, model: onnx.ModelProto | None):
+    sim = search.sim(precision, scheme, model)
+    sim.compute_encodings(search.batches())
+    return sim
+
+
+def _rounded(search: _Search, precision: Precision, scheme: str, model, candidates: int, iterations: int):
+    from adaround import apply_adaround, apply_seq_mse
+    sim = _calibrated(search, precision, scheme, model)
+    if candidates:
+        apply_seq_mse(sim, search.batches(), num_candidates=candidates, progress=False)
+    if iterations:
+        apply_adaround(sim, search.batches(), num_iterations=iterations, progress=False)
+    sim.compute_encodings(search.batches())
+    return sim
+
+
+def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
+    if search.best is None:
+        raise InvalidArgumentError("auto_quantize: the time budget ran out before any configuration was scored")
+    step, build, sim = search.best
+    if sim is None:
+        sim = build()  # its score came from the cache
+    met = step.score >= search.target
+    if met:
+        message = (f"chosen: {step.label} (score {step.score:.6g} >= target {search.target:.6g}, relative BOPs "
+                   f"{step.relative_bops:.4f})")
+    else:
+        best = max(search.steps, key=lambda s: s.score)
+        message = (f"budget not met: the best configuration tried, {best.label}, scores {best.score:.6g} < target "
+                   f"{search.target:.6g}; it would need an allowed drop of at least "
+                   f"{search.reference - best.score:.6g}, or costlier candidates (e.g. FP16, W16A16) or more "
+                   "calibration data")
+    message = "; ".join([message, *search.notes])
+    if not met:
+        warnings.warn(f"auto_quantize: {message}", RuntimeWarning, stacklevel=3)
+    enabled = [q for q in sim.quantizers if q.enabled and q.param_type != "bias"]
+    share = sum(q.precision().bits > 8 for q in enabled) / max(len(enabled), 1)
+    result = AutoQuantResult(sim, step.score, step.relative_bops, search.reference, search.target, search.drop, met,
+                             step, search.steps, message, time.perf_counter() - search.start, share)
+    if results_dir is not None:
+        write_auto_quant_report(result, results_dir)
+    return result
