@@ -49,6 +49,8 @@ import onnx
 import onnxruntime as ort
 from tqdm.auto import tqdm
 
+import adaround
+from adaround import apply_adaround, apply_seq_mse
 from mixed_precision.amp import choose_mixed_precision
 from mixed_precision.amp_executor import checked_score
 from mixed_precision.amp_space import AmpSpace, Config
@@ -252,9 +254,8 @@ def _batches(data: Any) -> Callable[[], list]:
 
 def _equalized(model: onnx.ModelProto, first: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto | None, str]:
     """A CLE copy of ``model`` when it keeps the float outputs on ``first`` (else None and why)."""
-    from adaround import equalize_model
     work = copy.deepcopy(model)
-    equalized = equalize_model(work)
+    equalized = adaround.equalize_model(work)  # looked up at call time (tests replace it)
     equalized = equalized if equalized is not None else work
     before = _float_session(model).run(None, dict(first))
     after = _float_session(equalized).run(None, dict(first))
@@ -369,7 +370,6 @@ def _calibrated(search: _Search, precision: Precision, scheme: str, model: onnx.
 
 
 def _rounded(search: _Search, precision: Precision, scheme: str, model, candidates: int, iterations: int):
-    from adaround import apply_adaround, apply_seq_mse
     sim = _calibrated(search, precision, scheme, model)
     if candidates:
         apply_seq_mse(sim, search.batches(), num_candidates=candidates, progress=False)

@@ -111,3 +111,11 @@ def test_automatic_mixed_precision_example_meets_its_budget(tmp_path):
     assert result.uniform_scores["W8A8"] >= result.uniform_scores["W4A8"]
     assert 0.5 <= result.bitops_ratio <= 1.0
     assert (tmp_path / "pareto.json").exists() and (tmp_path / "pareto.html").exists()
+
+
+def test_auto_quantize_example_meets_its_budget_and_the_export_delivers_it(tmp_path):
+    result, deployed = _load("auto_quantize").run(_cnn(), _data(4), _data(2, seed=7), tmp_path, drop=3.0,
+                                                  adaround_iterations=50, progress=False)
+    assert result.budget_met and result.score >= result.reference_score - 3.0
+    assert abs(deployed - result.score) <= 0.5  # SQNR dB of the QDQ export in onnxruntime vs the sim
+    assert {"model.encodings", "model.onnx", "model.qdq.onnx", "auto_quantize.md"} <= {p.name for p in tmp_path.iterdir()}
