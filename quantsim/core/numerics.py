@@ -40,6 +40,7 @@ __all__ = [
     "Encoding",
     "fp8_encoding",
     "fp8_encoding_from_range",
+    "fp8_encoding_from_scale",
     "fp8_encoding_from_grid",
     "grid_bounds",
     "encoding_from_range",
@@ -227,8 +228,14 @@ def fp8_encoding(amax, fmt: str, *, axis: int | None = None) -> Encoding:
     amax = np.asarray(amax, dtype=np.float64)
     if not np.isfinite(amax).all():
         raise InvalidArgumentError("cannot compute an encoding from a non-finite range")
-    scale = np.maximum(amax / top, float(np.finfo(np.float32).tiny))
-    return Encoding(scale, np.zeros(scale.shape, np.int64), 8, True, -int(top), int(top), True, axis, fp8=fmt)
+    return fp8_encoding_from_scale(np.maximum(amax / top, float(np.finfo(np.float32).tiny)), fmt, axis=axis)
+
+
+def fp8_encoding_from_scale(scale, fmt: str, *, axis: int | None = None) -> Encoding:
+    """The float8 encoding of format ``fmt`` with the given scale(s) (a file's or a QDQ model's)."""
+    top = int(fp8_format(fmt).max_value)
+    scale = np.asarray(scale, dtype=np.float64)
+    return Encoding(scale, np.zeros(scale.shape, np.int64), 8, True, -top, top, True, axis, fp8=fmt)
 
 
 def fp8_encoding_from_range(min_val, max_val, fmt: str, *, axis: int | None = None) -> Encoding:
