@@ -11,8 +11,8 @@ import warnings
 
 import numpy as np
 import pytest
-
 import tiny_cnn
+
 from quantsim import QuantizationSimModel
 
 aimet_onnx = pytest.importorskip("aimet_onnx")

@@ -23,14 +23,8 @@ from onnx.reference import ReferenceEvaluator
 from quantsim import float8e4m3fn, float8e5m2, qtype
 from quantsim.core.dtypes import QuantizationDataType
 from quantsim.core.fp8 import FP8_FORMATS, format_values, round_to_format
-from quantsim.core.numerics import (
-    encoding_from_range,
-    fake_quantize,
-    fp8_encoding,
-    fp8_encoding_from_grid,
-    fp8_encoding_from_range,
-    quantize,
-)
+from quantsim.core.fp8_encodings import fp8_encoding, fp8_encoding_from_grid, fp8_encoding_from_range
+from quantsim.core.numerics import encoding_from_range, fake_quantize, quantize
 from quantsim.errors import InvalidArgumentError
 
 ONNX_TYPES = {"float8e4m3fn": TensorProto.FLOAT8E4M3FN, "float8e5m2": TensorProto.FLOAT8E5M2}

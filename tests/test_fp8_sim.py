@@ -13,11 +13,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tiny_cnn
+from models import matmul
 from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import tiny_cnn
-from models import matmul
 from quantsim import (
     EncodingMismatchError,
     IntegerExportError,

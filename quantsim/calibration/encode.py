@@ -5,7 +5,7 @@ Plain data in, encodings out: each item is ``(scheme, request, values or stats)`
 go to its batched form when it has one (TF-enhanced shares its searches). A fixed range (config
 ``encoding_constraints``) replaces the observed bounds it names whatever the scheme, and a range
 symmetric about zero then makes the grid symmetric (AIMET's rule). A float8 request a scheme answers with
-an integer grid gets the float8 encoding of that grid's largest magnitude (`numerics.fp8_encoding_from_grid`).
+an integer grid gets the float8 encoding of that grid's largest magnitude (`fp8_encodings.fp8_encoding_from_grid`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import numpy as np
 
 from quantsim.calibration.run import TensorStats
 from quantsim.calibration.schemes import CalibrationScheme, EncodingRequest
-from quantsim.core.numerics import Encoding, encoding_from_range, fp8_encoding_from_grid, fp8_encoding_from_range
+from quantsim.core.fp8_encodings import fp8_encoding_from_grid, fp8_encoding_from_range
+from quantsim.core.numerics import Encoding, encoding_from_range
 
 __all__ = ["encodings_for_values", "encodings_for_stats", "fixed_range_encoding"]
 

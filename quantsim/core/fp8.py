@@ -90,7 +90,7 @@ def round_to_format(x: np.ndarray, fmt: Fp8Format) -> np.ndarray:
 def format_values(fmt: Fp8Format) -> np.ndarray:
     """Every finite value of ``fmt``, ascending, as float64 (zero once): decoded from the bit fields, an
     independent table for tests of `round_to_format`."""
-    values = set()
+    values: set[float] = set()
     for exponent_field in range(1 << fmt.exponent_bits):
         for mantissa_field in range(1 << fmt.mantissa_bits):
             top = exponent_field == (1 << fmt.exponent_bits) - 1

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from quantsim.core.fp8 import FP8_FORMATS
-from quantsim.core.numerics import Encoding, fp8_encoding_from_scale, grid_bounds
+from quantsim.core.fp8_encodings import fp8_encoding_from_scale
+from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.encodings.grids import check_writable, granularity, is_strict
 from quantsim.encodings.record import INT32_BITS, TensorEncoding
 from quantsim.encodings.validate import (

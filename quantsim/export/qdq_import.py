@@ -24,7 +24,8 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from quantsim.core.fp8 import FP8_FORMATS
-from quantsim.core.numerics import Encoding, fp8_encoding_from_scale
+from quantsim.core.fp8_encodings import fp8_encoding_from_scale
+from quantsim.core.numerics import Encoding
 from quantsim.encodings import TensorEncoding
 from quantsim.errors import InvalidArgumentError, warn_at_caller
 from quantsim.graph.edit import drop_unused_initializers

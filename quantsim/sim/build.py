@@ -253,7 +253,8 @@ class _SimBuilder:
         (module docstring); False if it does not qualify."""
         tensor = self.initializers[name]
         if (not self.integer_weights or self.weights != "fake" or q.role != "param" or self.deferral.external is None
-                or q.spec.dtype.bits > 8 or enc.fp8 is not None or enc.block_size is not None or tensor.data_type != TensorProto.FLOAT
+                or q.spec.dtype.bits > 8 or enc.fp8 is not None or enc.block_size is not None
+                or tensor.data_type != TensorProto.FLOAT
                 or name in self.declared_inputs or not is_external_candidate(tensor)):
             return False
         dtype = helper.tensor_dtype_to_np_dtype(int8.storage_type(enc.signed))

@@ -13,7 +13,8 @@ import numpy as np
 
 from quantsim.calibration.schemes import CalibrationScheme, EncodingRequest, get_scheme
 from quantsim.core.dtypes import QuantizationDataType, QuantScheme, float16, qtype
-from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet, fp8_encoding_from_scale
+from quantsim.core.fp8_encodings import fp8_encoding_from_scale
+from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError, InvalidStateError, warn_at_caller
 

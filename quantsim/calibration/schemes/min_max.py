@@ -4,7 +4,8 @@ from __future__ import annotations
 from quantsim.calibration.run import TensorStats
 from quantsim.calibration.schemes.registry import CalibrationScheme, EncodingRequest, register_scheme
 from quantsim.core.dtypes import QuantScheme
-from quantsim.core.numerics import Encoding, encoding_from_range, fp8_encoding_from_range
+from quantsim.core.fp8_encodings import fp8_encoding_from_range
+from quantsim.core.numerics import Encoding, encoding_from_range
 
 __all__ = ["MIN_MAX"]
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from quantsim.calibration.run import TensorStats
 from quantsim.core.dtypes import QuantScheme
-from quantsim.core.numerics import Encoding, encoding_from_range, fp8_encoding_from_range, reduce_min_max
+from quantsim.core.fp8_encodings import fp8_encoding_from_range
+from quantsim.core.numerics import Encoding, encoding_from_range, reduce_min_max
 from quantsim.errors import InvalidArgumentError
 
 __all__ = [
