@@ -214,3 +214,11 @@ def test_export_integer_refuses_float8_with_the_reason():
     sim = _fp8_sim()
     with pytest.raises(IntegerExportError, match="float8.*to_onnx_qdq"):
         sim.export_integer()
+
+
+def test_fused_session_keeps_the_relu_before_a_float8_quantizer():
+    # onnxruntime 1.32's ReluQuantRewrite drops that Relu (test_sim_session_matches_its_qdq_model...); the fused
+    # session (onnxruntime's Q/DQ fusions allowed) must leave the rewrite out for float8 models
+    sim = _fp8_sim()
+    feeds = tiny_cnn.batch(9, n=3)
+    np.testing.assert_array_equal(sim.fused_session().run(None, feeds)[0], sim.session.run(None, feeds)[0])
