@@ -188,6 +188,19 @@ def test_quantizer_load_encodings_round_trip_and_bad_input():
     assert q.spec.dtype == float8e4m3fn
 
 
+def test_bitwidth_and_data_type_setters_on_float8():
+    sim = _fp8_sim(param="float8e5m2")
+    q = sim.qc_quantize_op_dict["W"]
+    q.set_bitwidth(8)  # same width: the format stays
+    assert q.precision() == float8e5m2 and q.encoding is not None
+    q.set_bitwidth(16)
+    assert q.spec.dtype.bits == 16 and q.spec.is_float and q.encoding is None
+    q.set_bitwidth(8)  # AIMET's (float, 8)
+    assert q.precision() == float8e4m3fn
+    q.data_type = QuantizationDataType.int
+    assert q.precision() == int8
+
+
 def test_from_onnx_qdq_round_trip():
     sim = _fp8_sim(param="float8e5m2")
     qdq = sim.to_onnx_qdq()

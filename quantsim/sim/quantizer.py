@@ -149,6 +149,8 @@ class QcQuantizeOp:
         self.set_bitwidth(bits)
 
     def set_bitwidth(self, bits: int) -> None:
+        if self._spec.dtype.is_fp8 and bits == 8:
+            return  # already 8 bits: keep the float8 format (AIMET's legacy (float, 8) means float8e4m3fn)
         if self._spec.dtype.is_float:
             self.set_precision(qtype.from_legacy_repr(QuantizationDataType.float, bits))
         else:
