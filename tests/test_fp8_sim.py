@@ -235,3 +235,14 @@ def test_fused_session_keeps_the_relu_before_a_float8_quantizer():
     sim = _fp8_sim()
     feeds = tiny_cnn.batch(9, n=3)
     np.testing.assert_array_equal(sim.fused_session().run(None, feeds)[0], sim.session.run(None, feeds)[0])
+
+
+def test_encodings_to_onnx_qdq_with_a_float8_file(tmp_path):
+    from quantsim import encodings_to_onnx_qdq
+
+    sim = _fp8_sim()
+    sim.export(tmp_path, "m", encoding_version="2.0.0")
+    with pytest.warns(UserWarning, match="dtype"):  # the default int8 sim is told float8 by the file
+        qdq = encodings_to_onnx_qdq(tiny_cnn.make_model(), tmp_path / "m.encodings")
+    feeds = tiny_cnn.batch(5)
+    np.testing.assert_array_equal(_ort(qdq, feeds), sim.session.run(None, feeds)[0])
