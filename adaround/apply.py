@@ -54,7 +54,7 @@ def _skip_reason(sim: QuantizationSimModel, layer: WeightedLayer) -> str | None:
     q = layer.weight_quantizer
     if q is None or not q.enabled:
         return "weight quantizer disabled"
-    if q.spec.is_float:
+    if q.spec.is_float or q.spec.is_fp8:
         return f"weight simulated as {q.spec.dtype} (no integer grid to round to)"
     if q.is_encoding_frozen() and q.encoding is not None:
         weight = sim.get_weight(layer.weight)

@@ -8,6 +8,8 @@ graph of QuantizeLinear/DequantizeLinear (or Clip, or Cast) nodes.
 from quantsim.core.dtypes import (
     QuantizationDataType,
     QuantScheme,
+    float8e4m3fn,
+    float8e5m2,
     float16,
     float32,
     int2,
@@ -72,6 +74,8 @@ __all__ = [
     "int16",
     "float16",
     "float32",
+    "float8e4m3fn",
+    "float8e5m2",
     "QSpec",
     "PerTensor",
     "PerChannel",

@@ -4,7 +4,8 @@ calibration schemes (`quantsim.calibration.schemes`).
 Plain data in, encodings out: each item is ``(scheme, request, values or stats)``. Items of one scheme
 go to its batched form when it has one (TF-enhanced shares its searches). A fixed range (config
 ``encoding_constraints``) replaces the observed bounds it names whatever the scheme, and a range
-symmetric about zero then makes the grid symmetric (AIMET's rule).
+symmetric about zero then makes the grid symmetric (AIMET's rule). A float8 request a scheme answers with
+an integer grid gets the float8 encoding of that grid's largest magnitude (`fp8_encodings.fp8_encoding_from_grid`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from quantsim.calibration.run import TensorStats
 from quantsim.calibration.schemes import CalibrationScheme, EncodingRequest
+from quantsim.core.fp8_encodings import fp8_encoding_from_grid, fp8_encoding_from_range
 from quantsim.core.numerics import Encoding, encoding_from_range
 
 __all__ = ["encodings_for_values", "encodings_for_stats", "fixed_range_encoding"]
@@ -25,6 +27,8 @@ def fixed_range_encoding(request: EncodingRequest, stats: TensorStats) -> Encodi
     assert request.fixed_range is not None
     lo = stats.min if request.fixed_range[0] is None else request.fixed_range[0]
     hi = stats.max if request.fixed_range[1] is None else request.fixed_range[1]
+    if request.fp8 is not None:
+        return fp8_encoding_from_range(lo, hi, request.fp8)
     flags = dict(request.grid_flags)
     if lo == -hi:
         flags["symmetric"] = True
@@ -42,8 +46,15 @@ def _per_scheme(items: Sequence[tuple[CalibrationScheme, EncodingRequest, Any]],
         pairs = [(items[i][1], items[i][2]) for i in members]
         batch = batched(scheme)
         results = batch(pairs) if batch is not None else [single(scheme)(request, x) for request, x in pairs]
-        out.update(zip(members, results))
+        out.update((i, _as_requested(pair[0], e)) for i, pair, e in zip(members, pairs, results))
     return [out[i] for i in range(len(items))]
+
+
+def _as_requested(request: EncodingRequest, encoding: Encoding) -> Encoding:
+    """A float8 request's encoding from the integer grid a scheme chose (module docstring)."""
+    if request.fp8 is None or encoding.fp8 is not None:
+        return encoding
+    return fp8_encoding_from_grid(encoding, request.fp8)
 
 
 def encodings_for_values(items: Sequence[tuple[CalibrationScheme, EncodingRequest, np.ndarray]]) -> list[Encoding]:

@@ -1,7 +1,10 @@
 """Quantized data types: what a quantizer produces, independent of how it is calibrated.
 
-`qtype` is a frozen value: ``qtype.int(8)`` (an n-bit integer grid, 2..16 bits here) or
-``qtype.float(5, 10)`` (float16, the only float simulation the sim offers besides float32 = off).
+`qtype` is a frozen value: ``qtype.int(8)`` (an n-bit integer grid, 2..16 bits here),
+``qtype.float(5, 10)`` (float16, simulated by a cast; float32 = off) or one of the two scaled 8-bit float
+formats, ``float8e4m3fn`` (``qtype.float(4, 3, finite=True)``, OCP E4M3: no infinities, max 448) and
+``float8e5m2`` (``qtype.float(5, 2)``, IEEE-like E5M2, max 57344), which quantize ``x / scale`` onto the
+format's values (`quantsim.core.fp8`) and carry an ONNX float8 zero point in QuantizeLinear (opset 19).
 Signedness is not part of the type: symmetric encodings use a signed grid, asymmetric ones an unsigned
 grid (AIMET does the same). ``storage_type`` names the ONNX element type that carries the grid in a
 QuantizeLinear/DequantizeLinear pair; bitwidths without a native ONNX type ride in the next wider
@@ -26,6 +29,8 @@ __all__ = [
     "int16",
     "float16",
     "float32",
+    "float8e4m3fn",
+    "float8e5m2",
     "QuantizationDataType",
     "QuantScheme",
     "MIN_INT_BITS",
@@ -42,6 +47,10 @@ _NATIVE_CONTAINERS = {
     8: (TensorProto.INT8, TensorProto.UINT8, 10),
     16: (TensorProto.INT16, TensorProto.UINT16, 21),
 }
+
+# (exponent bits, mantissa bits, finite, unsigned zero) -> ONNX element type of the scaled float formats
+_FP8_TYPES = {(4, 3, True, False): TensorProto.FLOAT8E4M3FN, (5, 2, False, False): TensorProto.FLOAT8E5M2}
+_FP8_MIN_OPSET = 19  # QuantizeLinear / DequantizeLinear with float8 zero points
 
 
 def as_bitwidth(value: object, what: str = "bitwidth") -> builtins.int:
@@ -66,13 +75,17 @@ class QuantizationDataType(enum.Enum):
 class qtype:  # noqa: N801 - the name users know from AIMET
     """A quantized data type: ``kind`` is "int" or "float"; ``bits`` its width.
 
-    For floats, ``exponent_bits``/``mantissa_bits`` describe the format (float16 = 5/10).
+    For floats, ``exponent_bits``/``mantissa_bits`` describe the format (float16 = 5/10), ``finite`` says it
+    has no infinities (its top exponent holds numbers) and ``unsigned_zero`` that it has no negative zero
+    (AIMET's four fields; only float8e4m3fn is finite here, no supported format has an unsigned zero).
     """
 
     kind: str
     bits: int
     exponent_bits: int = 0
     mantissa_bits: int = 0
+    finite: bool = False
+    unsigned_zero: bool = False
 
     def __post_init__(self) -> None:
         if self.kind == "int":
@@ -81,10 +94,11 @@ class qtype:  # noqa: N801 - the name users know from AIMET
                     f"integer bitwidth {self.bits} is outside the supported {MIN_INT_BITS}..{MAX_INT_BITS}"
                 )
         elif self.kind == "float":
-            if (self.exponent_bits, self.mantissa_bits) not in ((5, 10), (8, 23)):
+            layout = (self.exponent_bits, self.mantissa_bits, self.finite, self.unsigned_zero)
+            if layout not in ((5, 10, False, False), (8, 23, False, False), *_FP8_TYPES):
                 raise InvalidArgumentError(
-                    f"float{self.bits} (e{self.exponent_bits}m{self.mantissa_bits}) is not supported: "
-                    "only float16 simulation and float32 (no quantization)"
+                    f"{self._float_name()} is not supported: only float16 simulation, float32 (no quantization), "
+                    "float8e4m3fn (qtype.float(4, 3, finite=True)) and float8e5m2 (qtype.float(5, 2))"
                 )
         else:
             raise InvalidArgumentError(f"qtype kind must be 'int' or 'float', got {self.kind!r}")
@@ -96,9 +110,12 @@ class qtype:  # noqa: N801 - the name users know from AIMET
         return cls("int", as_bitwidth(bits))
 
     @classmethod
-    def float(cls, exponent_bits: builtins.int, mantissa_bits: builtins.int) -> qtype:
-        """A float format; float16 (5, 10) and float32 (8, 23) are supported."""
-        return cls("float", exponent_bits + mantissa_bits + 1, exponent_bits, mantissa_bits)
+    def float(cls, exponent_bits: builtins.int, mantissa_bits: builtins.int, finite: bool = False,
+              unsigned_zero: bool = False) -> qtype:
+        """A float format: float16 (5, 10), float32 (8, 23), float8e4m3fn (4, 3, finite=True) or
+        float8e5m2 (5, 2) (AIMET's signature)."""
+        return cls("float", exponent_bits + mantissa_bits + 1, exponent_bits, mantissa_bits, bool(finite),
+                   bool(unsigned_zero))
 
     @classmethod
     def from_string(cls, name: str) -> qtype:
@@ -130,7 +147,9 @@ class qtype:  # noqa: N801 - the name users know from AIMET
                 return float16
             if bits == 32:
                 return float32
-            raise InvalidArgumentError(f"float bitwidth {bits} is not supported (16 or 32)")
+            if bits == 8:  # AIMET's choice among the 8-bit formats: OCP E4M3
+                return float8e4m3fn
+            raise InvalidArgumentError(f"float bitwidth {bits} is not supported (8, 16 or 32)")
         return cls.int(bits)
 
     def to_legacy_repr(self) -> tuple[QuantizationDataType, builtins.int]:
@@ -141,10 +160,38 @@ class qtype:  # noqa: N801 - the name users know from AIMET
     # properties ---------------------------------------------------------------------------------
     @property
     def is_float(self) -> bool:
+        """Any float format (float16/float32 simulated by a cast, or a scaled float8)."""
         return self.kind == "float"
 
+    @property
+    def is_fp8(self) -> bool:
+        """A scaled 8-bit float format (float8e4m3fn, float8e5m2): calibrated scale, ONNX float8 Q/DQ."""
+        return self.kind == "float" and self.bits == 8
+
+    @property
+    def is_cast_float(self) -> bool:
+        """A float format simulated by a plain cast, without an encoding (float16; float32 = off)."""
+        return self.kind == "float" and self.bits != 8
+
+    @property
+    def onnx_name(self) -> str:
+        """The ONNX element type's name in lower case ("float8e4m3fn"; "int8"/"float16" for the others)."""
+        if self.is_fp8:
+            return TensorProto.DataType.Name(_FP8_TYPES[self._layout()]).lower()
+        return repr(self)
+
+    def _layout(self) -> tuple[builtins.int, builtins.int, bool, bool]:
+        return self.exponent_bits, self.mantissa_bits, self.finite, self.unsigned_zero
+
+    def _float_name(self) -> str:
+        fn, uz = "fn" if self.finite else "", "uz" if self.unsigned_zero else ""
+        return f"float{self.bits}e{self.exponent_bits}m{self.mantissa_bits}{fn}{uz}"
+
     def storage_type(self, signed: bool) -> builtins.int:
-        """ONNX element type of the Q/DQ container for this grid (next native width up)."""
+        """ONNX element type of the Q/DQ container for this grid (next native width up); a float8 format's own
+        type (``signed`` does not apply)."""
+        if self.is_fp8:
+            return _FP8_TYPES[self._layout()]
         if self.is_float:
             raise InvalidArgumentError(f"{self} has no integer storage type")
         for bits in sorted(_NATIVE_CONTAINERS):
@@ -154,11 +201,15 @@ class qtype:  # noqa: N801 - the name users know from AIMET
         raise AssertionError("unreachable: bits validated in __post_init__")
 
     def storage_bits(self) -> builtins.int:
-        """Width of the native container carrying this grid (4, 8 or 16)."""
+        """Width of the native container carrying this grid (4, 8 or 16; 8 for float8)."""
+        if self.is_fp8:
+            return 8
         return next(b for b in sorted(_NATIVE_CONTAINERS) if self.bits <= b)
 
     def min_opset(self) -> builtins.int:
         """Lowest ai.onnx opset whose QuantizeLinear carries this type."""
+        if self.is_fp8:
+            return _FP8_MIN_OPSET
         if self.is_float:
             return 1
         return _NATIVE_CONTAINERS[self.storage_bits()][2]
@@ -166,6 +217,8 @@ class qtype:  # noqa: N801 - the name users know from AIMET
     def __repr__(self) -> str:
         if self.kind == "int":
             return f"int{self.bits}"
+        if self.is_fp8:
+            return self._float_name()
         return f"float{self.bits}"
 
     __str__ = __repr__
@@ -177,8 +230,11 @@ int8 = qtype.int(8)
 int16 = qtype.int(16)
 float16 = qtype.float(5, 10)
 float32 = qtype.float(8, 23)
+float8e4m3fn = qtype.float(4, 3, finite=True)
+float8e5m2 = qtype.float(5, 2)
 
-_ALIASES = {"int2": int2, "int4": int4, "int8": int8, "int16": int16, "float16": float16, "float32": float32}
+_ALIASES = {"int2": int2, "int4": int4, "int8": int8, "int16": int16, "float16": float16, "float32": float32,
+            "float8e4m3fn": float8e4m3fn, "float8e5m2": float8e5m2}
 
 
 class QuantScheme(enum.Enum):

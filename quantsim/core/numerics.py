@@ -19,6 +19,12 @@ float64 with the scale kept as float64 and cast to float32 where it is applied:
 
 AIMET's file ``offset`` is ``qmin - zero_point`` (``<= 0``) and its ``min``/``max`` are
 ``scale * (qmin - zp)`` and ``scale * (qmax - zp)``; see `aimet_offset` / `encoding_from_aimet`.
+
+FP8 (``Encoding.fp8`` names the format, `quantsim.core.fp8`): ``x' = round_to_format(x / scale) * scale``,
+QuantizeLinear/DequantizeLinear with a float8 zero point of 0. The encoding is symmetric with zero point 0,
+``[qmin, qmax] = [-max_value, max_value]`` (integers for both formats) so ``min``/``max`` are AIMET's
+``-+scale * max_value``; its scale is ``max(amax / max_value, float32 tiny)``, AIMET's rule
+(`quantsim.core.fp8_encodings`).
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantsim.core.fp8 import fp8_format, round_to_format
 from quantsim.errors import InvalidArgumentError
 
 __all__ = [
@@ -70,7 +77,8 @@ class Encoding:
 
     ``scale`` (float64) and ``zero_point`` (int64) have shape ``()`` per tensor, ``(C,)`` per channel
     along ``axis``, or ``(C, n_blocks)`` per block (blocks of ``block_size`` along ``block_axis``).
-    ``signed`` says whether the grid lives in a signed storage type.
+    ``signed`` says whether the grid lives in a signed storage type. ``fp8`` names a float8 format
+    ("float8e4m3fn", "float8e5m2") for the scaled float encodings (module docstring), None for integer grids.
     """
 
     scale: np.ndarray
@@ -83,6 +91,7 @@ class Encoding:
     axis: int | None = None
     block_axis: int | None = None
     block_size: int | None = None
+    fp8: str | None = None
 
     def __post_init__(self) -> None:
         scale = np.asarray(self.scale, dtype=np.float64)
@@ -110,7 +119,9 @@ class Encoding:
 
     @property
     def full_storage_range(self) -> bool:
-        """True when the grid fills its native 4/8/16-bit container (no Clip needed)."""
+        """True when the grid fills its native 4/8/16-bit container (no Clip needed); always for float8."""
+        if self.fp8 is not None:
+            return True
         container = 4 if self.bits <= 4 else 8 if self.bits <= 8 else 16
         return (self.qmin, self.qmax) == grid_bounds(container, self.signed)
 
@@ -128,7 +139,8 @@ class Encoding:
             isinstance(other, Encoding)
             and (self.bits, self.signed, self.qmin, self.qmax, self.symmetric)
             == (other.bits, other.signed, other.qmin, other.qmax, other.symmetric)
-            and (self.axis, self.block_axis, self.block_size) == (other.axis, other.block_axis, other.block_size)
+            and (self.axis, self.block_axis, self.block_size, self.fp8)
+            == (other.axis, other.block_axis, other.block_size, other.fp8)
             and self.scale.shape == other.scale.shape
             and np.array_equal(self.scale, other.scale)
             and np.array_equal(self.zero_point, other.zero_point)
@@ -207,7 +219,9 @@ def encoding_from_range(
 
 
 def aimet_offset(enc: Encoding) -> np.ndarray:
-    """AIMET's ``offset`` (unsigned-grid convention, ``<= 0``): ``qmin - zero_point``."""
+    """AIMET's ``offset`` (unsigned-grid convention, ``<= 0``): ``qmin - zero_point``; 0 for float8."""
+    if enc.fp8 is not None:
+        return np.zeros(enc.scale.shape, np.int64)
     return (enc.qmin - enc.zero_point).astype(np.int64)
 
 
@@ -315,15 +329,20 @@ def quantize(x: np.ndarray, enc: Encoding, dtype=np.int64) -> np.ndarray:
     NaN to ``qmin`` like onnxruntime's CPU kernel). Returns ``dtype`` codes, int64 unless said otherwise
     (a numpy scalar for a 0-d ``x``); a narrower ``dtype`` must hold ``[qmin, qmax]``. A tensor of more than
     `FAKE_QUANTIZE_BLOCK` elements is done in slices of whole rows, like `fake_quantize` (the same codes; the
-    scratch is one slice's, not the tensor's: exports quantize weights of hundreds of megabytes)."""
+    scratch is one slice's, not the tensor's: exports quantize weights of hundreds of megabytes).
+    For a float8 encoding the "codes" are the format's values as float32 (``dtype`` is not used)."""
+    if enc.fp8 is not None:
+        return _in_row_slices(np.asarray(x), enc, np.dtype(np.float32), _fp8_codes)[()]
     return _in_row_slices(np.asarray(x), enc, np.dtype(dtype),
                           lambda part, e, scale, zp: _float_codes(part, e, scale, zp).astype(dtype))[()]
 
 
 def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:
-    """ONNX DequantizeLinear: ``(q - zero_point) * scale`` in float32."""
+    """ONNX DequantizeLinear: ``(q - zero_point) * scale`` in float32 (``q * scale`` for float8 values)."""
     q = np.asarray(q)
     scale = broadcast_param(enc, enc.scale.astype(np.float32), q.shape)
+    if enc.fp8 is not None:
+        return q.astype(np.float32) * scale
     zp = broadcast_param(enc, enc.zero_point, q.shape)
     return (q.astype(np.int64) - zp).astype(np.float32) * scale
 
@@ -339,14 +358,15 @@ def fake_quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
 
     A tensor of more than `FAKE_QUANTIZE_BLOCK` elements is done in slices along its first axis (whole
     rows, each element the same operations in the same order: the same values, bit for bit)."""
-    return _in_row_slices(np.asarray(x), enc, np.dtype(np.float32), _fake_quantize_whole)
+    whole = _fake_quantize_fp8 if enc.fp8 is not None else _fake_quantize_whole
+    return _in_row_slices(np.asarray(x), enc, np.dtype(np.float32), whole)
 
 
 def fake_quantize_parts(x: np.ndarray, enc: Encoding) -> Iterator[np.ndarray]:
     """`fake_quantize` of ``x`` as consecutive blocks of whole rows (float32; ``x`` itself is never copied whole):
     concatenated along the first axis they are `fake_quantize`'s result, bit for bit. A writer can store each
     block while it is still in the CPU's cache instead of filling, then copying, a tensor-sized array."""
-    return _row_slices(np.asarray(x), enc, _fake_quantize_whole)
+    return _row_slices(np.asarray(x), enc, _fake_quantize_fp8 if enc.fp8 is not None else _fake_quantize_whole)
 
 
 def _in_row_slices(x: np.ndarray, enc: Encoding, dtype: np.dtype, whole: Callable[..., np.ndarray]) -> np.ndarray:
@@ -400,6 +420,27 @@ def _fake_quantize_whole(x: np.ndarray, enc: Encoding, scale: np.ndarray | None 
         scale = broadcast_param(enc, enc.scale.astype(np.float32), values.shape)
     np.multiply(values, scale, out=values)
     return values[()]  # a numpy scalar for a 0-d ``x``, like numpy's own operators
+
+
+def _fp8_codes(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
+               zero_point: np.ndarray | None = None) -> np.ndarray:
+    """QuantizeLinear onto a float8 format: ``round_to_format(x / scale)`` (float32 division), as float32."""
+    x = np.asarray(x, dtype=np.float32)
+    if scale is None:
+        scale = broadcast_param(enc, enc.scale.astype(np.float32), x.shape)
+    assert enc.fp8 is not None
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return round_to_format(np.divide(x, scale, dtype=np.float32), fp8_format(enc.fp8))
+
+
+def _fake_quantize_fp8(x: np.ndarray, enc: Encoding, scale: np.ndarray | None = None,
+                       zero_point: np.ndarray | None = None) -> np.ndarray:
+    """`fake_quantize` onto a float8 format: the float8 value times the scale, in float32."""
+    if scale is None:
+        scale = broadcast_param(enc, enc.scale.astype(np.float32), np.shape(x))
+    values = np.asarray(_fp8_codes(x, enc, scale))
+    with np.errstate(over="ignore"):
+        return np.multiply(values, scale, dtype=np.float32)[()]
 
 
 def fp16_round_trip(x: np.ndarray) -> np.ndarray:

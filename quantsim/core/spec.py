@@ -60,7 +60,7 @@ class QSpec:
 
     ``strict_symmetric`` drops the most negative code (int8 grid -127..127); ``unsigned_symmetric``
     lets a symmetric quantizer use an unsigned grid with zero point 0 when the observed range is
-    non-negative. Float dtypes (float16) ignore all of these.
+    non-negative. Float dtypes ignore all of these: float16 is a cast, float8 always symmetric about zero.
     """
 
     dtype: qtype
@@ -95,11 +95,20 @@ class QSpec:
 
     @property
     def is_float(self) -> bool:
-        return self.dtype.is_float
+        """Simulated by a plain cast (float16): no encoding, no calibration. False for the float8 formats,
+        which have encodings (a scale per tensor or channel) like integer grids: see `is_fp8`."""
+        return self.dtype.is_cast_float
+
+    @property
+    def is_fp8(self) -> bool:
+        """A scaled float8 format (float8e4m3fn, float8e5m2)."""
+        return self.dtype.is_fp8
 
     def describe(self) -> str:
         if self.is_float:
             return str(self.dtype)
+        if self.is_fp8:
+            return f"{self.dtype} {self.granularity.describe()}"
         flavour = "sym" if self.symmetric else "asym"
         if self.symmetric and self.strict_symmetric:
             flavour = "strict-sym"

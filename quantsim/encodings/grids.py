@@ -36,7 +36,10 @@ def is_strict(enc: Encoding) -> bool:
 
 
 def check_writable(where: Where, enc: Encoding) -> None:
-    """Files describe full n-bit grids and strict symmetric ones (zero point 0); nothing narrower."""
+    """Files describe full n-bit grids and strict symmetric ones (zero point 0); nothing narrower. float8
+    encodings only 2.0.0 describes (it writes them before calling this), as in AIMET 2.42."""
+    if enc.fp8 is not None:
+        raise where.error(f"a {enc.fp8} encoding can only be written in format 2.0.0 (or exported as a QDQ model)")
     if (enc.qmin, enc.qmax) == grid_bounds(enc.bits, enc.signed):
         return
     if is_strict(enc):

@@ -88,8 +88,8 @@ def int32_bias_records(sim, records: list[TensorEncoding] | None = None) -> list
         if slot is None or len(node.input) <= slot or not sim._index.is_constant(node.input[slot]):
             continue
         enc_in, enc_w = by_name.get(node.input[0]), by_name.get(node.input[1])
-        if enc_in is None or enc_w is None:
-            continue
+        if enc_in is None or enc_w is None or enc_in.fp8 is not None or enc_w.fp8 is not None:
+            continue  # float8 inputs or weights have no integer accumulator (AIMET writes no int32 bias then)
         if not enc_in.is_per_tensor or enc_w.block_size is not None or enc_in.bits > 16 or enc_w.bits > 16:
             continue
         scale = bias_scale(enc_in.scale, enc_w.scale).astype(np.float64)  # what the QDQ model uses
@@ -183,6 +183,8 @@ def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, 
             granularity = PerBlock(axis, block_axis, enc.block_size)
             enc = replace(enc, scale=enc.scale.reshape(shape[axis], blocks),
                           zero_point=enc.zero_point.reshape(shape[axis], blocks), axis=axis, block_axis=block_axis)
+    if enc.fp8 is not None:
+        return q.spec.with_(dtype=qtype.from_string(enc.fp8), granularity=granularity), enc
     if q.spec.symmetric and not enc.signed and np.all(enc.zero_point == 1 << (enc.bits - 1)):
         # a symmetric grid written unsigned (2.0.0 activations): same values on the signed grid
         qmin, qmax = grid_bounds(enc.bits, signed=True)
@@ -198,9 +200,12 @@ def _mismatches(q: QcQuantizeOp, record: TensorEncoding, spec: QSpec, version: s
     found = []
     if not q.enabled:
         found.append(EncodingMismatch(record.name, "enabled", False, True))
-    file_type = QuantizationDataType.float if record.is_float else QuantizationDataType.int
+    fp8 = record.encoding.fp8 if record.encoding is not None else None
+    file_type = QuantizationDataType.float if record.is_float or fp8 else QuantizationDataType.int
     if file_type != q.data_type:
         found.append(EncodingMismatch(record.name, "dtype", q.data_type.name, file_type.name))
+    elif fp8 is not None and q.precision() != spec.dtype:
+        found.append(EncodingMismatch(record.name, "dtype", str(q.precision()), fp8))
     if record.bits != q.bitwidth:
         found.append(EncodingMismatch(record.name, "bitwidth", q.bitwidth, record.bits))
     if not record.is_float and version != "2.0.0" and spec.symmetric != q.spec.symmetric:

@@ -11,6 +11,9 @@ grids are written with zero point -1 (AIMET's ``offset + 2^(b-1)``) and read bac
 activation entries (kind "activation" or None, not int32) are forced to unsigned by adding ``2^(b-1)`` to
 the zero point (``force_activation_as="signed"`` goes the other way). float16 entries are omitted; only
 4/8/16/32-bit grids have an ``output_dtype``. Records read from a 2.0.0 file have kind None.
+
+float8 entries (AIMET 2.42's layout): ``output_dtype`` "float8e4m3fn" or "float8e5m2", ``y_scale`` (and
+``axis`` per channel), no ``y_zero_point`` (a zero one is accepted when read); activations stay float8.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from quantsim.core.fp8 import FP8_FORMATS
+from quantsim.core.fp8_encodings import fp8_encoding_from_scale
 from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.encodings.grids import check_writable, granularity, is_strict
 from quantsim.encodings.record import INT32_BITS, TensorEncoding
@@ -94,8 +99,34 @@ def _blocked(where: Where, record: TensorEncoding, values: np.ndarray) -> tuple[
     return np.broadcast_to(grid.reshape(view), target), block_axis
 
 
+def _write_fp8_entry(where: Where, record: TensorEncoding) -> dict[str, Any]:
+    enc = record.grid
+    entry: dict[str, Any] = {"name": record.name, "output_dtype": enc.fp8}
+    if granularity(where, enc) == "channel":
+        if enc.axis is None:
+            raise where.error("per-channel encoding has no channel axis bound; 2.0.0 needs 'axis'")
+        entry["axis"] = int(enc.axis)
+    entry["y_scale"] = enc.scale.tolist()
+    return entry
+
+
+def _read_fp8_entry(where: Where, raw: Any, name: str, dtype: str, kind: str | None) -> TensorEncoding:
+    if "block_size" in raw:
+        raise where.error(f"blockwise {dtype} encodings are not supported (per tensor or per channel only)")
+    scale = positive_scales(where, numeric_array(where, require(where, raw, "y_scale"), "y_scale"), "y_scale")
+    if scale.ndim > 1:
+        raise where.error(f"a {dtype} 'y_scale' must be a number or a list")
+    if raw.get("y_zero_point") is not None and np.any(numeric_array(where, raw["y_zero_point"], "y_zero_point") != 0):
+        raise where.error(f"a {dtype} entry's 'y_zero_point' must be 0 (or left out)")
+    axis = raw.get("axis") if scale.ndim else None
+    axis = None if axis is None else as_int(where, axis, "axis")
+    return TensorEncoding.from_encoding(name, fp8_encoding_from_scale(scale, dtype, axis=axis), kind)
+
+
 def _write_entry(where: Where, record: TensorEncoding, force: str) -> dict[str, Any]:
     enc = record.grid
+    if enc.fp8 is not None:
+        return _write_fp8_entry(where, record)
     check_writable(where, enc)
     layout = granularity(where, enc)
     signed, zp = _file_grid(enc, record.kind, force)
@@ -154,8 +185,10 @@ def _read_entry(where: Where, raw: Any, kind: str | None) -> TensorEncoding:
         if key in raw:
             raise where.error(f"LPBQ entries ('{key}') are not supported by quantsim")
     dtype = as_str(where, require(where, raw, "output_dtype"), "output_dtype")
+    if dtype in FP8_FORMATS:
+        return _read_fp8_entry(where, raw, name, dtype, kind)
     if dtype not in OUTPUT_DTYPES:
-        raise where.error(f"unsupported output_dtype {dtype!r} (expected one of {', '.join(OUTPUT_DTYPES)})")
+        raise where.error(f"unsupported output_dtype {dtype!r} (expected one of {', '.join([*OUTPUT_DTYPES, *FP8_FORMATS])})")
     bits, signed = OUTPUT_DTYPES[dtype]
     scale = positive_scales(where, numeric_array(where, require(where, raw, "y_scale"), "y_scale"), "y_scale")
     axis = raw.get("axis")

@@ -8,6 +8,8 @@ Patterns recognised (everything else is left as it is, with a warning or, when s
   inside the container (any other Clip, e.g. a model's Relu6, is the model's own and stays).
 * ``DequantizeLinear(integer initializer)``: a weight; the float weight is the dequantized value and the
   encoding comes from the DQ (per-axis, or blocked for 2-D weights). int32 biases become float biases.
+* Q/DQ with a float8 zero point (float8e4m3fn / float8e5m2, which must be 0): a float8 encoding, per tensor
+  or per axis.
 * ``Cast(float16) -> Cast(float)``: a float16 quantizer.
 * A Q/DQ pair right after a data-movement op that repeats the parameters of the DQ feeding that op
   (the derived pairs `quantsim.export.qdq` adds) is dropped without an encoding: it is an identity.
@@ -21,6 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from quantsim.core.fp8 import FP8_FORMATS
+from quantsim.core.fp8_encodings import fp8_encoding_from_scale
 from quantsim.core.numerics import Encoding
 from quantsim.encodings import TensorEncoding
 from quantsim.errors import InvalidArgumentError, warn_at_caller
@@ -33,6 +37,8 @@ __all__ = ["strip_qdq", "sim_from_qdq"]
 _SIGNED: dict[int, tuple[int, bool]] = {TensorProto.INT4: (4, True), TensorProto.INT8: (8, True), TensorProto.INT16: (16, True),
            TensorProto.UINT4: (4, False), TensorProto.UINT8: (8, False), TensorProto.UINT16: (16, False),
            TensorProto.INT32: (32, True)}
+_FP8 = {TensorProto.FLOAT8E4M3FN: "float8e4m3fn", TensorProto.FLOAT8E5M2: "float8e5m2"}
+assert set(_FP8.values()) == set(FP8_FORMATS)
 
 
 def _constant(index: GraphIndex, name: str) -> np.ndarray | None:
@@ -49,6 +55,8 @@ def _storage(index: GraphIndex, node: onnx.NodeProto) -> int:
 def _is_grid_clip(index: GraphIndex, node: onnx.NodeProto, bounds) -> bool:
     """True when the Clip bounds are the float range of an n-bit or strict grid narrower than the
     Q's container (what the sim writes); a model's own Clip (Relu6, ...) is not one and stays."""
+    if _storage(index, node) not in _SIGNED:  # float8: the sim writes no Clip
+        return False
     bits, signed = _SIGNED[_storage(index, node)]
     scale = _constant(index, node.input[1])
     zp = _constant(index, node.input[2]) if len(node.input) > 2 and node.input[2] else None
@@ -66,7 +74,24 @@ def _is_grid_clip(index: GraphIndex, node: onnx.NodeProto, bounds) -> bool:
     return False
 
 
+def _fp8_encoding(index, node, storage, shape=None) -> Encoding:
+    """The float8 encoding of a Q/DQ with a float8 zero point (module docstring)."""
+    scale = _constant(index, node.input[1])
+    if scale is None:
+        raise InvalidArgumentError(f"node {node.name!r}: the scale {node.input[1]!r} is not a constant")
+    zp = _constant(index, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if zp is not None and np.any(zp.astype(np.float32) != 0):
+        raise InvalidArgumentError(f"node {node.name!r}: a {_FP8[storage]} zero point other than 0 has no AIMET "
+                                   "encoding (float8 grids are symmetric about zero)")
+    if scale.ndim > 1 or "block_size" in node_attributes(node):
+        raise InvalidArgumentError(f"node {node.name!r}: blocked {_FP8[storage]} Q/DQ is not supported")
+    axis = node_attributes(node).get("axis", 1) % (len(shape) if shape else 1) if scale.ndim == 1 else None
+    return fp8_encoding_from_scale(scale.astype(np.float64), _FP8[storage], axis=axis)
+
+
 def _encoding(index, node, storage, clip_bounds=None, shape=None) -> Encoding:
+    if storage in _FP8:
+        return _fp8_encoding(index, node, storage, shape)
     bits, signed = _SIGNED[storage]
     scale_values = _constant(index, node.input[1])
     if scale_values is None:
@@ -216,6 +241,8 @@ def _float_name(index: GraphIndex, source: str, target: str) -> str:
 def _dequantize_constant(codes: np.ndarray, enc: Encoding, node) -> np.ndarray:
     from quantsim.core.numerics import dequantize
 
+    if enc.fp8 is not None:
+        return dequantize(codes.astype(np.float32), enc)
     if enc.bits > 16:  # int32 bias
         scale = enc.scale.astype(np.float32)
         view = scale.reshape(-1) if scale.ndim else scale

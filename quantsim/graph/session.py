@@ -97,6 +97,8 @@ def make_session(
         # values survive) and ClipQuantRewrite throws at session creation; the exact sim never needs them.
         disabled += EXACT_SIM_DISABLED_OPTIMIZERS
     else:
+        if _has_float8_quantizers(model):  # the same ReluQuantRewrite fault with float8 zero points (ORT 1.32)
+            disabled += EXACT_SIM_DISABLED_OPTIMIZERS
         # DQ(weight) -> MatMul may become MatMulNBits, which at its default accuracy level computes the
         # activation in 8 bits: wrong for 16-bit activations. Level 1 keeps float activations there.
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
@@ -143,6 +145,18 @@ def make_session(
             "onnxruntime could not build integer kernels for this sim (its Q/DQ fusion supports 8-bit "
             f"activations with int8/uint8 weights): {error}. Use the exact sim session instead."
         ) from error
+
+
+_FLOAT8_TYPES = frozenset({onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E5M2})
+
+
+def _has_float8_quantizers(model: onnx.ModelProto) -> bool:
+    """Whether a QuantizeLinear of the main graph produces a float8 type (a float8 zero point or ``output_dtype``)."""
+    float8 = {t.name for t in model.graph.initializer if t.data_type in _FLOAT8_TYPES}
+    return any(node.op_type == "QuantizeLinear" and (
+        (len(node.input) > 2 and node.input[2] in float8)
+        or any(a.name == "output_dtype" and a.i in _FLOAT8_TYPES for a in node.attribute))
+        for node in model.graph.node)
 
 
 def _materialized(value) -> np.ndarray:

@@ -48,7 +48,8 @@ def fit_biases_to_int32(sim: QuantizationSimModel) -> list[str]:
     changed = []
     for layer in find_weighted_layers(sim):
         wq, xq = layer.weight_quantizer, sim.qc_quantize_op_dict.get(layer.input)
-        if wq is None or xq is None or not (wq.enabled and xq.enabled) or wq.spec.is_float or xq.spec.is_float:
+        if wq is None or xq is None or not (wq.enabled and xq.enabled) or wq.spec.is_float or xq.spec.is_float \
+                or wq.spec.is_fp8 or xq.spec.is_fp8:  # float8: no integer accumulator, no int32 bias
             continue
         w_enc, x_enc = wq.encoding, xq.encoding
         if w_enc is None or x_enc is None or not x_enc.is_per_tensor or w_enc.block_size is not None \

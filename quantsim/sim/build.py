@@ -5,6 +5,8 @@
   symmetric, 2..7-bit, 9..15-bit) get a ``Clip`` to the grid's float range first,
   which makes the n-bit grid exact: ``clip(x, s(qmin - z), s(qmax - z))`` then quantize equals quantize
   then clamp to ``[qmin, qmax]``.
+* float8 (float8e4m3fn, float8e5m2): ``QuantizeLinear -> DequantizeLinear`` with a float8 zero point of 0
+  (opset 19; saturating, ties to even), per tensor or per channel, no Clip.
 * float16: ``Cast(float16) -> Cast(float)``.
 * tensors of a float16 or float64 model: the same pairs between ``Cast(float)`` and a ``Cast`` back to the
   tensor's type (the encodings are float32 grids, and QuantizeLinear takes no float64), so the model
@@ -64,7 +66,9 @@ def required_opset(quantizers: list[QcQuantizeOp], weights: str) -> int:
         if not q.enabled or q.spec.is_float:
             continue
         enc = q.require_encoding()
-        if q.role == "activation" and enc is not None and enc.is_per_tensor:
+        if enc.fp8 is not None and (q.role == "activation" or weights == "qdq"):
+            needed = max(needed, q.spec.dtype.min_opset())
+        elif q.role == "activation" and enc is not None and enc.is_per_tensor:
             container = activation_container(q.spec.dtype)
             needed = max(needed, container.min_opset(), 13 if _needs_clip(enc, container) else 10)
         elif weights == "qdq" and enc is not None:
@@ -75,16 +79,21 @@ def required_opset(quantizers: list[QcQuantizeOp], weights: str) -> int:
 
 
 def activation_container(dtype: qtype) -> qtype:
-    """The Q/DQ type carrying an activation grid: 8 bits for grids up to 8 bits, else 16.
+    """The Q/DQ type carrying an activation grid: 8 bits for grids up to 8 bits, else 16; a float8 format
+    carries itself.
 
     4-bit activation grids ride in 8-bit Q/DQ behind a Clip rather than in int4/uint4: onnxruntime
     1.32 drops a non-redundant Relu before a 4-bit QuantizeLinear and fuses 4-bit Q/DQ around Conv into
     QLinearConv, which has no 4-bit kernel. The values are the same grid either way.
     """
+    if dtype.is_fp8:
+        return dtype
     return int8 if dtype.bits <= 8 else int16
 
 
 def _needs_clip(enc: Encoding, container: qtype) -> bool:
+    if enc.fp8 is not None:
+        return False
     return (enc.qmin, enc.qmax) != grid_bounds(container.bits, enc.signed)
 
 
@@ -112,7 +121,7 @@ def _with_opset(model: onnx.ModelProto, opset: int) -> tuple[onnx.ModelProto, li
 
 
 def _scalar(name: str, value, elem_type: int) -> TensorProto:
-    if elem_type in (TensorProto.INT4, TensorProto.UINT4):
+    if elem_type in (TensorProto.INT4, TensorProto.UINT4, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2):
         return helper.make_tensor(name, elem_type, [], [int(value)])
     return numpy_helper.from_array(np.array(value, dtype=helper.tensor_dtype_to_np_dtype(elem_type)), name)
 
@@ -164,7 +173,7 @@ def _grid_key(q: QcQuantizeOp) -> tuple | None:
     if not enc.is_per_tensor:
         return None
     storage = activation_container(q.spec.dtype).storage_type(enc.signed)
-    return (float(np.float32(enc.scale)), int(enc.zero_point), storage, enc.qmin, enc.qmax)
+    return (float(np.float32(enc.scale)), int(enc.zero_point), storage, enc.qmin, enc.qmax, enc.fp8)
 
 
 
@@ -244,7 +253,8 @@ class _SimBuilder:
         (module docstring); False if it does not qualify."""
         tensor = self.initializers[name]
         if (not self.integer_weights or self.weights != "fake" or q.role != "param" or self.deferral.external is None
-                or q.spec.dtype.bits > 8 or enc.block_size is not None or tensor.data_type != TensorProto.FLOAT
+                or q.spec.dtype.bits > 8 or enc.fp8 is not None or enc.block_size is not None
+                or tensor.data_type != TensorProto.FLOAT
                 or name in self.declared_inputs or not is_external_candidate(tensor)):
             return False
         dtype = helper.tensor_dtype_to_np_dtype(int8.storage_type(enc.signed))

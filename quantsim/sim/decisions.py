@@ -82,7 +82,7 @@ def _concat_outputs(sim: QuantizationSimModel) -> set[str]:
 def _may_untie(q: QcQuantizeOp, concat_outputs: set[str]) -> bool:
     """An enabled, calibrated-range integer grid of 8 bits or more tying a Concat output to other tensors."""
     return (q.enabled and len(q.tensors) > 1 and q.fixed_range is None and not q.spec.is_float
-            and q.spec.dtype.bits >= 8 and any(t in concat_outputs for t in q.tensors))
+            and not q.spec.is_fp8 and q.spec.dtype.bits >= 8 and any(t in concat_outputs for t in q.tensors))
 
 
 def untie_candidates(sim: QuantizationSimModel, quantizers: list[QcQuantizeOp]) -> frozenset[str]:
@@ -137,7 +137,7 @@ def _range_health(checked: list[tuple[QcQuantizeOp, TensorStats | None]]) -> lis
     decisions = []
     for q, stats in checked:
         bits = q.spec.dtype.bits
-        if (stats is None or stats.sample is None or q.spec.is_float or not 8 <= bits < 16 or q.fixed_range
+        if (stats is None or stats.sample is None or q.spec.is_float or q.spec.is_fp8 or not 8 <= bits < 16 or q.fixed_range
                 or q.encoding is None or not q.encoding.is_per_tensor or not is_collapsed(stats.sample, q.encoding)):
             continue
         why = (f"its {bits}-bit grid over [{stats.min:.4g}, {stats.max:.4g}] keeps "

@@ -77,7 +77,7 @@ class QuantizationSimModel:
     """Quantization simulation of an ONNX model on plain onnxruntime (AIMET-compatible surface).
 
     Keyword arguments follow aimet_onnx 2.x: ``param_type``/``activation_type`` (qtype or alias such as
-    "int8", "int4", "int16", "float16"), ``quant_scheme`` ("min_max"/"tf", "tf_enhanced", "percentile"),
+    "int8", "int4", "int16", "float16", "float8e4m3fn"), ``quant_scheme`` ("min_max"/"tf", "tf_enhanced", "percentile"),
     ``config_file`` (AIMET quantsim-config JSON path or alias; None = per-channel default), ``providers``
     (onnxruntime providers), ``path`` (working directory for artifacts). Additions: ``percentile``
     (for the percentile scheme), ``use_integer_kernels`` (run ``session`` with onnxruntime's Q/DQ

@@ -13,6 +13,7 @@ import numpy as np
 
 from quantsim.calibration.schemes import CalibrationScheme, EncodingRequest, get_scheme
 from quantsim.core.dtypes import QuantizationDataType, QuantScheme, float16, qtype
+from quantsim.core.fp8_encodings import fp8_encoding_from_scale
 from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError, InvalidStateError, warn_at_caller
@@ -148,14 +149,16 @@ class QcQuantizeOp:
         self.set_bitwidth(bits)
 
     def set_bitwidth(self, bits: int) -> None:
-        if self._spec.is_float:
+        if self._spec.dtype.is_fp8 and bits == 8:
+            return  # already 8 bits: keep the float8 format (AIMET's legacy (float, 8) means float8e4m3fn)
+        if self._spec.dtype.is_float:
             self.set_precision(qtype.from_legacy_repr(QuantizationDataType.float, bits))
         else:
             self.set_precision(qtype.int(bits))
 
     @property
     def data_type(self) -> QuantizationDataType:
-        return QuantizationDataType.float if self._spec.is_float else QuantizationDataType.int
+        return QuantizationDataType.float if self._spec.dtype.is_float else QuantizationDataType.int
 
     @data_type.setter
     def data_type(self, value: QuantizationDataType) -> None:
@@ -169,9 +172,9 @@ class QcQuantizeOp:
         return self._spec.dtype
 
     def set_precision(self, dtype: qtype | str) -> None:
-        """Switch to another data type (e.g. int4, int16, float16); the encoding is dropped."""
+        """Switch to another data type (e.g. int4, int16, float16, float8e4m3fn); the encoding is dropped."""
         dtype = qtype.as_qtype(dtype)
-        if dtype.is_float and dtype.bits != 16:
+        if dtype.is_float and dtype.bits not in (8, 16):
             raise InvalidArgumentError(f"{dtype} simulation is not supported; disable the quantizer to keep float32")
         self.set_qspec(self._spec.with_(dtype=dtype))
 
@@ -246,6 +249,7 @@ class QcQuantizeOp:
             spec.dtype.bits, spec.symmetric, spec.strict_symmetric, spec.unsigned_symmetric, axis=axis,
             block_axis=getattr(granularity, "block_axis", None), block_size=getattr(granularity, "block_size", None),
             parameters={"percentile": self._percentile}, fixed_range=self.fixed_range,
+            fp8=spec.dtype.onnx_name if spec.is_fp8 else None,
         )
 
     @property
@@ -286,6 +290,14 @@ class QcQuantizeOp:
         axis = getattr(granularity, "axis", None)
         if len(encodings) == 1 and isinstance(granularity, PerTensor):
             scales, offsets = scales[0], offsets[0]
+        if self._spec.is_fp8:  # the scale (delta) is the whole encoding; AIMET's offset is 0
+            if bits.pop() != 8 or np.any(offsets != 0):
+                raise InvalidArgumentError(f"quantizer {self.name!r} is {self._spec.dtype}: its encodings need "
+                                           "bw 8 and offset 0")
+            fp8 = fp8_encoding_from_scale(scales, self._spec.dtype.onnx_name, axis=axis)
+            self._check_encoding(fp8, self._spec)
+            self.set_encoding(fp8)
+            return
         block = granularity if isinstance(granularity, PerBlock) else None
         rows = self._shape()[block.axis] if block is not None else 0
         enc = encoding_from_aimet(
@@ -305,6 +317,9 @@ class QcQuantizeOp:
     # checks --------------------------------------------------------------------------------------
     def _validate_spec(self, spec: QSpec) -> None:
         granularity = spec.granularity
+        if spec.is_fp8 and isinstance(granularity, PerBlock):
+            raise InvalidArgumentError(f"quantizer {self.name!r}: {spec.dtype} is per tensor or per channel, "
+                                       "not per block")
         if isinstance(granularity, PerTensor) or spec.is_float:
             return
         if self.shape is None or any(not isinstance(d, int) for d in self.shape):
@@ -325,6 +340,9 @@ class QcQuantizeOp:
             raise InvalidArgumentError(f"quantizer {self.name!r} simulates {spec.dtype}: it takes no integer encoding")
         if enc.bits != spec.dtype.bits:
             raise InvalidArgumentError(f"encoding for {self.name!r} is {enc.bits}-bit but the quantizer is {spec.dtype}")
+        if enc.fp8 != (spec.dtype.onnx_name if spec.is_fp8 else None):
+            raise InvalidArgumentError(f"encoding for {self.name!r} is {enc.fp8 or 'an integer grid'} but the "
+                                       f"quantizer is {spec.dtype}")
         granularity = spec.granularity
         expected: tuple = ()
         if isinstance(granularity, PerChannel):

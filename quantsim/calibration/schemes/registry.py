@@ -5,6 +5,11 @@ A scheme is one module that builds a `CalibrationScheme` and calls `register_sch
 an `EncodingRequest` (bits, grid flags, granularity, parameters) plus either the constant's values or
 the streamed `TensorStats`; it never sees quantizer objects. A scheme may also answer many requests at
 once (``batch_from_stats`` / ``batch_from_values``), which TF-enhanced uses to share its searches.
+
+A float8 request (``fp8`` set, ``bits`` 8) may be answered by the scheme with a float8 encoding (min-max
+does: ``scale = max(|min|, |max|) / max_value`` of the observed range); any other scheme answers with its
+8-bit integer grid, whose largest magnitude then gives the float8 scale (`calibration.encode`), which is what
+AIMET 2.42 does for TF-enhanced and percentile.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import numpy as np
 
 from quantsim.calibration.run import TensorStats
 from quantsim.core.dtypes import QuantScheme
+from quantsim.core.fp8_encodings import fp8_encoding_from_range
 from quantsim.core.numerics import Encoding, encoding_from_range, reduce_min_max
 from quantsim.errors import InvalidArgumentError
 
@@ -33,7 +39,8 @@ __all__ = [
 class EncodingRequest:
     """What an encoding must be: ``bits``, grid flags, granularity (``axis`` for per channel; plus
     ``block_axis``/``block_size`` for per block), the scheme's parameters (e.g. ``percentile``) and a
-    fixed range that replaces the observed bounds it names."""
+    fixed range that replaces the observed bounds it names. ``fp8`` names a float8 format for a float8
+    quantizer (module docstring)."""
 
     bits: int
     symmetric: bool
@@ -44,6 +51,7 @@ class EncodingRequest:
     block_size: int | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     fixed_range: tuple[float | None, float | None] | None = None  # config encoding_constraints
+    fp8: str | None = None
 
     @property
     def grid_flags(self) -> dict[str, bool]:
@@ -57,6 +65,9 @@ class EncodingRequest:
 
 def min_max_from_values(request: EncodingRequest, values: np.ndarray) -> Encoding:
     """Min-max encoding of a constant at the request's granularity (per tensor, channel or block)."""
+    if request.fp8 is not None and request.block_size is None:
+        lo, hi = reduce_min_max(values, request.axis)
+        return fp8_encoding_from_range(lo, hi, request.fp8, axis=request.axis)
     if request.block_size is not None:
         lo, hi = reduce_min_max(values, request.axis, request.block_axis, request.block_size)
         return encoding_from_range(lo, hi, request.bits, axis=request.axis, block_axis=request.block_axis,

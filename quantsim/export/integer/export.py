@@ -47,7 +47,9 @@ naming the tensor. ``requant`` holds, per lowered node, the real requantization 
 fixed-point form (int32 mantissa in [2^30, 2^31) and shift, `fixed_point`), zero points and scales.
 
 Float16-compute models (float32 I/O, Casts, float16 ops) lower the same way: `float_types`. Float64 and
-bfloat16 models raise `IntegerExportError`.
+bfloat16 models raise `IntegerExportError`, and so do sims with float8 quantizers (float8 values have no
+integer kernels; running them float would drop the float8 rounding the sim applies): their deployable form
+is the QDQ model.
 
 The model keeps the prepared model's ai.onnx opset (``opset`` asks for a higher one, converted with
 onnx.version_converter) and IR version; contrib kernels come from the ``com.microsoft`` domain, which
@@ -220,6 +222,13 @@ def _check_sim(sim) -> None:
     if ensure is not None:
         ensure()
     check_activations_calibrated(sim, "export_integer", IntegerExportError)
+    fp8 = [t for q in sim.quantizers if q.enabled and q.spec.is_fp8 for t in q.tensors]
+    if fp8:
+        raise IntegerExportError(
+            f"export_integer lowers integer grids to integer kernels; {len(fp8)} tensor(s) use a float8 type "
+            f"(e.g. {', '.join(repr(t) for t in fp8[:3])}), which has none. Export float8 as a QDQ model "
+            "(sim.to_onnx_qdq: float8 QuantizeLinear/DequantizeLinear, opset 19) or switch those quantizers "
+            "to an integer type or off")
     for q in sim.quantizers:
         if not q.enabled or q.spec.is_float or q.encoding is None:  # without one: float, as in the sim
             continue
