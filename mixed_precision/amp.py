@@ -44,7 +44,7 @@ from mixed_precision.amp_executor import checked_score, run_evaluations
 from mixed_precision.amp_refine import default_limit
 from mixed_precision.amp_refine import refine as refine_flips
 from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_files
-from mixed_precision.amp_space import AmpSpace, Config, distinct, group_label
+from mixed_precision.amp_space import AmpSpace, Config, Observed, distinct, group_label
 from mixed_precision.presets import candidate
 from quantsim import InvalidArgumentError, QuantizationSimModel
 
@@ -161,8 +161,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
             start: float, refine_limit: bool | int = True) -> AmpResult:
     sim, names = space.sim, [p.name for p in space.candidates]
     baseline, cheapest = 0, len(names) - 1
-    full = space.bops(space.uniform(baseline)) or 1.0
-    calibrated: list[Config | None] = [None]  # the (canonical) configuration the sim is calibrated for now
+    calibrated: list[Config | None] = [None]  # the configuration the sim is calibrated for now
 
     def passed() -> None:
         counts.passes += 1
@@ -182,49 +181,71 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         float_score = phase2_score("float", "float model (every quantizer disabled)")
 
     tables: dict[int, dict] = {}
+    uniform_seen: dict[int, Observed] = {}
 
     def table(c: int) -> dict:
-        """Specs and encodings of every controlled quantizer with candidate ``c`` everywhere (one pass)."""
+        """Specs, encodings and enabled flags of every controlled quantizer with candidate ``c`` everywhere,
+        as calibration (and the sim's automatic decisions) left them (one pass)."""
         if c not in tables:
             space.calibrated(space.uniform(c), forward, passed)
-            calibrated[0] = space.canonical(space.uniform(c))
-            tables[c] = {n: (space.quantizers[n].spec, space.quantizers[n].encoding)
+            calibrated[0] = space.uniform(c)
+            uniform_seen[c] = space.observe()
+            space.observe_uniform(c, uniform_seen[c])
+            tables[c] = {n: (space.quantizers[n].spec, space.quantizers[n].encoding, space.quantizers[n].enabled)
                          for names_ in space.controlled for n in names_}
         return tables[c]
 
     def at_baseline() -> None:
         """The baseline everywhere, with its own pass's encodings (no new pass)."""
         with sim.transaction():
-            for name, (spec, encoding) in table(baseline).items():
+            for name, (spec, encoding, enabled) in table(baseline).items():
                 space.quantizers[name].set_qspec(spec)
                 space.quantizers[name].set_encoding(encoding)
-        calibrated[0] = space.canonical(space.uniform(baseline))
+                space.quantizers[name].enabled = enabled
+        calibrated[0] = space.uniform(baseline)
 
     uniform: dict[str, float] = {}
     for c in reversed(range(len(names))):  # the baseline last: phase 1 starts from its pass
         key = f"uniform:{names[c]}"
-        if key not in cache.scores:
+        seen = cache.get_observed(key)
+        if key not in cache.scores or seen is None:
             table(c)
         uniform[names[c]] = phase2_score(key, f"{names[c]} everywhere")
+        if seen is None:
+            cache.put(key, None, uniform_seen[c])
+        else:
+            uniform_seen[c] = seen
+            space.observe_uniform(c, seen)
+    full = uniform_seen[baseline].bops or 1.0
     target = None if drop is None else float_score - drop
     _log.info("AMP: float score %.6g, target %s; everywhere: %s", float_score,
               "none" if target is None else f"{target:.6g}", ", ".join(f"{n} {uniform[n]:.6g}" for n in names))
 
+    def point(index: int, config: Config, seen: Observed, score: float | None, flip: tuple[int, str] | None = None,
+              refinement: bool = False) -> ParetoPoint:
+        """A point as the sim simulates it (``seen``), never as it was requested (``config``)."""
+        return ParetoPoint(index, seen.bops / full, score, tuple(space.describe_observed(seen, config)), flip,
+                           refinement)
+
     def finish(config: Config, points: list[ParetoPoint], chosen: ParetoPoint, met: bool, message: str,
                phase1: dict | None = None) -> AmpResult:
-        if calibrated[0] != space.canonical(config):
+        if calibrated[0] is None or space.canonical(calibrated[0]) != space.canonical(config):
             space.calibrated(config, forward, passed)
-        share, group_share = space.promoted_share(config, cheapest)
+        final = space.observe()  # what the sim is left simulating: the chosen point reports exactly that
+        truth = point(chosen.index, config, final, chosen.score, chosen.flip, chosen.refinement)
+        if truth != chosen:
+            _log.debug("AMP: the chosen point recalibrated to %s (recorded %s)", truth, chosen)
+            points = [truth if p == chosen else p for p in points]
+        share, group_share = space.promoted_share(final, cheapest)
         return AmpResult(tuple(names), float_score, target, uniform,
-                         {n: space.bops(space.uniform(c)) / full for c, n in enumerate(names)},
-                         tuple(space.groups), tuple(points), chosen, met, message, share, group_share,
+                         {n: uniform_seen[c].bops / full for c, n in enumerate(names)},
+                         tuple(space.groups), tuple(points), truth, met, message, share, group_share,
                          counts.passes, counts.phase1, counts.phase2, cache.hits, time.perf_counter() - start,
-                         phase1 or {}, counts.refine)
+                         phase1 or {}, counts.refine, tuple(space.candidates))
 
     def uniform_point(c: int) -> ParetoPoint:
         changed = sum(space.group_types(g, c) != space.group_types(g, baseline) for g in range(len(space.groups)))
-        return ParetoPoint(changed, space.bops(space.uniform(c)) / full, uniform[names[c]],
-                           tuple(space.describe(space.uniform(c))))
+        return point(changed, space.uniform(c), uniform_seen[c], uniform[names[c]])
 
     base_point = uniform_point(baseline)
     if target is not None and uniform[names[baseline]] < target:
@@ -234,8 +255,8 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         warnings.warn(f"choose_mixed_precision: {message}", RuntimeWarning, stacklevel=3)
         return finish(space.uniform(baseline), [base_point], base_point, False, message)
     if target is not None and uniform[names[cheapest]] >= target:
-        point = uniform_point(cheapest)
-        return finish(space.uniform(cheapest), [base_point, point], point, True,
+        cheap_point = uniform_point(cheapest)
+        return finish(space.uniform(cheapest), [base_point, cheap_point], cheap_point, True,
                       f"{names[cheapest]} everywhere meets the target")
 
     phase1 = _phase1(space, cache, counts, table, at_baseline, eval1, executor, chunks, show)
@@ -243,22 +264,34 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
               counts.phase1, counts.passes)
     path = _flip_path(space, phase1)
     configs = [c for c, _ in path]
-    known = {space.canonical(space.uniform(c)): uniform[names[c]] for c in range(len(names))}
+    known: dict[Config, float] = {}
+    observations: dict[Config, Observed] = {}
+    for c in range(len(names)):
+        known[space.canonical(space.uniform(c))] = uniform[names[c]]
+        observations[space.canonical(space.uniform(c))] = uniform_seen[c]
     scores: dict[int, float] = {}
 
     def score_config(config: Config, what: str) -> float:
-        """Phase-2 score of a configuration, calibrated for itself (or known: cached, on the path, uniform)."""
+        """Phase-2 score of a configuration, calibrated for itself (or known: cached, on the path, uniform);
+        what the sim simulated in it is recorded in ``observations``."""
         config = space.canonical(config)
-        key = "point:" + ",".join(space.describe(config))
         if config in known:
             return known[config]
-        if cache.get(key) is not None:
-            known[config] = cache.scores[key]
-            return known[config]
-        space.calibrated(config, forward, passed)
-        calibrated[0] = config
-        known[config] = phase2_score(key, what)
-        return known[config]
+        key = "point:" + ",".join(space.describe(config))
+        seen = cache.get_observed(key)
+        score = cache.get(key) if seen is not None else None
+        if score is None:
+            space.calibrated(config, forward, passed)
+            calibrated[0] = config
+            seen = space.observe()
+            score = phase2_score(key, what)
+            cache.put(key, None, seen)
+        assert seen is not None
+        known[config], observations[config] = score, seen
+        return score
+
+    def seen_at(config: Config) -> Observed:
+        return observations[space.canonical(config)]
 
     def evaluate(k: int) -> float:
         if k not in scores:
@@ -274,7 +307,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
             for k in range(n + 1):
                 evaluate(k)
             feasible = [k for k in scores if target is None or scores[k] >= target]
-            best = 0 if target is None else min(feasible, key=lambda k: (space.bops(configs[k]), -k))
+            best = 0 if target is None else min(feasible, key=lambda k: (seen_at(configs[k]).bops, -k))
         else:
             assert target is not None
             lo, hi = 0, n + 1  # lo meets the target; hi is the first prefix known (or assumed) not to
@@ -283,8 +316,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
                 lo, hi = (mid, hi) if evaluate(mid) >= target else (lo, mid)
             best = lo
             evaluate(best)  # the baseline (known) when no prefix met the target
-    points = [ParetoPoint(k, space.bops(configs[k]) / full, scores[k], tuple(space.describe(configs[k])),
-                          path[k][1]) for k in sorted(scores)]
+    points = [point(k, configs[k], seen_at(configs[k]), scores[k], path[k][1]) for k in sorted(scores)]
     chosen = next(p for p in points if p.index == best)
     phase1_named = {(g, names[c]): s for (g, c), s in phase1.items()}
     if target is None:
@@ -304,12 +336,11 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
     config, trials = refine_flips(configs[best], rest, lambda cfg, f: space.group_cost(*f) < space.group_cost(
         f[0], cfg[f[0]]), trial_score, target, limit) if limit else (configs[best], [])
     for j, trial in enumerate(trials):
-        point = ParetoPoint(n + 1 + j, space.bops(trial.config) / full, trial.score,
-                            tuple(space.describe(trial.config)), (trial.flips[-1][0], names[trial.flips[-1][1]]),
-                            refinement=True)
-        points.append(point)
+        trial_point = point(n + 1 + j, trial.config, seen_at(trial.config), trial.score,
+                            (trial.flips[-1][0], names[trial.flips[-1][1]]), refinement=True)
+        points.append(trial_point)
         if trial.kept:
-            chosen = point
+            chosen = trial_point
     kept = sum(len(t.flips) for t in trials if t.kept)
     if trials:
         message += (f"; refinement: {kept} more flips kept in {len(trials)} trials "
