@@ -7,6 +7,7 @@ from mixed_precision.amp_result import AmpResult, ParetoEntry, ParetoPoint, aime
 from mixed_precision.analysis import GroupScore, TensorHealth, group_sensitivity, report_dict, tensor_health
 from mixed_precision.bitops import FLOAT_BITS_FACTOR, LayerCost, bit_operations, layer_costs
 from mixed_precision.html_page import write_analysis_html, write_pareto_html
+from mixed_precision.layer_sensitivity import NodeQuantizers, analyze_per_layer_sensitivity, node_quantizers
 from mixed_precision.lite import flip_layers_to_higher_precision
 from mixed_precision.overrides import OverrideConflictError, PrecisionOverrides, apply_precision_overrides, load_overrides
 from mixed_precision.presets import PRESETS, Precision, candidate, preset
@@ -32,6 +33,11 @@ __all__ = [
     "CallbackFunc",
     "AmpResult",
     "ParetoPoint",
+    "ParetoEntry",
+    "aimet_candidate",
+    "analyze_per_layer_sensitivity",
+    "node_quantizers",
+    "NodeQuantizers",
     "flip_layers_to_higher_precision",
     "FLOAT_BITS_FACTOR",
     "LayerCost",
