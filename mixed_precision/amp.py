@@ -7,12 +7,13 @@ The search, as in aimet-onnx (`reference/aimet_onnx_api.md` §8.2):
    everywhere, with the phase-2 callback; ``target = float score - allowed_accuracy_drop``.
    If the baseline everywhere misses the target, the sim is left at the baseline everywhere (a warning, and
    ``budget_met=False``); if the cheapest candidate everywhere meets it, there it is left.
-1. Phase 1, sensitivity: every quantizer group at every other candidate, the rest at the baseline, scored
-   by the phase-1 callback. Statistics are collected once per candidate (a calibration pass with that
-   candidate everywhere) and each group takes its encodings from that pass, so phase 1 costs one pass per
-   candidate plus one evaluation per (group, candidate); AIMET's default recalibrates for every
-   evaluation. The evaluations are independent: with ``executor`` they run in worker threads, processes
-   or on a Dask cluster (`mixed_precision.amp_executor`).
+1. Phase 1, sensitivity: every quantizer group alone (every other group's quantizers disabled) at every
+   other candidate, scored by the phase-1 callback, as aimet-onnx does. With ``phase1_optimize=True`` (the
+   default, AIMET's optimized phase 1) statistics are collected once per candidate (a calibration pass with
+   that candidate everywhere) and each group takes its encodings from that pass, so phase 1 costs one pass
+   per candidate plus one evaluation per (group, candidate); these evaluations are independent: with
+   ``executor`` they run in worker threads, processes or on a Dask cluster (`mixed_precision.amp_executor`).
+   With ``phase1_optimize=False`` every evaluation is calibrated for itself (one pass each, here).
 2. Phase 2, the Pareto search: (group, candidate) flips sorted least harmful first (phase-1 score, then
    the bit operations saved) are taken one after another from the baseline (a flip applies only when it
    makes its group cheaper); each prefix of the list is a configuration, cheaper than the one before. A
@@ -41,12 +42,14 @@ from tqdm.auto import tqdm
 
 from mixed_precision.amp_cache import ScoreCache, cache_key
 from mixed_precision.amp_executor import checked_score, run_evaluations
+from mixed_precision.amp_kernels import supported_candidates
 from mixed_precision.amp_refine import default_limit
 from mixed_precision.amp_refine import refine as refine_flips
 from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_files
 from mixed_precision.amp_space import AmpSpace, Config, Observed, distinct, group_label
 from mixed_precision.presets import candidate
 from quantsim import InvalidArgumentError, QuantizationSimModel
+from quantsim.errors import warn_at_caller
 
 __all__ = ["choose_mixed_precision", "AMPSearchAlgo", "CallbackFunc"]
 
@@ -109,9 +112,11 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
                            executor: Executor | None = None, executor_chunks: int = 16,
                            progress: bool | None = None, refine: bool | int = True) -> AmpResult:
     """Choose a precision per quantizer group: the cheapest configuration (in bit operations) whose score is
-    within ``allowed_accuracy_drop`` of the float model's (module docstring). AIMET's signature;
-    ``use_all_amp_candidates`` and ``phase1_optimize`` are accepted and have no effect (every candidate is
-    used; statistics are always collected once per candidate).
+    within ``allowed_accuracy_drop`` of the float model's (module docstring). AIMET's signature and return
+    value (`AmpResult` is AIMET's pareto list, with more attributes). ``phase1_optimize``: one calibration
+    pass per candidate in phase 1 (True) or one per evaluation (False). ``use_all_amp_candidates=False``
+    restricts each group to the candidates the sim's config lists as ``supported_kernels`` for its ops
+    (`mixed_precision.amp_kernels`); True (or a config without them) uses every candidate everywhere.
 
     ``candidates``: presets ("W8A16", "W8A8", ...) or AIMET's ``((act_bw, act_dtype), (param_bw,
     param_dtype))``. Eval callbacks take the sim's onnxruntime session and return a float, higher is better;
@@ -137,16 +142,19 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
         sample = forward_pass_callback[0]  # fixes symbolic dimensions for the MAC counts
     space = AmpSpace.build(sim, precisions, sample)
     space = replace(space, candidates=[precisions[c] for c in space.order_by_cost()])  # costliest first
+    allowed = supported_candidates(sim, space.groups, space.candidates, bool(use_all_amp_candidates))
+    space = replace(space, allowed=None if all(len(a) == len(space.candidates) for a in allowed) else allowed)
     names = [p.name for p in space.candidates]
     cache = ScoreCache(results, cache_key(sim, names, space.groups, (eval_callback_for_phase1,
-                                                                     eval_callback_for_phase2)),
+                                                                     eval_callback_for_phase2), space.allowed),
                        clean_start=clean_start)
     counts = _Counts()
     previous, sim.progress = sim.progress, show  # the calibrations' bars follow AMP's setting
     try:
         with sim.transaction():
             result = _search(space, cache, counts, drop, algo, eval_callback_for_phase1, eval_callback_for_phase2,
-                             forward_pass_callback, executor, executor_chunks, show, start, refine)
+                             forward_pass_callback, executor, executor_chunks, show, start, refine,
+                             bool(phase1_optimize))
     finally:
         sim.progress = previous
     write_pareto_files(result, results, drop)
@@ -158,7 +166,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
 
 def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | None, algo: AMPSearchAlgo,
             eval1: Callable, eval2: Callable, forward: Any, executor: Executor | None, chunks: int, show: bool,
-            start: float, refine_limit: bool | int = True) -> AmpResult:
+            start: float, refine_limit: bool | int = True, phase1_optimize: bool = True) -> AmpResult:
     sim, names = space.sim, [p.name for p in space.candidates]
     baseline, cheapest = 0, len(names) - 1
     calibrated: list[Config | None] = [None]  # the configuration the sim is calibrated for now
@@ -259,7 +267,8 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         return finish(space.uniform(cheapest), [base_point, cheap_point], cheap_point, True,
                       f"{names[cheapest]} everywhere meets the target")
 
-    phase1 = _phase1(space, cache, counts, table, at_baseline, eval1, executor, chunks, show)
+    phase1 = _phase1(space, cache, counts, table, at_baseline, eval1, forward, executor, chunks, show,
+                     phase1_optimize)
     _log.info("AMP phase 1: %d scores (%d evaluated, the rest cached) after %d calibration passes", len(phase1),
               counts.phase1, counts.passes)
     path = _flip_path(space, phase1)
@@ -355,37 +364,67 @@ def _refine_limit(setting: bool | int, remaining: int) -> int:
 
 
 def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable[[int], dict],
-            at_baseline: Callable[[], None], eval1: Callable, executor: Executor | None, chunks: int,
-            show: bool) -> dict[tuple[int, int], float]:
-    """Score of every group at every other candidate (the rest at the baseline), by the phase-1 callback."""
+            at_baseline: Callable[[], None], eval1: Callable, forward: Any, executor: Executor | None, chunks: int,
+            show: bool, optimize: bool) -> dict[tuple[int, int], float]:
+    """Score of every group alone at every other candidate (every other group's quantizers disabled), by the
+    phase-1 callback, as aimet-onnx does. ``optimize`` (AIMET's ``phase1_optimize=True``): the group takes
+    its encodings from the calibration pass of its candidate everywhere (one pass per candidate); else each
+    evaluation is calibrated for itself (one pass per evaluation, here, not on ``executor``)."""
     names = [p.name for p in space.candidates]
+    mode = "phase1" if optimize else "phase1-recalibrated"
     scores: dict[tuple[int, int], float] = {}
     todo = []
+    base = space.uniform(0)
     for g in range(len(space.groups)):
         for c in range(1, len(names)):
-            if space.group_types(g, c) == space.group_types(g, 0):
-                continue  # the same types as the baseline: no flip to make
-            cached = cache.get(f"phase1:{g}:{names[c]}")
+            if not space.supports(g, c) or c == base[g] or space.group_types(g, c) == space.group_types(g, base[g]):
+                continue  # not supported by the group, or the same types as its baseline: no flip to make
+            cached = cache.get(f"{mode}:{g}:{names[c]}")
             if cached is not None:
                 scores[(g, c)] = cached
             else:
                 todo.append((g, c))
     if not todo:
         return scores
+    sim = space.sim
     table(0)
-    by_candidate = {c: table(c) for c in sorted({c for _, c in todo})}
-    at_baseline()
-    items = [((g, c), {n: by_candidate[c][n] for n in space.controlled[g]},
-              f"phase 1: group {g} ({group_label(space.groups[g])}) at {names[c]}") for g, c in todo]
-    with tqdm(total=len(items), desc="AMP phase 1", unit="eval", leave=False, disable=None if show else True) as bar:
-        def done(key: Any, score: float) -> None:
-            g, c = key
-            scores[(g, c)] = score
-            counts.phase1 += 1
-            cache.put(f"phase1:{g}:{names[c]}", score)
-            bar.update(1)
+    by_candidate = {c: table(c) for c in sorted({c for _, c in todo})} if optimize else {}
+    with sim.temporary_state():
+        at_baseline()
+        members = {n: sim.qc_quantize_op_dict[n] for group in space.groups for n in group.quantizers}
+        fixed = {n: (q.spec, q.encoding, True) for n, q in members.items()}  # what a group alone re-enables
+        for q in members.values():
+            q.enabled = False
+        with tqdm(total=len(todo), desc="AMP phase 1", unit="eval", leave=False,
+                  disable=None if show else True) as bar:
+            def done(key: Any, score: float) -> None:
+                g, c = key
+                scores[(g, c)] = score
+                counts.phase1 += 1
+                cache.put(f"{mode}:{g}:{names[c]}", score)
+                bar.update(1)
 
-        run_evaluations(space.sim, eval1, items, done, executor=executor, chunks=chunks)
+            if optimize:
+                items = [((g, c), {**{n: fixed[n] for n in space.groups[g].quantizers},
+                                   **{n: by_candidate[c][n] for n in space.controlled[g]}},
+                          f"phase 1: group {g} ({group_label(space.groups[g])}) at {names[c]}") for g, c in todo]
+                run_evaluations(sim, eval1, items, done, executor=executor, chunks=chunks)
+            else:
+                if executor is not None:
+                    warn_at_caller("choose_mixed_precision: phase1_optimize=False calibrates every phase-1 "
+                                   "evaluation in this process; executor is not used for them")
+                for g, c in todo:
+                    with sim.temporary_state():
+                        for n in space.groups[g].quantizers:
+                            members[n].enabled = True
+                        for n in space.controlled[g]:
+                            if members[n].precision() != space.requested(n, c):
+                                members[n].set_precision(space.requested(n, c))
+                        sim.compute_encodings(forward)
+                        counts.passes += 1
+                        done((g, c), checked_score(eval1(sim.session), f"phase 1: group {g} "
+                                                   f"({group_label(space.groups[g])}) at {names[c]}"))
+    at_baseline()
     return scores
 
 

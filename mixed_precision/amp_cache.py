@@ -43,8 +43,9 @@ def _callable_name(fn: Any) -> str:
 
 
 def cache_key(sim: QuantizationSimModel, candidates: list[str], groups: list[QuantizerGroup],
-              callbacks: tuple[Any, ...]) -> str:
-    """What the cached scores depend on (module docstring), as a hex digest."""
+              callbacks: tuple[Any, ...], allowed: Any = None) -> str:
+    """What the cached scores depend on (module docstring; ``allowed``: the candidates each group supports),
+    as a hex digest."""
     digest = hashlib.sha256()
     hash_model(digest, sim.model)
     for q in sim.quantizers:
@@ -52,6 +53,8 @@ def cache_key(sim: QuantizationSimModel, candidates: list[str], groups: list[Qua
     digest.update(repr(candidates).encode())
     digest.update(repr([(g.parameter_quantizers, g.activation_quantizers) for g in groups]).encode())
     digest.update(repr([_callable_name(fn) for fn in callbacks]).encode())
+    if allowed is not None:
+        digest.update(repr(allowed).encode())
     return digest.hexdigest()
 
 

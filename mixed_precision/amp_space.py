@@ -88,6 +88,8 @@ class AmpSpace:
     base_dtypes: dict[str, qtype | None]
     #: candidate -> the type each controlled quantizer took when the candidate was calibrated everywhere
     observed: dict[int, dict[str, qtype | None]] = field(default_factory=dict)
+    #: per group, the candidates it supports (`mixed_precision.amp_kernels`); None: every candidate
+    allowed: list[tuple[int, ...]] | None = None
 
     @classmethod
     def build(cls, sim: QuantizationSimModel, candidates: list[Precision], sample: Any = None) -> AmpSpace:
@@ -105,7 +107,13 @@ class AmpSpace:
         return cls(sim, groups, candidates, controlled, quantizers, layer_costs(sim, sample), base)
 
     def uniform(self, c: int) -> Config:
-        return (c,) * len(self.groups)
+        """Candidate ``c`` everywhere; a group that does not support it takes its costliest supported one."""
+        if self.allowed is None:
+            return (c,) * len(self.groups)
+        return tuple(c if c in allowed else allowed[0] for allowed in self.allowed)
+
+    def supports(self, g: int, c: int) -> bool:
+        return self.allowed is None or c in self.allowed[g]
 
     def canonical(self, config: Config) -> Config:
         """The same configuration with each group's candidate replaced by the first one that means the same
