@@ -5,7 +5,15 @@ mixed precision (AIMET's ``choose_mixed_precision``) and its lite form (``flip_l
 from mixed_precision.amp import AMPSearchAlgo, CallbackFunc, choose_mixed_precision
 from mixed_precision.amp_result import AmpResult, ParetoEntry, ParetoPoint, aimet_candidate
 from mixed_precision.analysis import GroupScore, TensorHealth, group_sensitivity, report_dict, tensor_health
-from mixed_precision.bitops import FLOAT_BITS_FACTOR, LayerCost, bit_operations, layer_costs
+from mixed_precision.amp_cache import AmpCacheError
+from mixed_precision.bitops import (
+    FLOAT_BITS_FACTOR,
+    LayerCost,
+    bit_operations,
+    layer_costs,
+    simulated_bit_operations,
+    simulated_dtypes,
+)
 from mixed_precision.html_page import write_analysis_html, write_pareto_html
 from mixed_precision.layer_sensitivity import NodeQuantizers, analyze_per_layer_sensitivity, node_quantizers
 from mixed_precision.lite import flip_layers_to_higher_precision
@@ -43,4 +51,7 @@ __all__ = [
     "LayerCost",
     "layer_costs",
     "bit_operations",
+    "simulated_bit_operations",
+    "simulated_dtypes",
+    "AmpCacheError",
 ]
