@@ -3,9 +3,9 @@ name, regular expression, op type or default), as a Python API and as a JSON fil
 tensor health with their self-contained HTML reports (inline SVG charts, `mixed_precision.svg`); automatic
 mixed precision (AIMET's ``choose_mixed_precision``) and its lite form (``flip_layers_to_higher_precision``)."""
 from mixed_precision.amp import AMPSearchAlgo, CallbackFunc, choose_mixed_precision
+from mixed_precision.amp_cache import AmpCacheError
 from mixed_precision.amp_result import AmpResult, ParetoEntry, ParetoPoint, aimet_candidate
 from mixed_precision.analysis import GroupScore, TensorHealth, group_sensitivity, report_dict, tensor_health
-from mixed_precision.amp_cache import AmpCacheError
 from mixed_precision.bitops import (
     FLOAT_BITS_FACTOR,
     LayerCost,

@@ -80,7 +80,7 @@ def test_phase1_scores_each_group_alone_as_aimet_does(tmp_path):
     result = choose_mixed_precision(new_sim(), ["W8A8", "W4A8"], score, score, 0.02, tmp_path, True, feeds(),
                                     phase1_optimize=False)
     assert result.phase1_scores
-    for (g, name), value in result.phase1_scores.items():
+    for (g, _), value in result.phase1_scores.items():
         sim = new_sim()
         members = set(result.groups[g].quantizers)
         for q in sim.quantizers:

@@ -73,7 +73,7 @@ def test_tied_quantizers_with_two_precisions_conflict_and_nothing_changes():
 @pytest.mark.parametrize("name, dtype", [("W8A16", quantsim.int16), ("FP16", quantsim.float16)])
 def test_an_override_on_a_conv_fused_with_its_relu_sets_the_grid_that_decides_its_output(name, dtype):
     """Conv -> Relu share one output quantizer, on the Relu's output: the Conv's own is disabled. An override
-    on the Conv acts on the deciding one (and leaves the disabled one alone), as set_tensor_precision does."""
+    on the Conv acts on the deciding one (and leaves the disabled one alone)."""
     sim = new_sim()
     q = sim.qc_quantize_op_dict
     assert not q["c"].enabled and q["r"].enabled
@@ -81,8 +81,10 @@ def test_an_override_on_a_conv_fused_with_its_relu_sets_the_grid_that_decides_it
     assert q["r"].precision() == dtype and q["x"].precision() == dtype and q["c"].precision() == quantsim.int8
     assert q["g"].precision() == quantsim.int8  # the pool after the Relu has its own grid
     other = new_sim()
-    assert other.set_tensor_precision("c", dtype) == [other.qc_quantize_op_dict["r"]]
     assert quantsim.deciding_quantizer(other, "c") is other.qc_quantize_op_dict["r"]
+    assert quantsim.deciding_quantizer(other, "f") is other.qc_quantize_op_dict["g"]  # up through the Flatten
+    with pytest.raises(quantsim.InvalidArgumentError, match="no enabled quantizer"):
+        other.set_tensor_precision("c", dtype)  # as in aimet-onnx: it only walks up
     sim.compute_encodings(batches())
     if dtype == quantsim.int16:
         assert q["r"].encoding.bits == 16

@@ -1,13 +1,14 @@
 """AIMET's precision setters: ``sim.set_tensor_precision``, ``set_param_type`` and
 ``set_blockwise_quantization_for_weights`` (aimet_onnx.quantsim), over the sim's quantizer objects.
 
-* `deciding_quantizer` (what `set_tensor_precision` sets): the quantizer that decides a tensor's values is
-  the tensor's own, or, where the tensor has none (the output of a Reshape, a MaxPool, a Relu sharing its
-  input's grid ...), the closest enabled one found by walking up through grid-preserving ops
-  (`quantsim.graph.op_facts`), as AIMET does. A tensor whose own quantizer placement disabled because its
-  only reader is fused with its producer (Conv -> Relu, MatMul -> bias Add, a config supergroup: the reader's
-  other inputs are constants or its producer's inputs) is decided by that reader's output grid, the one
-  the fused op writes.
+* `set_tensor_precision`: the quantizer that decides a tensor's values is the tensor's own, or, where the
+  tensor has none (the output of a Reshape, a MaxPool, a Relu sharing its input's grid ...), the closest
+  enabled one found by walking up through grid-preserving ops (`quantsim.graph.op_facts`), as AIMET does.
+* `deciding_quantizer` (what precision overrides set): the same walk, and further: a tensor whose own
+  quantizer placement disabled because its only reader is fused with its producer (Conv -> Relu, MatMul ->
+  bias Add, a config supergroup: the reader is not a weighted op and its other inputs are constants or its
+  producer's inputs) is decided by that reader's output grid, the one the fused op writes. AIMET's
+  ``set_tensor_precision`` refuses such a tensor (no enabled quantizer upstream), and so does ours.
 * `set_param_type`: the parameter quantizers (biases excepted) of the chosen nodes.
 * `set_blockwise_quantization_for_weights`: the weight quantizers of the chosen op types become symmetric
   blockwise grids: one scale per output channel and block of ``block_size`` input channels.
@@ -94,7 +95,7 @@ def set_tensor_precision(sim: QuantizationSimModel, names: str | Iterable[str], 
     for name in names:
         if name not in sim._index.elem_type and name not in sim._index.producer:
             raise InvalidArgumentError(f"set_tensor_precision: {name!r} is not a tensor of {sim._label}")
-        q = deciding_quantizer(sim, name)
+        q = _closest_quantizer(sim, name)  # AIMET's walk: a fused output (deciding_quantizer's extra) is refused
         if q is None:
             missing.append(name)
         else:
