@@ -1,7 +1,9 @@
 """Mixed precision built on quantsim's public API: precision presets and per-layer overrides (by exact node
 name, regular expression, op type or default), as a Python API and as a JSON file; per-group sensitivity and
 tensor health with their self-contained HTML reports (inline SVG charts, `mixed_precision.svg`); automatic
-mixed precision (AIMET's ``choose_mixed_precision``) and its lite form (``flip_layers_to_higher_precision``)."""
+mixed precision (AIMET's ``choose_mixed_precision``, returning AIMET's pareto list) and its lite form
+(``flip_layers_to_higher_precision`` with ``analyze_per_layer_sensitivity``, as aimet-onnx attributes quantizers to
+nodes)."""
 from mixed_precision.amp import AMPSearchAlgo, CallbackFunc, choose_mixed_precision
 from mixed_precision.amp_cache import AmpCacheError
 from mixed_precision.amp_result import AmpResult, ParetoEntry, ParetoPoint, aimet_candidate

@@ -21,6 +21,13 @@ The search, as in aimet-onnx (`reference/aimet_onnx_api.md` §8.2):
    prefix whose score meets the target; each point it evaluates is calibrated for its own configuration.
    The sim is left in that configuration, calibrated.
 
+What the sim runs is what is reported: every calibration applies the sim's automatic decisions (range
+health can give an activation a candidate asked to be 8-bit a 16-bit grid, or leave it float), so each
+point's cost and per-group precisions are read from the quantizers after its calibration
+(`mixed_precision.amp_space.Observed`), and the types a candidate really gives each quantizer (learnt from
+its calibration everywhere) decide which flips change anything. ``use_all_amp_candidates=False`` keeps each
+group to the candidates the config's ``supported_kernels`` allow (`mixed_precision.amp_kernels`).
+
 ``results_dir`` gets ``pareto.json`` and ``pareto.html`` (`mixed_precision.amp_result`) and the score cache that
 ``clean_start=False`` resumes from (`mixed_precision.amp_cache`). If anything raises (a callback
 included), the sim is restored exactly as it was.
@@ -41,15 +48,15 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mixed_precision.amp_cache import ScoreCache, cache_key
-from mixed_precision.amp_executor import checked_score, run_evaluations
+from mixed_precision.amp_executor import checked_score
 from mixed_precision.amp_kernels import supported_candidates
+from mixed_precision.amp_phases import Counts, flip_order, flip_path, phase1_scores
 from mixed_precision.amp_refine import default_limit
 from mixed_precision.amp_refine import refine as refine_flips
 from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_files
-from mixed_precision.amp_space import AmpSpace, Config, Observed, distinct, group_label
+from mixed_precision.amp_space import AmpSpace, Config, Observed, distinct
 from mixed_precision.presets import candidate
 from quantsim import InvalidArgumentError, QuantizationSimModel
-from quantsim.errors import warn_at_caller
 
 __all__ = ["choose_mixed_precision", "AMPSearchAlgo", "CallbackFunc"]
 
@@ -72,14 +79,6 @@ class CallbackFunc:
 
     def __call__(self, session: Any) -> Any:
         return self.func(session, self.args)
-
-
-@dataclass
-class _Counts:
-    passes: int = 0
-    phase1: int = 0
-    phase2: int = 0
-    refine: int = 0  # refinement trials (configurations scored, cached ones included)
 
 
 def _check_inputs(candidates, eval1, eval2, drop, forward) -> tuple[list, float | None]:
@@ -148,7 +147,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     cache = ScoreCache(results, cache_key(sim, names, space.groups, (eval_callback_for_phase1,
                                                                      eval_callback_for_phase2), space.allowed),
                        clean_start=clean_start)
-    counts = _Counts()
+    counts = Counts()
     previous, sim.progress = sim.progress, show  # the calibrations' bars follow AMP's setting
     try:
         with sim.transaction():
@@ -164,7 +163,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     return result
 
 
-def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | None, algo: AMPSearchAlgo,
+def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | None, algo: AMPSearchAlgo,
             eval1: Callable, eval2: Callable, forward: Any, executor: Executor | None, chunks: int, show: bool,
             start: float, refine_limit: bool | int = True, phase1_optimize: bool = True) -> AmpResult:
     sim, names = space.sim, [p.name for p in space.candidates]
@@ -267,11 +266,11 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         return finish(space.uniform(cheapest), [base_point, cheap_point], cheap_point, True,
                       f"{names[cheapest]} everywhere meets the target")
 
-    phase1 = _phase1(space, cache, counts, table, at_baseline, eval1, forward, executor, chunks, show,
+    phase1 = phase1_scores(space, cache, counts, table, at_baseline, eval1, forward, executor, chunks, show,
                      phase1_optimize)
     _log.info("AMP phase 1: %d scores (%d evaluated, the rest cached) after %d calibration passes", len(phase1),
               counts.phase1, counts.passes)
-    path = _flip_path(space, phase1)
+    path = flip_path(space, phase1)
     configs = [c for c, _ in path]
     known: dict[Config, float] = {}
     observations: dict[Config, Observed] = {}
@@ -333,7 +332,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         return finish(configs[best], points, chosen, True, message, phase1_named)
     message = f"{best} of {n} flips taken: the cheapest evaluated point meeting the target {target:.6g}"
     limit = _refine_limit(refine_limit, n - best)
-    rest = _flip_order(space, phase1)  # the flips already taken are skipped (not cheaper any more)
+    rest = flip_order(space, phase1)  # the flips already taken are skipped (not cheaper any more)
     failed = path[best + 1][1] if best + 1 in scores else None  # the next flip, known to break the budget alone
     if failed is not None:
         rest.remove((failed[0], names.index(failed[1])))
@@ -361,86 +360,3 @@ def _refine_limit(setting: bool | int, remaining: int) -> int:
     if setting is True:
         return default_limit(remaining)
     return int(setting)
-
-
-def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable[[int], dict],
-            at_baseline: Callable[[], None], eval1: Callable, forward: Any, executor: Executor | None, chunks: int,
-            show: bool, optimize: bool) -> dict[tuple[int, int], float]:
-    """Score of every group alone at every other candidate (every other group's quantizers disabled), by the
-    phase-1 callback, as aimet-onnx does. ``optimize`` (AIMET's ``phase1_optimize=True``): the group takes
-    its encodings from the calibration pass of its candidate everywhere (one pass per candidate); else each
-    evaluation is calibrated for itself (one pass per evaluation, here, not on ``executor``)."""
-    names = [p.name for p in space.candidates]
-    mode = "phase1" if optimize else "phase1-recalibrated"
-    scores: dict[tuple[int, int], float] = {}
-    todo = []
-    base = space.uniform(0)
-    for g in range(len(space.groups)):
-        for c in range(1, len(names)):
-            if not space.supports(g, c) or c == base[g] or space.group_types(g, c) == space.group_types(g, base[g]):
-                continue  # not supported by the group, or the same types as its baseline: no flip to make
-            cached = cache.get(f"{mode}:{g}:{names[c]}")
-            if cached is not None:
-                scores[(g, c)] = cached
-            else:
-                todo.append((g, c))
-    if not todo:
-        return scores
-    sim = space.sim
-    table(0)
-    by_candidate = {c: table(c) for c in sorted({c for _, c in todo})} if optimize else {}
-    with sim.temporary_state():
-        at_baseline()
-        members = {n: sim.qc_quantize_op_dict[n] for group in space.groups for n in group.quantizers}
-        fixed = {n: (q.spec, q.encoding, True) for n, q in members.items()}  # what a group alone re-enables
-        for q in members.values():
-            q.enabled = False
-        with tqdm(total=len(todo), desc="AMP phase 1", unit="eval", leave=False,
-                  disable=None if show else True) as bar:
-            def done(key: Any, score: float) -> None:
-                g, c = key
-                scores[(g, c)] = score
-                counts.phase1 += 1
-                cache.put(f"{mode}:{g}:{names[c]}", score)
-                bar.update(1)
-
-            if optimize:
-                items = [((g, c), {**{n: fixed[n] for n in space.groups[g].quantizers},
-                                   **{n: by_candidate[c][n] for n in space.controlled[g]}},
-                          f"phase 1: group {g} ({group_label(space.groups[g])}) at {names[c]}") for g, c in todo]
-                run_evaluations(sim, eval1, items, done, executor=executor, chunks=chunks)
-            else:
-                if executor is not None:
-                    warn_at_caller("choose_mixed_precision: phase1_optimize=False calibrates every phase-1 "
-                                   "evaluation in this process; executor is not used for them")
-                for g, c in todo:
-                    with sim.temporary_state():
-                        for n in space.groups[g].quantizers:
-                            members[n].enabled = True
-                        for n in space.controlled[g]:
-                            if members[n].precision() != space.requested(n, c):
-                                members[n].set_precision(space.requested(n, c))
-                        sim.compute_encodings(forward)
-                        counts.passes += 1
-                        done((g, c), checked_score(eval1(sim.session), f"phase 1: group {g} "
-                                                   f"({group_label(space.groups[g])}) at {names[c]}"))
-    at_baseline()
-    return scores
-
-
-def _flip_order(space: AmpSpace, phase1: dict[tuple[int, int], float]) -> list[tuple[int, int]]:
-    """(group, candidate) flips, least harmful first: phase-1 score, then the group's cost at the candidate."""
-    return sorted(phase1, key=lambda gc: (-phase1[gc], space.group_cost(*gc), gc))
-
-
-def _flip_path(space: AmpSpace, phase1: dict[tuple[int, int], float]) -> list[tuple[Config, tuple[int, str] | None]]:
-    """Configurations along the sorted flip list, starting at the baseline everywhere."""
-    base = space.uniform(0)
-    group_cost = space.group_cost
-    current = list(base)
-    path: list[tuple[Config, tuple[int, str] | None]] = [(base, None)]
-    for g, c in _flip_order(space, phase1):
-        if group_cost(g, c) < group_cost(g, current[g]):
-            current[g] = c
-            path.append((tuple(current), (g, space.candidates[c].name)))
-    return path
