@@ -60,7 +60,7 @@ def flip_layers_to_higher_precision(sim: QuantizationSimModel,
     unknown = sorted(set(scores) - set(owned))
     if unknown:
         raise InvalidArgumentError(f"layer_sensitivity_dict names node(s) {unknown[:5]} not in the prepared model")
-    ordered = sorted(scores, key=lambda name: (scores[name], name))
+    ordered = sorted(scores, key=lambda name: scores[name])  # ties keep the dict's order, as in AIMET
     chosen = ordered[:math.ceil(len(ordered) * percent_to_flip / 100)]
     with sim.transaction():
         for name in chosen:
