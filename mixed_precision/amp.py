@@ -261,7 +261,8 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | No
                    f"{names[baseline]} everywhere")
         warnings.warn(f"choose_mixed_precision: {message}", RuntimeWarning, stacklevel=3)
         return finish(space.uniform(baseline), [base_point], base_point, False, message)
-    if target is not None and uniform[names[cheapest]] >= target:
+    if target is not None and uniform[names[cheapest]] >= target \
+            and uniform_seen[cheapest].bops <= uniform_seen[baseline].bops:  # cheapest as the sim runs it, too
         cheap_point = uniform_point(cheapest)
         return finish(space.uniform(cheapest), [base_point, cheap_point], cheap_point, True,
                       f"{names[cheapest]} everywhere meets the target")

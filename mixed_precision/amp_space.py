@@ -90,6 +90,8 @@ class AmpSpace:
     observed: dict[int, dict[str, qtype | None]] = field(default_factory=dict)
     #: per group, the candidates it supports (`mixed_precision.amp_kernels`); None: every candidate
     allowed: list[tuple[int, ...]] | None = None
+    #: the tensors each quantizer covered when the space was built (an untied Concat's change them)
+    base_tensors: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, sim: QuantizationSimModel, candidates: list[Precision], sample: Any = None) -> AmpSpace:
@@ -104,7 +106,8 @@ class AmpSpace:
         if not any(controlled):
             raise InvalidArgumentError("AMP: every enabled quantizer is frozen (or a bias): nothing to choose")
         base = {q.name: (q.precision() if q.enabled else None) for q in sim.quantizers}
-        return cls(sim, groups, candidates, controlled, quantizers, layer_costs(sim, sample), base)
+        return cls(sim, groups, candidates, controlled, quantizers, layer_costs(sim, sample), base,
+                   base_tensors={q.name: tuple(q.tensors) for q in sim.quantizers})
 
     def uniform(self, c: int) -> Config:
         """Candidate ``c`` everywhere; a group that does not support it takes its costliest supported one."""
@@ -189,14 +192,15 @@ class AmpSpace:
 
     def apply(self, config: Config) -> None:
         """Set every controlled quantizer to the type its candidate requests (encodings of changed ones are
-        dropped); one an earlier calibration left float is enabled again, for the next calibration to decide."""
+        dropped); one an earlier calibration's range health left float is enabled again, for the next
+        calibration to decide (not one whose tensors changed: a Concat output left float by untying)."""
         with self.sim.transaction():
             for names, c in zip(self.controlled, config):
                 for name in names:
                     q, dtype = self.quantizers[name], self.requested(name, c)
                     if q.precision() != dtype:
                         q.set_precision(dtype)
-                    if not q.enabled:
+                    if not q.enabled and tuple(q.tensors) == self.base_tensors.get(name):
                         q.enabled = True
 
     def calibrated(self, config: Config, forward_pass_callback: Any, on_pass: Callable[[], None]) -> None:

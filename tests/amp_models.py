@@ -65,13 +65,14 @@ def misleading_score(session) -> float:
     return -score(session)
 
 
-def masked_matmuls() -> onnx.ModelProto:
-    """x[4,8] -> MatMul(w1) -> Add(mask: 0 or -1e4 per column) -> MatMul(w2) -> y[4,8]: the masked tensor's
-    8-bit grid collapses, so calibration's range health gives it 16 bits whatever AMP asks."""
+def masked_matmuls(fill: float = -1e4) -> onnx.ModelProto:
+    """x[4,8] -> MatMul(w1) -> Add(mask: 0 or ``fill`` per column) -> MatMul(w2) -> y[4,8]: the masked tensor's
+    8-bit grid collapses, so calibration's range health gives it 16 bits whatever AMP asks (with a fill of
+    -1e9 16 bits collapse too: an 8-bit request leaves it float)."""
     rng = np.random.default_rng(0)
     w1, w2 = (rng.standard_normal((WIDTH, WIDTH)).astype(np.float32) / 3 for _ in range(2))
     mask = np.zeros((1, WIDTH), np.float32)
-    mask[0, 6:] = -1e4
+    mask[0, 6:] = fill
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
          helper.make_node("Add", ["a", "mask"], ["m"], name="add"),

@@ -170,3 +170,26 @@ def test_a_resumed_run_reports_the_same_simulated_costs(tmp_path):
     again = choose_mixed_precision(QuantizationSimModel(model, progress=False), ["W8A16", "W8A8"], scored, scored,
                                    600.0, tmp_path, False, data)
     assert again.phase2_evaluations == 0 and list(again.points) == list(first.points)
+
+
+def test_a_tensor_range_health_leaves_float_costs_a_float_operand_and_comes_back_at_16_bits(tmp_path):
+    """Fill -1e9: asked for 8 bits, the masked tensor's 8- and 16-bit grids both collapse and the sim leaves it
+    float; W8A8 everywhere then costs MACS*8*8 + MACS*(32*sqrt(1.5))*8 (a float32 operand, `FLOAT_BITS_FACTOR`),
+    more than W8A16 everywhere: no flip of mm2's group is taken, and a budget W8A8 everywhere meets does not
+    make it the choice. Left at the baseline, the tensor is quantized again, at 16 bits."""
+    model, data = masked_matmuls(-1e9), masked_feeds()
+    scored = output_score(model, data)
+    for drop in (None, 1e15):
+        sim = QuantizationSimModel(model, progress=False)
+        result = choose_mixed_precision(sim, ["W8A16", "W8A8"], scored, scored, drop, tmp_path / str(drop), True,
+                                        data)
+        expected = (MACS * 8 * 8 + MACS * 32 * math.sqrt(1.5) * 8) / BASELINE_BOPS
+        assert result.uniform_bitops["W8A8"] == pytest.approx(expected) and expected > 1
+        assert all(p.precisions[1] == "W8A16" for p in result.points)  # mm2's group never flipped
+        assert result.bitops_ratio <= 1.0
+        assert result.bitops_ratio == simulated_bit_operations(sim, layer_costs(sim)) / BASELINE_BOPS
+    assert result.chosen.precisions == ("W8A8", "W8A16", "W8A8") and result.bitops_ratio == 0.75
+    fresh = QuantizationSimModel(model, progress=False)
+    choose_mixed_precision(fresh, ["W8A16", "W8A8"], scored, scored, None, tmp_path / "fresh", True, data)
+    m = fresh.qc_quantize_op_dict["m"]
+    assert m.enabled and m.precision() == int16  # re-enabled after the W8A8 pass left it float
