@@ -22,6 +22,7 @@ from mixed_precision.svg import bar_chart, escape, format_number, histogram, lin
 from quantsim import InvalidArgumentError
 
 __all__ = ["write_analysis_html", "write_pareto_html", "render_analysis_html", "render_pareto_html",
+           "render_layer_sensitivity_html", "write_layer_sensitivity_html",
            "WORST_SHOWN", "CHART_ROWS", "INHERITED_MARGIN_DB"]
 
 WORST_SHOWN = 8  # tensors listed first, each with its fix and histogram
@@ -297,3 +298,23 @@ def write_pareto_html(path: str | os.PathLike, points: Sequence[Mapping[str, Any
     (mappings with ``bitops_ratio``, ``score``, ``label`` and optionally ``precisions``, group -> precision
     name), joined in bit-operations order, the point at index ``chosen`` highlighted, and the points' table."""
     return write_text_atomic(path, render_pareto_html(points, chosen, title))
+
+
+# ---- the per-layer sensitivity page --------------------------------------------------------------------------
+def render_layer_sensitivity_html(scores: Mapping[str, float], title: str) -> str:
+    """A page of per-node scores (`analyze_per_layer_sensitivity`): the lowest (most sensitive) first, as a bar
+    chart of the first `CHART_ROWS` and a table of all."""
+    order = sorted(scores, key=lambda name: _sort_key(scores[name]))
+    shown = order[:CHART_ROWS]
+    body = [f"<h1>{escape(title)}</h1>",
+            f"<p class=\"muted\">{len(scores)} nodes, each scored with only its own quantizers enabled; the lowest "
+            "score is the most sensitive node.</p>",
+            bar_chart(shown, [("score", [scores[name] for name in shown])], title="score, lowest first"),
+            _table(["node", "score"], [(name, _num(scores[name])) for name in order], numeric=(1,))]
+    return _page(title, body)
+
+
+def write_layer_sensitivity_html(scores: Mapping[str, float], path: str | os.PathLike, *,
+                                 title: str = "Per-layer sensitivity (quantizers enabled)") -> Path:
+    """Write `render_layer_sensitivity_html`'s page to ``path`` atomically."""
+    return write_text_atomic(path, render_layer_sensitivity_html(scores, title))

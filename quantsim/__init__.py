@@ -53,7 +53,7 @@ from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
 from quantsim.sim.layers import FollowingActivation, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
-from quantsim.sim.precision_setters import set_blockwise_quantization_for_weights, set_param_type
+from quantsim.sim.precision_setters import deciding_quantizer, set_blockwise_quantization_for_weights, set_param_type
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
 from quantsim.sim.state import SimState
 
@@ -64,6 +64,7 @@ __all__ = [
     "compute_encodings",
     "encodings_to_onnx_qdq",
     "set_param_type",
+    "deciding_quantizer",
     "set_blockwise_quantization_for_weights",
     "QuantScheme",
     "QuantizationDataType",
