@@ -22,7 +22,7 @@ from mixed_precision.svg import bar_chart, escape, format_number, histogram, lin
 from quantsim import InvalidArgumentError
 
 __all__ = ["write_analysis_html", "write_pareto_html", "render_analysis_html", "render_pareto_html",
-           "WORST_SHOWN", "CHART_ROWS", "INHERITED_MARGIN_DB"]
+           "WORST_SHOWN", "CHART_ROWS", "INHERITED_MARGIN_DB", "page", "table", "card", "number"]
 
 WORST_SHOWN = 8  # tensors listed first, each with its fix and histogram
 CHART_ROWS = 40  # rows per bar chart; every row is in the collapsed tables
@@ -297,3 +297,7 @@ def write_pareto_html(path: str | os.PathLike, points: Sequence[Mapping[str, Any
     (mappings with ``bitops_ratio``, ``score``, ``label`` and optionally ``precisions``, group -> precision
     name), joined in bit-operations order, the point at index ``chosen`` highlighted, and the points' table."""
     return write_text_atomic(path, render_pareto_html(points, chosen, title))
+
+
+#: the page pieces other report pages (`mixed_precision.quant_analyzer_page`) are built from
+page, table, card, number = _page, _table, _card, _num
