@@ -64,6 +64,7 @@ def _clean(name: str) -> str:
 
 
 def _save_json(data: Any, folder: str | os.PathLike, name: str) -> Path:
+    Path(folder).mkdir(parents=True, exist_ok=True)
     return write_text_atomic(Path(folder) / name, json.dumps(data, indent=4))
 
 
