@@ -48,6 +48,7 @@ details{margin:8px 0}summary{cursor:pointer;font-weight:bold}svg.chart{max-width
 
 # ---- shared page pieces ------------------------------------------------------------------------------------
 def _page(title: str, body: Sequence[str]) -> str:
+    """A complete HTML document titled ``title`` with the reports' inline CSS around the ``body`` pieces."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body)
@@ -56,6 +57,7 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: Sequence[str] | None = None,
            numeric: Sequence[int] = ()) -> str:
+    """An HTML table (cells escaped); ``classes`` per row, columns in ``numeric`` right-aligned."""
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     lines = []
     for i, row in enumerate(rows):
@@ -67,6 +69,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: Seq
 
 
 def _card(label: str, value: str, cls: str = "") -> str:
+    """A summary card: a muted label over a large value (``cls``: "bad" / "good" colours it)."""
     return f'<div class="card"><span class="muted">{escape(label)}</span><b class="{cls}">{escape(value)}</b></div>'
 
 
