@@ -303,8 +303,7 @@ def _drop_unused_initializers(model: onnx.ModelProto, candidates: set[str]) -> N
 
 
 def _constant(graph: _Graph, name: str, values: np.ndarray, shape: tuple) -> str:
-    dtype = np.float32
-    tensor = numpy_helper.from_array(values.reshape(shape).astype(dtype), name)
+    tensor = numpy_helper.from_array(values.reshape(shape).astype(np.float32), name)
     graph.model.graph.initializer.append(tensor)
     graph.inits[name] = graph.model.graph.initializer[-1]
     return name
@@ -338,7 +337,7 @@ def equalize_model(model: onnx.ModelProto, input_shapes: object = None, dummy_in
         warn_at_caller("equalize_model: input_shapes has no effect (an ONNX model carries its own shapes)")
     reference = _outputs(target, dummy_input) if dummy_input is not None else None
     work = _equalized(target, clip_pairs, high_bias_fold, passes)
-    if reference is not None and dummy_input is not None:
+    if reference is not None and dummy_input is not None:  # (both: for mypy)
         _check_equivalent(reference, _outputs(work, dummy_input), clip_pairs)
     target.CopyFrom(work)
     return target
