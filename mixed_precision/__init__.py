@@ -3,7 +3,8 @@ name, regular expression, op type or default), as a Python API and as a JSON fil
 tensor health with their self-contained HTML reports (inline SVG charts, `mixed_precision.svg`); automatic
 mixed precision (AIMET's ``choose_mixed_precision``, returning AIMET's pareto list) and its lite form
 (``flip_layers_to_higher_precision`` with ``analyze_per_layer_sensitivity``, as aimet-onnx attributes quantizers to
-nodes)."""
+nodes); AIMET's ``QuantAnalyzer`` (JSON files and one HTML page); ``auto_quantize`` (the cheapest configuration
+within an accuracy budget, chaining every technique of this package and ``adaround``)."""
 from mixed_precision.amp import AMPSearchAlgo, CallbackFunc, choose_mixed_precision
 from mixed_precision.amp_cache import AmpCacheError
 from mixed_precision.amp_result import AmpResult, ParetoEntry, ParetoPoint, aimet_candidate
@@ -23,6 +24,7 @@ from mixed_precision.layer_sensitivity import NodeQuantizers, analyze_per_layer_
 from mixed_precision.lite import flip_layers_to_higher_precision
 from mixed_precision.overrides import OverrideConflictError, PrecisionOverrides, apply_precision_overrides, load_overrides
 from mixed_precision.presets import PRESETS, Precision, candidate, preset
+from mixed_precision.quant_analyzer import QuantAnalyzer
 
 __all__ = [
     "Precision",
@@ -62,4 +64,5 @@ __all__ = [
     "simulated_bit_operations",
     "simulated_dtypes",
     "AmpCacheError",
+    "QuantAnalyzer",
 ]

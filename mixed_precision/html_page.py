@@ -23,7 +23,7 @@ from quantsim import InvalidArgumentError
 
 __all__ = ["write_analysis_html", "write_pareto_html", "render_analysis_html", "render_pareto_html",
            "render_layer_sensitivity_html", "write_layer_sensitivity_html",
-           "WORST_SHOWN", "CHART_ROWS", "INHERITED_MARGIN_DB"]
+           "WORST_SHOWN", "CHART_ROWS", "INHERITED_MARGIN_DB", "page", "table", "card", "number"]
 
 WORST_SHOWN = 8  # tensors listed first, each with its fix and histogram
 CHART_ROWS = 40  # rows per bar chart; every row is in the collapsed tables
@@ -49,6 +49,7 @@ details{margin:8px 0}summary{cursor:pointer;font-weight:bold}svg.chart{max-width
 
 # ---- shared page pieces ------------------------------------------------------------------------------------
 def _page(title: str, body: Sequence[str]) -> str:
+    """A complete HTML document titled ``title`` with the reports' inline CSS around the ``body`` pieces."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body)
@@ -57,6 +58,7 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: Sequence[str] | None = None,
            numeric: Sequence[int] = ()) -> str:
+    """An HTML table (cells escaped); ``classes`` per row, columns in ``numeric`` right-aligned."""
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     lines = []
     for i, row in enumerate(rows):
@@ -68,6 +70,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: Seq
 
 
 def _card(label: str, value: str, cls: str = "") -> str:
+    """A summary card: a muted label over a large value (``cls``: "bad" / "good" colours it)."""
     return f'<div class="card"><span class="muted">{escape(label)}</span><b class="{cls}">{escape(value)}</b></div>'
 
 
@@ -318,3 +321,7 @@ def write_layer_sensitivity_html(scores: Mapping[str, float], path: str | os.Pat
                                  title: str = "Per-layer sensitivity (quantizers enabled)") -> Path:
     """Write `render_layer_sensitivity_html`'s page to ``path`` atomically."""
     return write_text_atomic(path, render_layer_sensitivity_html(scores, title))
+
+
+#: the page pieces other report pages (`mixed_precision.quant_analyzer_page`) are built from
+page, table, card, number = _page, _table, _card, _num

@@ -21,7 +21,8 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    (PP-OCR rec: 77 -> 35 float ops in the integer export, 5 at opset 17, CER unchanged; magika: top-1
    99.4% -> 96.5%, so not the default).
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
-   last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns
+   last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)`` and a clamp by a constant
+   after Relu/Clip (``Min(Relu(x), b)``, per-channel ``b`` included: the bound stays float); the MatmulAdd pass turns
    ``Add(MatMul(x, W), b)``'s constant into a bias.
    An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
@@ -51,6 +52,7 @@ CONSTANT_INPUT_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum",
 FORWARD_TIED = frozenset({"Relu", "AveragePool", "Resize", "Upsample"})
 BACKWARD_TIED = frozenset({"Concat"})
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
+_CLAMPS = frozenset({"Relu", "Clip", "Min", "Max"})
 
 
 @dataclass
@@ -215,6 +217,7 @@ def place_quantizers(
         mul = index.single_consumer(gate) if gate else None
         if mul is not None and mul.op_type == "Mul" and node.input[0] in mul.input and gate in sites:
             sites[gate].enabled = False
+    _merge_clamp_chains(index, sites)
     for add_node, _ in bias_of_matmul:
         matmul_out = next(n for n in add_node.input if not index.is_constant(n))
         if matmul_out in sites:
@@ -245,6 +248,26 @@ def place_quantizers(
         if root != name:
             groups[root].tensors.append(name)
     return Placement(list(groups.values()), left_in_float, index_tensors, decisions)
+
+
+def _merge_clamp_chains(index: GraphIndex, sites: dict[str, QuantizerPlan]) -> None:
+    """A clamp by a constant (``Min``/``Max`` with a constant bound, scalar or per channel) reading the only use
+    of a Relu/Clip/Min/Max output is part of that activation: one quantizer, after the last clamp, and the bound
+    stays float (rounding is monotone, so quantizing after ``Min(x, b)`` equals clamping the codes by ``b``'s
+    code). This is how a ReLU6 with per-channel bounds (`adaround.equalize_model`) or spelled ``Min(Relu(x), 6)``
+    keeps the single output quantizer of ``Conv + Clip``."""
+    for node in index.nodes:
+        if node.op_type not in ("Min", "Max") or len(node.input) != 2:
+            continue
+        data = [name for name in node.input if not index.is_constant(name)]
+        if len(data) != 1:
+            continue
+        producer = index.producer_of(data[0])
+        if producer is None or producer.op_type not in _CLAMPS or index.single_consumer(data[0]) is not node:
+            continue
+        for name in node.input:
+            if name in sites and sites[name].role == "activation":
+                sites[name].enabled = False
 
 
 def _finite_constant(index: GraphIndex, name: str, left_in_float: list) -> bool:
