@@ -258,12 +258,14 @@ def test_candidates_in_aimet_form_and_by_name():
     assert candidate(((16, QuantizationDataType.float), (16, QuantizationDataType.float))).name == "FP16"
     mixed = candidate(((16, QuantizationDataType.float), (8, QuantizationDataType.int)))
     assert (mixed.name, mixed.param_type, mixed.activation_type) == ("W8AF16", int8, float16)
+    fp8 = candidate(((8, QuantizationDataType.float), (8, QuantizationDataType.int)))  # simulated since FP8 landed
+    assert (fp8.name, str(fp8.activation_type)) == ("W8AF8", "float8e4m3fn")
 
 
 @pytest.mark.parametrize("candidates, message", [
     ([W8, "W3A8"], "unknown precision 'W3A8'"),
     ([W8, ((32, QuantizationDataType.float), (8, QuantizationDataType.int))], "float32 has no simulation"),
-    ([W8, ((8, QuantizationDataType.float), (8, QuantizationDataType.int))], "float bitwidth 8"),
+    ([W8, ((12, QuantizationDataType.float), (8, QuantizationDataType.int))], "float bitwidth 12"),
     ([W8, W8], "at least two distinct candidates"),
     ("W8A8", "must be a list"),
 ])
