@@ -168,7 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    description="Calibrate MODEL on --data, optionally improve it (Sequential MSE, "
                                                "AdaRound, precision overrides), write the artefacts and report.md.")
     quantize.add_argument("model", metavar="MODEL", help="float ONNX model file")
-    quantize.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    quantize.add_argument("--out", required=True, metavar="DIR",
+                          help="output folder (created if missing). An earlier run's artefacts with the same prefix "
+                               "(and its analysis.html) are removed before this run writes, so the folder holds only "
+                               "this run's files; report.md lists them and what was removed")
     _add_data(quantize)
     _add_sim(quantize)
     improve = quantize.add_argument_group("improvements (adaround package)")
