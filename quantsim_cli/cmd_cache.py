@@ -43,16 +43,16 @@ def run_cache(args: argparse.Namespace) -> int:
         removed = clear_cache(args.cache_dir, older_than=args.older_than)
         if not args.quiet:
             which = "" if args.older_than is None else f" unused for {args.older_than:g} s or more"
-            busy = f"; {len(before)} in use by another process kept" if before else ""
+            busy = f"; {len(before)} in use kept" if before else ""
             print(f"removed {removed} prepared model(s){which} from {root}{busy}")
         return 0
     if args.action == "trim":
         limit = cache_limit(args.max_size)
-        removed = trim_cache(args.max_size, args.cache_dir)
+        evicted = trim_cache(args.max_size, args.cache_dir)
         if not args.quiet:
             left = sum(e.size_bytes for e in cache_info(args.cache_dir))
             target = "unlimited" if limit is None else human_bytes(limit)
-            print(f"evicted {len(removed)} prepared model(s) from {root}; {human_bytes(left)} left (limit {target})")
+            print(f"evicted {len(evicted)} prepared model(s) from {root}; {human_bytes(left)} left (limit {target})")
         return 0
     entries = cache_info(args.cache_dir)
     if args.quiet:

@@ -23,7 +23,6 @@ import itertools
 import logging
 import re
 import sys
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path

@@ -17,9 +17,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from quantsim import InvalidArgumentError
-from quantsim.prepare import DEFAULT_PASSES, PrepareWarning, cache_info, clear_cache, prepare, trim_cache
+from quantsim.prepare import DEFAULT_PASSES, PrepareWarning, cache_info, clear_cache, eviction, prepare, trim_cache
 from quantsim.prepare import cache as cache_module
-from quantsim.prepare import eviction
 from quantsim.prepare.cache import cache_key, cache_root, load_cached, load_cached_mapped
 from quantsim_cli.main import main
 

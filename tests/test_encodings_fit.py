@@ -50,7 +50,8 @@ def conv_bn_model(seed: int = 0, channels: int = 8) -> onnx.ModelProto:
         x = f"r{i}"
     inits += [init("fw", rng.normal(size=(channels, 10))), init("fb", rng.normal(size=10))]
     nodes += [helper.make_node("GlobalAveragePool", [x], ["p"], name="gap"),
-              helper.make_node("Flatten", ["p"], ["f"], name="flat"), helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], name="fc")]
+              helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+              helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], name="fc")]
     graph = helper.make_graph(nodes, "conv_bn", [helper.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("y", 1, [1, 10])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
