@@ -55,7 +55,7 @@ def _percentile(text: str) -> float:
 
 
 def _duration(text: str) -> float:
-    from quantsim.prepare.eviction import parse_duration
+    from quantsim.prepare import parse_duration
 
     try:
         return parse_duration(text)
@@ -64,7 +64,7 @@ def _duration(text: str) -> float:
 
 
 def _size(text: str) -> str:
-    from quantsim.prepare.eviction import parse_size
+    from quantsim.prepare import parse_size
 
     try:
         parse_size(text, "--max-size")

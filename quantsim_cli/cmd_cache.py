@@ -6,8 +6,7 @@ import datetime
 import time
 
 from quantsim import InvalidArgumentError
-from quantsim.prepare import cache_info, cache_root, clear_cache, trim_cache
-from quantsim.prepare.eviction import cache_limit
+from quantsim.prepare import cache_info, cache_limit, cache_root, clear_cache, trim_cache
 from quantsim_cli.report import text_table
 
 __all__ = ["run_cache", "human_bytes", "human_age"]

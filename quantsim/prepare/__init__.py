@@ -62,7 +62,7 @@ from quantsim.prepare.cache import (
     trim_cache,
 )
 from quantsim.prepare.digest import content_digest
-from quantsim.prepare.eviction import cache_limit
+from quantsim.prepare.eviction import DEFAULT_MAX_BYTES, LIMIT_ENV_VAR, cache_limit, parse_duration, parse_size
 from quantsim.prepare.inputs import remember_digest, remembered_digest
 from quantsim.prepare.passes import (
     canonicalize_ops,
@@ -93,6 +93,11 @@ __all__ = [
     "cache_info",
     "cache_size",
     "trim_cache",
+    "cache_limit",
+    "parse_size",
+    "parse_duration",
+    "DEFAULT_MAX_BYTES",
+    "LIMIT_ENV_VAR",
     "cache_root",
     "check_graph",
     "name_nodes",
