@@ -114,7 +114,8 @@ def test_loading_a_whole_file_onto_an_unfolded_sim_warns_too(folded_file):
 
 def test_another_models_file_warns(folded_file):
     (message,) = _freeze(_sim(seed=7), folded_file)
-    assert "another model's" in message and "w1" in message
+    named = sorted(line.split()[0] for line in message.splitlines()[1:])
+    assert "another model's" in message and named and set(named) <= {"w1", "w2", "fw"}
 
 
 def test_sequential_mse_encodings_on_their_own_weights_do_not_warn(tmp_path):
@@ -132,18 +133,25 @@ def test_weight_fit_by_hand():
     own = encoding_from_range(*([w.min(axis=1), w.max(axis=1)]), 8, symmetric=True, axis=0)
     fit = weight_fit("w", w, own)
     assert fit.mse_ratio == pytest.approx(1.0) and fit.clipped_fraction == 0 and fit.fits
-    assert fit.reach_low == pytest.approx(128 / 127) and fit.reach_high == pytest.approx(128 / 127)
+    assert fit.reach_low == pytest.approx(1) and fit.reach_high == pytest.approx(1)
     swapped = encoding_from_range(np.array([-0.02, -1.0]), np.array([0.02, 1.0]), 8, symmetric=True, axis=0)
     fit = weight_fit("w", w, swapped)  # channel 0 clipped to +-0.02, channel 1 on a grid 50x too wide
     assert fit.clipped_fraction == pytest.approx(4 / 8)  # every value of channel 0 lies beyond +-0.02
-    assert fit.reach_low == pytest.approx(0.02 * 128 / 127) and fit.reach_high == pytest.approx(50 * 128 / 127)
+    assert fit.reach_low == pytest.approx(0.02) and fit.reach_high == pytest.approx(50)
     assert fit.mse_ratio > MSE_RATIO_LIMIT and not fit.fits
     assert "w (" in fit.describe() and "% of values clipped" in fit.describe()
     wide = encoding_from_range(-3.0, 3.0, 8, symmetric=True)  # per tensor, 3x too wide: 9x the rounding error
     fit = weight_fit("w", np.linspace(-1, 1, 1001, dtype=np.float32), wide)
-    assert fit.mse_ratio == pytest.approx(9, rel=0.15) and fit.reach_high == pytest.approx(3 * 128 / 127)
+    assert fit.mse_ratio == pytest.approx(9, rel=0.15) and fit.reach_high == pytest.approx(3)
     assert not fit.fits
     assert weight_fit("z", np.zeros(4, np.float32), wide).fits  # no error at all: fits whatever the grid
+    clipped = encoding_from_range(-0.25, 0.25, 8, symmetric=True)  # clipping alone (Sequential MSE's way)
+    fit = weight_fit("w", np.linspace(-1, 1, 1001, dtype=np.float32), clipped)
+    assert fit.mse_ratio > MSE_RATIO_LIMIT and fit.reach_high == pytest.approx(0.25) and fit.fits
+    assert fit.clipped_fraction == pytest.approx(0.75, abs=0.01)
+    dead = np.stack([np.linspace(-1, 1, 9), np.zeros(9)]).astype(np.float32)  # a dead channel at the scale floor
+    floor = encoding_from_range(np.array([-1.0, 0.0]), np.array([1.0, 0.0]), 4, symmetric=True, axis=0)
+    assert weight_fit("w", dead, floor).reach_high == pytest.approx(1)
 
 
 # --- 28.7: 32-bit activation entries ---------------------------------------------------------------------

@@ -355,8 +355,8 @@ def _warn_unfitting(sim, plan: list, source: str) -> None:
     shown = "\n  ".join(f.describe() for f in bad[:_PROBLEMS_SHOWN])
     more = f"\n  ... and {len(bad) - _PROBLEMS_SHOWN} more" if len(bad) > _PROBLEMS_SHOWN else ""
     warn_at_caller(f"{source}: the encodings of {len(bad)} weight(s) do not fit the weights they are loaded onto "
-                   f"(more than {10 * np.log10(MSE_RATIO_LIMIT):.0f} dB worse than a min-max grid on them, with grids "
-                   f"far from some channels' values). Likely "
+                   f"(more than {10 * np.log10(MSE_RATIO_LIMIT):.0f} dB worse than a min-max grid on them, with grids over "
+                   f"twice too wide for some channels). Likely "
                    f"cause: {cause}; or the file is another model's. Compute the encodings on this sim instead:"
                    f"\n  {shown}{more}", QuantsimWarning)
 
