@@ -89,11 +89,12 @@ def weight_fit(tensor: str, values: np.ndarray, encoding: Encoding) -> WeightFit
     reach = np.maximum(np.abs(low), np.abs(high)) * np.ones_like(w)
     ref_low, ref_high = _grid(reference, w.shape)  # min-max, scale floor included: a dead channel's grid too
     ref_reach = np.maximum(np.abs(ref_low), np.abs(ref_high)) * np.ones_like(w)
-    if encoding.axis is None:
+    axis = encoding.axis
+    if axis is None:
         ratios = [_ratio(float(reach.max()), float(ref_reach.max()))]
     else:
         def per_channel(values: np.ndarray) -> np.ndarray:
-            return np.moveaxis(values, encoding.axis, 0).reshape(w.shape[encoding.axis], -1).max(axis=1)
+            return np.moveaxis(values, axis, 0).reshape(w.shape[axis], -1).max(axis=1)
         ratios = [_ratio(float(g), float(r)) for g, r in zip(per_channel(reach), per_channel(ref_reach))]
     return WeightFit(tensor, ratio, clipped, min(ratios), max(ratios))
 
