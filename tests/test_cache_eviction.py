@@ -268,3 +268,22 @@ def test_cli_bad_values_are_usage_errors(argv, message, capsys):
 ])
 def test_cli_options_of_another_action_are_refused(argv, message, capsys):
     assert main(argv) == 1 and message in capsys.readouterr().err
+
+
+def test_a_read_only_cache_is_read_without_locks(tmp_path, monkeypatch):
+    """Where the lock file cannot be created (a read-only cache shared by a team), entries are still read."""
+    cache = tmp_path / "c"
+    (key,) = fill(cache, 1)
+    (cache_root(cache) / key / eviction.LOCK_FILE).unlink()
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(30, "Read-only file system", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(eviction.os, "open", read_only)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "corrupted entry" warning, no exception
+        assert load_cached(key, cache) is not None
+        assert load_cached_mapped(key, cache) is not None

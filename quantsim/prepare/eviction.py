@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["LIMIT_ENV_VAR", "DEFAULT_MAX_BYTES", "RECENT_SECONDS", "LOCK_FILE", "parse_size", "parse_duration",
-           "cache_limit", "open_for_reading", "release", "hold_while_alive", "last_used", "entry_size", "in_use",
+           "cache_limit", "UNLOCKED", "open_for_reading", "release", "hold_while_alive", "last_used", "entry_size", "in_use",
            "try_remove"]
 
 LIMIT_ENV_VAR = "QUANTSIM_CACHE_MAX_SIZE"
@@ -95,35 +95,50 @@ def cache_limit(max_size: int | str | None = None) -> int | None:
     return DEFAULT_MAX_BYTES
 
 
+UNLOCKED = -1
+"""`open_for_reading`'s answer for an entry it cannot lock (a read-only cache): read it without a lock."""
+
+
 def open_for_reading(entry: Path) -> int | None:
     """Take a shared lock on ``entry`` and mark it used now; returns the lock's descriptor (give it to
-    `release` or `hold_while_alive`), or None when the entry is gone (removed meanwhile: a miss)."""
+    `release` or `hold_while_alive`), None when the entry is gone (removed meanwhile: a miss), or `UNLOCKED`
+    when the cache is read-only (nothing can evict the entry there either)."""
     try:
         fd = os.open(entry / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError:  # read-only file system or folder: lock an existing file read-only, else go without
+        try:
+            fd = os.open(entry / LOCK_FILE, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return UNLOCKED if entry.is_dir() else None
+        except OSError:
+            return UNLOCKED
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_SH)  # an evictor holds its exclusive lock only while it renames
         if not _same_file(fd, entry / LOCK_FILE):  # renamed to .trash-* before we locked it
             os.close(fd)
             return None
-        os.utime(fd)
     except OSError:
         os.close(fd)
         return None
+    try:
+        os.utime(fd)
+    except OSError:  # read-only: the last use is not recorded
+        pass
     return fd
 
 
 def release(fd: int | None) -> None:
     """Drop a lock `open_for_reading` took."""
-    if fd is not None:
+    if fd is not None and fd != UNLOCKED:
         os.close(fd)
 
 
 def hold_while_alive(owner: object, fd: int | None) -> None:
     """Keep the lock ``fd`` until ``owner`` is garbage collected (or the process ends)."""
-    if fd is not None:
+    if fd is not None and fd != UNLOCKED:
         weakref.finalize(owner, os.close, fd)
 
 
