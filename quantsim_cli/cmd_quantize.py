@@ -8,11 +8,11 @@ against the new weights), write the artefacts, measure the outputs and per-layer
 
 Re-running into the same ``--out`` with the same prefix replaces the earlier run: once calibration has
 succeeded, every artefact an earlier run may have written under the prefix (``<prefix>.encodings``,
-``.onnx``, ``.qdq.onnx``, ``.integer.onnx``, ``.integer.requant.json`` and their ``.data`` files) and its
-``analysis.html`` are removed before this run writes its own, so the folder never mixes, say, an int8 QDQ
-model from one run with 4-bit encodings from another; each removal is logged and listed in ``report.md``,
-whose file list is read back from the folder (the files of this run that are there). The input model and
-its external data are never removed.
+``.onnx``, ``.qdq.onnx``, ``.integer.onnx``, ``.integer.requant.json`` and their ``.data`` files), its
+``analysis.html`` and ``report.md`` are removed before this run writes its own, so the folder never mixes,
+say, an int8 QDQ model from one run with 4-bit encodings from another; each removal is logged and listed in
+the new ``report.md``, whose file list is read back from the folder (the files of this run that are there).
+The input model and its external data are never removed.
 """
 from __future__ import annotations
 
@@ -70,18 +70,20 @@ def _input_files(model_path: str) -> set[Path]:
 
 def remove_earlier_run(out: Path, prefix: str, model_path: str) -> list[Path]:
     """Remove what an earlier ``quantize`` may have left in ``out`` under ``prefix`` (every artefact of
-    `artefact_paths` for all of ``--write``, and ``analysis.html``), except the input model's own files;
-    returns the paths removed (each logged)."""
+    `artefact_paths` for all of ``--write``, ``analysis.html`` and ``report.md``), except the input model's own
+    files; returns the artefacts removed (logged; the old report is not counted)."""
     keep = _input_files(model_path)
     removed = []
-    for path in [*artefact_paths(out, prefix, ["encodings", "float", "qdq", "integer"]), out / "analysis.html"]:
+    for path in [*artefact_paths(out, prefix, ["encodings", "float", "qdq", "integer"]), out / "analysis.html",
+                 out / "report.md"]:  # the earlier run's report: a failed export must not leave it describing the folder
         if path.is_file() and path.resolve() not in keep:
             path.unlink()
             removed.append(path)
-    if removed:
+    stale = [p for p in removed if p.name != "report.md"]
+    if stale:
         _log.warning("removed %s of an earlier run in %s (this run writes its own artefacts)",
-                     ", ".join(p.name for p in removed), out)
-    return removed
+                     ", ".join(p.name for p in stale), out)
+    return stale
 
 
 def files_of_this_run(out: Path, prefix: str, write: list[str], since: float) -> list[Path]:
