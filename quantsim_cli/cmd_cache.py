@@ -9,7 +9,7 @@ from quantsim import InvalidArgumentError
 from quantsim.prepare import cache_info, cache_limit, cache_root, clear_cache, trim_cache
 from quantsim_cli.report import text_table
 
-__all__ = ["run_cache", "human_bytes", "human_age"]
+__all__ = ["run_cache", "human_bytes", "human_age", "human_span"]
 
 
 def human_bytes(size: int) -> str:
@@ -22,12 +22,17 @@ def human_bytes(size: int) -> str:
     return f"{value:.1f} GB"
 
 
-def human_age(seconds: float) -> str:
-    """``3 min ago`` style ages."""
+def human_span(seconds: float) -> str:
+    """``3 min`` / ``30 h`` / ``4 d`` style durations (hours below two days, minutes below two hours)."""
     for unit, span in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= (2 * span if span > 60 else span):
-            return f"{seconds / span:.0f} {unit} ago"
-    return "just now"
+            return f"{seconds / span:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def human_age(seconds: float) -> str:
+    """``3 min ago`` style ages."""
+    return "just now" if seconds < 60 else f"{human_span(seconds)} ago"
 
 
 def run_cache(args: argparse.Namespace) -> int:
@@ -41,7 +46,7 @@ def run_cache(args: argparse.Namespace) -> int:
         before = {e.key for e in cache_info(args.cache_dir) if e.in_use}
         removed = clear_cache(args.cache_dir, older_than=args.older_than)
         if not args.quiet:
-            which = "" if args.older_than is None else f" unused for {args.older_than:g} s or more"
+            which = "" if args.older_than is None else f" unused for {human_span(args.older_than)} or more"
             busy = f"; {len(before)} in use kept" if before else ""
             print(f"removed {removed} prepared model(s){which} from {root}{busy}")
         return 0

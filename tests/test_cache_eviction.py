@@ -248,7 +248,7 @@ def test_cli_list_shows_size_last_use_and_clear_older_than(tmp_path, capsys):
     assert [line.split()[0] for line in lines] == [keys[2][:16], keys[1][:16], keys[0][:16]]  # recent first
     assert "30 min ago" in lines[0] and "30 h ago" in lines[1] and "3 d ago" in lines[2] and "KB" in lines[0]
     assert main(["cache", "clear", "--older-than", "2d", "--cache-dir", str(cache)]) == 0
-    assert "removed 1 prepared model(s) unused for 172800 s or more" in capsys.readouterr().out
+    assert "removed 1 prepared model(s) unused for 2 d or more" in capsys.readouterr().out
     assert keys_in(cache) == set(keys[1:])
     assert main(["cache", "trim", "--max-size", "1", "--cache-dir", str(cache)]) == 0
     assert "evicted 2 prepared model(s)" in capsys.readouterr().out and keys_in(cache) == set()
