@@ -16,14 +16,15 @@ Call forms (AIMET's, told apart by argument types): ``apply_seq_mse(sim, inputs,
 nodes_to_exclude=None)`` (aimet-onnx 2.42); ``apply_seq_mse(sim, inputs, SeqMseParams(...))`` or
 ``params=SeqMseParams(...)`` (every field of the object used: ``num_batches`` caps the batches read);
 ``apply_seq_mse(model, sim, params, data_loader)`` (aimet-onnx's older ``SequentialMse.apply_seq_mse``,
-deprecated there too: it warns, and ``model`` is not read, the sim holds its float model).
+deprecated there too: it warns, and ``model`` is not read, the sim holds its float model); and the
+`SequentialMse` object itself.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -35,7 +36,7 @@ from adaround.seq_mse_losses import LOSS_FUNCTIONS, candidate_losses
 from quantsim import InvalidArgumentError, InvalidTypeError, QuantizationSimModel, encoding_from_range, fake_quantize
 from quantsim.errors import warn_at_caller
 
-__all__ = ["apply_seq_mse", "SeqMseParams", "INPUT_SYMMETRIES", "LOSS_FUNCTIONS"]
+__all__ = ["apply_seq_mse", "SeqMseParams", "SequentialMse", "INPUT_SYMMETRIES", "LOSS_FUNCTIONS"]
 
 _log = logging.getLogger(__name__)
 
@@ -119,8 +120,22 @@ def _resolve_call(sim, inputs, num_candidates, nodes_to_exclude, params):
     return sim, inputs, None, num_candidates, nodes_to_exclude
 
 
-def apply_seq_mse(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray] | np.ndarray | Sequence[Any]],
-                  num_candidates: int | SeqMseParams = 20, nodes_to_exclude: Iterable[str] | None = None, *,
+_Batches = Iterable[Mapping[str, np.ndarray] | np.ndarray | Sequence[Any]]
+
+
+@overload
+def apply_seq_mse(sim: QuantizationSimModel, inputs: _Batches, num_candidates: int | SeqMseParams = 20,
+                  nodes_to_exclude: Iterable[str] | None = None, *, params: SeqMseParams | None = None,
+                  num_batches: int | None = None, inp_symmetry: str = "symqt", loss_fn: str = "mse",
+                  progress: bool | None = None) -> list[LayerReport]: ...
+
+
+@overload
+def apply_seq_mse(sim: Any, inputs: QuantizationSimModel, num_candidates: SeqMseParams | _Batches,
+                  nodes_to_exclude: _Batches | SeqMseParams) -> list[LayerReport]: ...
+
+
+def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_exclude: Any = None, *,
                   params: SeqMseParams | None = None, num_batches: int | None = None, inp_symmetry: str = "symqt",
                   loss_fn: str = "mse", progress: bool | None = None) -> list[LayerReport]:
     """Choose and freeze every eligible weight encoding by Sequential MSE (see the module docstring).
@@ -177,3 +192,27 @@ def apply_seq_mse(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.nd
             reports.append(LayerReport(layer.node, layer.op_type, "optimized", "", mode, full_range_loss, loss))
     order = {layer.node: i for i, layer in enumerate(sim.weighted_layers())}
     return sorted(reports, key=lambda r: order.get(r.node, len(order)))
+
+
+class SequentialMse:
+    """aimet-onnx's object form, kept there for older scripts: ``SequentialMse(model, sim, params, data_loader,
+    nodes_to_exclude=None).apply_seq_mse_algo()`` and the static ``SequentialMse.apply_seq_mse(model, sim,
+    params, data_loader)`` (deprecated in aimet-onnx 2.42 as here). ``model`` is not read: the sim holds its
+    float model. Both run `apply_seq_mse` with every field of ``params``."""
+
+    def __init__(self, model: Any, sim: QuantizationSimModel, params: SeqMseParams,
+                 data_loader: _Batches, nodes_to_exclude: Iterable[str] | None = None):
+        if not isinstance(params, SeqMseParams):
+            raise InvalidTypeError(f"SequentialMse: params must be SeqMseParams, got {type(params).__name__}")
+        self.sim, self.params, self.data_loader = sim, params, data_loader
+        self.nodes_to_exclude = nodes_to_exclude
+
+    def apply_seq_mse_algo(self) -> list[LayerReport]:
+        """Run Sequential MSE on the sim (in place); the per-layer reports (AIMET returns None)."""
+        return apply_seq_mse(self.sim, self.data_loader, self.params, self.nodes_to_exclude)
+
+    @staticmethod
+    def apply_seq_mse(model: Any, sim: QuantizationSimModel, params: SeqMseParams,
+                      data_loader: _Batches) -> list[LayerReport]:
+        """Deprecated (as in aimet-onnx): use ``apply_seq_mse(sim, inputs, params)``."""
+        return apply_seq_mse(model, sim, params, data_loader)

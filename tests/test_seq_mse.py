@@ -5,7 +5,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_adaround import _cnn, _data, _float_sim, _output_mse, _sim
 
 import quantsim
-from adaround import SeqMseParams, apply_adaround, apply_seq_mse
+from adaround import SeqMseParams, SequentialMse, apply_adaround, apply_seq_mse
 from quantsim import QuantizationSimModel, encoding_from_range, fake_quantize
 
 
@@ -164,6 +164,7 @@ def test_every_call_form_gives_the_same_ranges():
         lambda sim: apply_seq_mse(sim, _scaled_batches(), params=params),
         lambda sim: apply_seq_mse(sim, _scaled_batches()[:2], num_candidates=12, loss_fn="l1"),
         lambda sim: apply_seq_mse(sim=sim, inputs=[f["x"] for f in _scaled_batches()], num_candidates=params),
+        lambda sim: SequentialMse(model, sim, params, _scaled_batches()).apply_seq_mse_algo(),
     ]
     for form in forms:
         sim = QuantizationSimModel(model, param_type="int4", progress=False)
@@ -175,6 +176,11 @@ def test_every_call_form_gives_the_same_ranges():
             apply_seq_mse(model, sim, *old_order)
         assert len([w for w in caught if w.category is DeprecationWarning]) == 1
         results.append(np.asarray(sim.qc_quantize_op_dict["w"].encoding.scale))
+    sim = QuantizationSimModel(model, param_type="int4", progress=False)
+    with pytest.warns(DeprecationWarning, match="deprecated form") as caught:
+        SequentialMse.apply_seq_mse(model, sim, params, _scaled_batches())
+    assert len([w for w in caught if w.category is DeprecationWarning]) == 1 and caught[0].filename == __file__
+    results.append(np.asarray(sim.qc_quantize_op_dict["w"].encoding.scale))
     for other in results[1:]:
         np.testing.assert_array_equal(results[0], other)
     every = QuantizationSimModel(model, param_type="int4", progress=False)
