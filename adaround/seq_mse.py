@@ -162,8 +162,6 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
         if clashing:
             raise InvalidArgumentError(f"apply_seq_mse: {clashing} given both as keywords and in SeqMseParams")
     else:
-        if isinstance(num_candidates, SeqMseParams):  # not reachable: _resolve_call moved it to params
-            raise InvalidArgumentError("apply_seq_mse: params given twice")
         params = SeqMseParams(num_batches, num_candidates, inp_symmetry, loss_fn)  # validates them
     feeds = as_feeds(inputs, model_inputs(sim), "apply_seq_mse inputs", params.num_batches)
     progress = sim.progress if progress is None else progress
