@@ -82,7 +82,9 @@ def test_feed_forms_map_to_the_inputs_in_order_and_miscounts_are_named():
 
 def test_legacy_form_positional_and_keyword(tmp_path):
     params = AdaroundParameters([d["x"] for d in _data(2)], num_batches=2, default_num_iterations=20)
-    positional = Adaround.apply_adaround(_cnn(), params, tmp_path, "pos", 4)
+    original = _cnn()
+    positional = Adaround.apply_adaround(original, params, tmp_path, "pos", 4)
+    assert original.SerializeToString() == _cnn().SerializeToString()  # as in AIMET: the caller's model untouched
     keywords = Adaround.apply_adaround(model=_cnn(), params=params, path=tmp_path, filename_prefix="kw",
                                        default_param_bw=4)
     assert isinstance(positional, onnx.ModelProto)
