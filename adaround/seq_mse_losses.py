@@ -33,13 +33,32 @@ LOSS_FUNCTIONS = ("mse", "l1", "sqnr")
 SQNR_EPS = 1e-10  # AIMET's, added to the mean squared error of each channel before the ratio
 
 
-def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """Mean over columns of the squared output error per output channel (rows of ``W_mat``, all groups)."""
+_FORM = "gmk,gkl,gml->gm"
+
+
+def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray, *,
+               path: list | None = None, const: np.ndarray | None = None) -> np.ndarray:
+    """Mean over columns of the squared output error per output channel (rows of ``W_mat``, all groups).
+
+    ``path``: ``np.einsum_path``'s answer for these shapes (the one ``optimize=True`` finds; finding it again
+    for every candidate cost more than the products); ``const``: the reference's own term, the same for every
+    candidate. Either only saves work: the numbers are the same."""
     candidate, reference = candidate.astype(np.float64), reference.astype(np.float64)
-    quad = np.einsum("gmk,gkl,gml->gm", candidate, data.s_qq, candidate, optimize=True)
-    cross = np.einsum("gmk,gkl,gml->gm", candidate, data.s_qf, reference, optimize=True)
-    const = np.einsum("gmk,gkl,gml->gm", reference, data.s_ff, reference, optimize=True)
+    if path is None:
+        path = np.einsum_path(_FORM, candidate, data.s_qq, candidate, optimize=True)[0]
+    quad = np.einsum(_FORM, candidate, data.s_qq, candidate, optimize=path)
+    cross = np.einsum(_FORM, candidate, data.s_qf, reference, optimize=path)
+    if const is None:
+        const = np.einsum(_FORM, reference, data.s_ff, reference, optimize=path)
     return np.maximum((quad - 2 * cross + const) / data.columns, 0.0).reshape(-1)
+
+
+def _scored(data: SecondMoments, candidates: list[np.ndarray], reference: np.ndarray) -> list[np.ndarray]:
+    """`row_errors` of every candidate, the einsum path and the reference's term found once."""
+    ref64 = reference.astype(np.float64)
+    path = np.einsum_path(_FORM, ref64, data.s_qq, ref64, optimize=True)[0]
+    const = np.einsum(_FORM, ref64, data.s_ff, ref64, optimize=path)
+    return [row_errors(data, c, reference, path=path, const=const) for c in candidates]
 
 
 def _pairs(quantized, floating):
@@ -56,7 +75,7 @@ def candidate_losses(form: LinearForm, tensor: str, quantized: Iterator[Mapping[
         raise InvalidArgumentError(f"loss_fn must be one of {LOSS_FUNCTIONS}, got {loss_fn!r}")
     if loss_fn == "mse":
         data = second_moments(form, quantized, floating, tensor)
-        return np.stack([row_errors(data, c, reference) for c in candidates])
+        return np.stack(_scored(data, candidates, reference))
     table = np.zeros((len(candidates), form.rows), dtype=np.float64)
     columns = 0
     reference32 = reference.astype(np.float32)
@@ -66,8 +85,8 @@ def candidate_losses(form: LinearForm, tensor: str, quantized: Iterator[Mapping[
             ref64 = reference.astype(np.float64)
             signal = np.einsum("gmk,gkl,gml->gm", ref64, data.s_ff, ref64, optimize=True).reshape(-1) / data.columns
             with np.errstate(divide="ignore"):
-                for i, candidate in enumerate(candidates):
-                    table[i] -= 10 * np.log10(signal / (row_errors(data, candidate, reference) + SQNR_EPS))
+                for i, errors in enumerate(_scored(data, candidates, reference)):
+                    table[i] -= 10 * np.log10(signal / (errors + SQNR_EPS))
             columns += data.columns
             continue
         cq = form.columns(q_batch[tensor])[0]

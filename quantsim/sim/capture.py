@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from quantsim.calibration.run import check_feed
 from quantsim.errors import InvalidArgumentError
@@ -29,6 +29,8 @@ from quantsim.graph.edit import referenced_names
 from quantsim.graph.index import GraphIndex, subgraph_references
 from quantsim.graph.large_models import copy_without_initializers
 from quantsim.graph.session import make_session
+from quantsim.sim.build import _constant_key
+from quantsim.sim.fake_values import FakeValues
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
@@ -79,6 +81,74 @@ def _with_outputs(model: onnx.ModelProto, outputs: list[str], index: GraphIndex)
     return pruned
 
 
+class _SimGraph:
+    """The sim graph built for capture sessions (its big weights beside it in ``external``), with what it
+    was built from: the quantizer table's structure (`_structure`), each constant quantizer's key, and the
+    sim's count of weight writes."""
+
+    def __init__(self, sim: QuantizationSimModel):
+        self.external: dict[str, np.ndarray] = {}
+        self.model = sim._built_sim_model(external=self.external)
+        self.index = GraphIndex(self.model)
+        self.source, self.written = sim._model, getattr(sim, "_weights_written", 0)
+        self.structure, self.keys = _structure(sim)
+        self.positions = {t.name: i for i, t in enumerate(self.model.graph.initializer)}
+
+    def update(self, sim: QuantizationSimModel) -> bool:
+        """Bring the graph up to the sim's current quantizers by recomputing the constants whose key changed;
+        False when something else changed (then the caller builds a new one)."""
+        if sim._model is not self.source or getattr(sim, "_weights_written", 0) != self.written:
+            return False
+        structure, keys = _structure(sim)
+        if structure != self.structure:
+            return False
+        by_name = {q.name: q for q in sim._quantizers}
+        changed = [name for name, key in keys.items() if self.keys.get(name) != key]
+        for name in changed:
+            q = by_name[name]
+            encoding = None if q.spec.is_float else q.require_encoding()
+            for tensor in q.tensors:  # what `build._SimBuilder.add_constant_quantizer` computes for it
+                values = FakeValues(sim._index.constant_value(tensor), encoding)()
+                if tensor in self.external:
+                    self.external[tensor] = values
+                elif tensor in self.positions:
+                    self.model.graph.initializer[self.positions[tensor]].CopyFrom(numpy_helper.from_array(values,
+                                                                                                          tensor))
+                else:
+                    return False
+            self.keys[name] = keys[name]
+        return True
+
+
+def _structure(sim: QuantizationSimModel) -> tuple[tuple, dict[str, tuple]]:
+    """``(what the sim graph's nodes depend on, {constant quantizer: its values' key})``: every quantizer's
+    tensors, flags and spec, and the encodings of those that are not on constants (which the graph holds as
+    Q/DQ parameters); a constant quantizer's encoding changes only its tensors' values."""
+    index = sim._index
+    structure, keys = [], {}
+    for q in sim._quantizers:
+        active = q.enabled and q.is_initialized()
+        constant = bool(q.tensors) and all(t in index.initializers for t in q.tensors)
+        state: tuple = (q.name, tuple(q.tensors), q.enabled, q.is_initialized(), q.spec)
+        if active and constant:
+            keys[q.name] = _constant_key(q)
+        elif active:
+            state += (_constant_key(q),)
+        structure.append(state)
+    return tuple(structure), keys
+
+
+def _sim_graph(sim: QuantizationSimModel) -> _SimGraph:
+    """The kept sim graph, brought up to date or built anew (module docstring)."""
+    with sim._index.cached_constants():
+        sim._ensure_param_encodings()
+        kept = getattr(sim, "_capture_graph", None)
+        if kept is None or not kept.update(sim):
+            kept = _SimGraph(sim)
+            setattr(sim, "_capture_graph", kept)
+    return kept
+
+
 def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quantized: bool):
     key = (quantized, tensors)
     cached = sim._capture_sessions.get(key)
@@ -92,11 +162,13 @@ def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quanti
                                    "(names after preparation: see sim.activation_names or sim.model)")
     weights: dict[str, np.ndarray] = {}
     if quantized:
-        source = sim._built_sim_model(external=weights)
+        graph = _sim_graph(sim)
+        source, weights, source_index = graph.model, graph.external, graph.index
         names = _sim_names(index, source, list(tensors))
     else:
         source, names = sim.model, {t: t for t in tensors}
-    model = _with_outputs(source, sorted(set(names.values())), GraphIndex(source))
+        source_index = GraphIndex(source)
+    model = _with_outputs(source, sorted(set(names.values())), source_index)
     kept = {t.name for t in model.graph.initializer}
     session = make_session(model, sim.providers, session_options_kwargs=sim._session_options_kwargs,
                            external_initializers={k: v for k, v in weights.items() if k in kept})
