@@ -145,7 +145,7 @@ def _sim_graph(sim: QuantizationSimModel) -> _SimGraph:
         kept = getattr(sim, "_capture_graph", None)
         if kept is None or not kept.update(sim):
             kept = _SimGraph(sim)
-            setattr(sim, "_capture_graph", kept)
+            vars(sim)["_capture_graph"] = kept
     return kept
 
 

@@ -124,4 +124,4 @@ def write_weight(sim: QuantizationSimModel, name: str, values: np.ndarray) -> No
     if not np.isfinite(values).all():
         raise InvalidArgumentError(f"new values for {name!r} are not all finite")
     tensor.CopyFrom(numpy_helper.from_array(values.astype(old.dtype, copy=False), name))
-    setattr(sim, "_weights_written", getattr(sim, "_weights_written", 0) + 1)  # stales kept capture graphs
+    vars(sim)["_weights_written"] = vars(sim).get("_weights_written", 0) + 1  # stales kept capture graphs
