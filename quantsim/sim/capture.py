@@ -83,57 +83,85 @@ def _with_outputs(model: onnx.ModelProto, outputs: list[str], index: GraphIndex)
 
 class _SimGraph:
     """The sim graph built for capture sessions (its big weights beside it in ``external``), with what it
-    was built from: the quantizer table's structure (`_structure`), each constant quantizer's key, and the
-    sim's count of weight writes."""
+    was built from: the quantizer table's structure (`_structure`), each constant quantizer's key, and how
+    many times each weight had been written (`layers.write_weight` counts them)."""
 
     def __init__(self, sim: QuantizationSimModel):
         self.external: dict[str, np.ndarray] = {}
         self.model = sim._built_sim_model(external=self.external)
         self.index = GraphIndex(self.model)
-        self.source, self.written = sim._model, getattr(sim, "_weights_written", 0)
+        self.source, self.written = sim._model, dict(_writes(sim))
         self.structure, self.keys = _structure(sim)
         self.positions = {t.name: i for i, t in enumerate(self.model.graph.initializer)}
 
     def update(self, sim: QuantizationSimModel) -> bool:
-        """Bring the graph up to the sim's current quantizers by recomputing the constants whose key changed;
-        False when something else changed (then the caller builds a new one)."""
-        if sim._model is not self.source or getattr(sim, "_weights_written", 0) != self.written:
+        """Bring the graph up to the sim's current quantizers and weights by recomputing the constants whose
+        key or values changed; False when something else changed (then the caller builds a new one)."""
+        if sim._model is not self.source:
             return False
         structure, keys = _structure(sim)
         if structure != self.structure:
             return False
+        writes = _writes(sim)
+        rewritten = {name for name, count in writes.items() if self.written.get(name) != count}
         by_name = {q.name: q for q in sim._quantizers}
-        changed = [name for name, key in keys.items() if self.keys.get(name) != key]
+        changed = [name for name, key in keys.items()
+                   if self.keys.get(name) != key or rewritten.intersection(by_name[name].tensors)]
         for name in changed:
             q = by_name[name]
             encoding = None if q.spec.is_float else q.require_encoding()
             for tensor in q.tensors:  # what `build._SimBuilder.add_constant_quantizer` computes for it
-                values = FakeValues(sim._index.constant_value(tensor), encoding)()
-                if tensor in self.external:
-                    self.external[tensor] = values
-                elif tensor in self.positions:
-                    self.model.graph.initializer[self.positions[tensor]].CopyFrom(numpy_helper.from_array(values,
-                                                                                                          tensor))
-                else:
+                if not self._put(tensor, FakeValues(sim._index.constant_value(tensor), encoding)()):
                     return False
+                rewritten.discard(tensor)
             self.keys[name] = keys[name]
+        for tensor in rewritten:  # a weight no active quantizer reads: its own values
+            if not self._put(tensor, np.array(sim._index.constant_value(tensor))):
+                return False
+        self.written = dict(writes)
         return True
+
+    def _put(self, tensor: str, values: np.ndarray) -> bool:
+        if tensor in self.external:
+            self.external[tensor] = values
+        elif tensor in self.positions:
+            self.model.graph.initializer[self.positions[tensor]].CopyFrom(numpy_helper.from_array(values, tensor))
+        else:
+            return False
+        return True
+
+
+def _writes(sim: QuantizationSimModel) -> dict[str, int]:
+    return vars(sim).get("_weights_written", {})
+
+
+def _key(q, known: dict[str, tuple]) -> tuple:
+    """`_constant_key` of ``q``, remembered in ``known`` per quantizer while its encoding object (frozen) and
+    spec stay the same: the check runs for every quantizer before every capture."""
+    enc, spec = q.encoding, q.spec
+    kept = known.get(q.name)
+    if kept is not None and kept[0] is enc and kept[1] == spec:
+        return kept[2]
+    key = _constant_key(q)
+    known[q.name] = (enc, spec, key)
+    return key
 
 
 def _structure(sim: QuantizationSimModel) -> tuple[tuple, dict[str, tuple]]:
     """``(what the sim graph's nodes depend on, {constant quantizer: its values' key})``: every quantizer's
     tensors, flags and spec, and the encodings of those that are not on constants (which the graph holds as
     Q/DQ parameters); a constant quantizer's encoding changes only its tensors' values."""
-    index = sim._index
+    initializers = sim._index.initializers
+    known = vars(sim).setdefault("_capture_keys", {})
     structure, keys = [], {}
     for q in sim._quantizers:
-        active = q.enabled and q.is_initialized()
-        constant = bool(q.tensors) and all(t in index.initializers for t in q.tensors)
-        state: tuple = (q.name, tuple(q.tensors), q.enabled, q.is_initialized(), q.spec)
-        if active and constant:
-            keys[q.name] = _constant_key(q)
-        elif active:
-            state += (_constant_key(q),)
+        initialized = q.is_initialized()
+        state: tuple = (q.name, tuple(q.tensors), q.enabled, initialized, q.spec)
+        if q.enabled and initialized:
+            if q.tensors and all(t in initializers for t in q.tensors):
+                keys[q.name] = _key(q, known)
+            else:
+                state += (_key(q, known),)
         structure.append(state)
     return tuple(structure), keys
 

@@ -124,4 +124,5 @@ def write_weight(sim: QuantizationSimModel, name: str, values: np.ndarray) -> No
     if not np.isfinite(values).all():
         raise InvalidArgumentError(f"new values for {name!r} are not all finite")
     tensor.CopyFrom(numpy_helper.from_array(values.astype(old.dtype, copy=False), name))
-    vars(sim)["_weights_written"] = vars(sim).get("_weights_written", 0) + 1  # stales kept capture graphs
+    written = vars(sim).setdefault("_weights_written", {})  # per weight: kept capture graphs patch what changed
+    written[name] = written.get(name, 0) + 1
