@@ -33,7 +33,14 @@ from adaround.apply import LayerReport, select_layers
 from adaround.feeds import as_feeds, model_inputs
 from adaround.linear_form import LinearForm, linear_form
 from adaround.seq_mse_losses import LOSS_FUNCTIONS, candidate_losses
-from quantsim import InvalidArgumentError, InvalidTypeError, QuantizationSimModel, encoding_from_range, fake_quantize
+from quantsim import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    QuantizationSimModel,
+    StagedCapturer,
+    encoding_from_range,
+    fake_quantize,
+)
 from quantsim.errors import warn_at_caller
 
 __all__ = ["apply_seq_mse", "SeqMseParams", "SequentialMse", "INPUT_SYMMETRIES", "LOSS_FUNCTIONS"]
@@ -69,11 +76,11 @@ class SeqMseParams:
             raise InvalidArgumentError(f"loss_fn must be one of {LOSS_FUNCTIONS}, got {self.loss_fn!r}")
 
 
-def _moment_sources(sim, layer, inputs, float_capturer, symmetry: str):
+def _moment_sources(staged: StagedCapturer, layer, inputs, float_capturer, symmetry: str):
     """``(sim-side batches, float-side batches or None)`` of the layer input for ``symmetry``."""
     if symmetry == "symfp":
         return float_capturer(inputs), None
-    quantized = sim.capturer([layer.input], quantized=True)(inputs)
+    quantized = staged([layer.input])
     return quantized, (float_capturer(inputs) if symmetry == "asym" else None)
 
 
@@ -173,6 +180,7 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
     layers, reports = select_layers(sim, [n for n in known if n not in excluded])
     with sim.transaction():
         float_capturer = sim.capturer(sorted({layer.input for layer in layers}), quantized=False) if layers else None
+        staged = StagedCapturer(sim, feeds)  # each layer's input computed from the previous one's, kept
         for layer in tqdm(layers, desc="Sequential MSE", unit="layer", leave=False, disable=None if progress else True):
             q = layer.weight_quantizer
             if q.is_encoding_frozen() or q.encoding.block_size is not None:
@@ -181,7 +189,7 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
                 continue
             weight = sim.get_weight(layer.weight).astype(np.float32)
             form = linear_form(layer.op_type, layer.attributes, weight.shape)
-            sources = _moment_sources(sim, layer, feeds, float_capturer, params.inp_symmetry)
+            sources = _moment_sources(staged, layer, feeds, float_capturer, params.inp_symmetry)
             encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params)
             q.set_encoding(encoding)
             q.freeze_encodings()

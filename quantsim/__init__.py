@@ -48,7 +48,7 @@ from quantsim.errors import (
 from quantsim.export.from_encodings import encodings_to_onnx_qdq
 from quantsim.prepare import prepare
 from quantsim.sim.calibrate import compute_encodings
-from quantsim.sim.capture import Capturer, TensorCache
+from quantsim.sim.capture import Capturer, StagedCapturer, TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
 from quantsim.sim.layers import FollowingActivation, WeightedLayer
@@ -94,6 +94,7 @@ __all__ = [
     "SimState",
     "TensorCache",
     "Capturer",
+    "StagedCapturer",
     "QcQuantizeOp",
     "TfEncoding",
     "load_encodings_to_sim",

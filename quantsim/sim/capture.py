@@ -35,7 +35,7 @@ from quantsim.sim.fake_values import FakeValues
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
 
-__all__ = ["iter_tensors", "make_capturer", "Capturer", "TensorCache", "DEFAULT_MEMORY_BUDGET"]
+__all__ = ["iter_tensors", "make_capturer", "Capturer", "StagedCapturer", "TensorCache", "DEFAULT_MEMORY_BUDGET"]
 
 DEFAULT_MEMORY_BUDGET = 2 << 30  # bytes of captured arrays kept in memory before spilling to disk
 
@@ -93,6 +93,7 @@ class _SimGraph:
         self.source, self.written = sim._model, dict(_writes(sim))
         self.structure, self.keys = _structure(sim)
         self.positions = {t.name: i for i, t in enumerate(self.model.graph.initializer)}
+        self.patches: list[str] = []  # the constants patched since the build, in order (`StagedCapturer`)
 
     def update(self, sim: QuantizationSimModel) -> bool:
         """Bring the graph up to the sim's current quantizers and weights by recomputing the constants whose
@@ -122,6 +123,7 @@ class _SimGraph:
         return True
 
     def _put(self, tensor: str, values: np.ndarray) -> bool:
+        self.patches.append(tensor)
         if tensor in self.external:
             self.external[tensor] = values
         elif tensor in self.positions:
@@ -235,6 +237,124 @@ def iter_tensors(sim: QuantizationSimModel, tensors: Iterable[str], inputs: Iter
     """For each feed dict of ``inputs``, the values of ``tensors`` in the sim (``quantized=True``) or in
     the float model, as ``{tensor: array}``."""
     return make_capturer(sim, tensors, quantized=quantized)(inputs)
+
+
+class StagedCapturer:
+    """Sim-side values of tensors over fixed calibration feeds, for algorithms that change the sim between
+    captures in topological order (Sequential MSE: one layer's weight range after another).
+
+    Each call computes only what changed: values captured earlier are kept per batch while no constant
+    upstream of them has changed since, and the next tensors are computed from them by the part of the sim
+    graph between (its nodes as they are in the whole graph, run by one small session), as aimet-onnx's
+    cached layer inputs are. Values are the same as `make_capturer`'s. A change to anything but constants'
+    encodings or values starts again from the model inputs. Kept values stay in memory (the tensors that
+    cross the cut: a layer input, plus skip connections), as many as there are batches.
+    """
+
+    def __init__(self, sim: QuantizationSimModel, inputs: Iterable[Mapping]):
+        self._sim = sim
+        self._feeds = list(inputs)
+        self._graph: _SimGraph | None = None
+        self._kept: dict[str, tuple[list[np.ndarray], int, int]] = {}  # sim name -> (batches, upstream, patches)
+
+    def _start(self, graph: _SimGraph) -> None:
+        self._graph, self._kept = graph, {}
+        nodes = graph.model.graph.node
+        self._producer = {name: position for position, node in enumerate(nodes) for name in node.output if name}
+        self._consumers: dict[str, list[int]] = {}
+        bits = {t.name: 1 << i for i, t in enumerate(graph.model.graph.initializer)}
+        self._bit = bits
+        upstream: dict[str, int] = dict(bits)  # tensor -> bit mask of the constants it depends on
+        for position, node in enumerate(nodes):
+            mask = 0
+            for name in [*node.input, *subgraph_references(node)]:
+                if name:
+                    mask |= upstream.get(name, 0)
+                    self._consumers.setdefault(name, []).append(position)
+            for name in node.output:
+                upstream[name] = mask
+        self._upstream = upstream
+
+    def _current(self, name: str) -> bool:
+        kept = self._kept.get(name)
+        if kept is None:
+            return False
+        assert self._graph is not None
+        changed = 0
+        for tensor in self._graph.patches[kept[2]:]:
+            changed |= self._bit.get(tensor, 0)
+        return not changed & kept[1]
+
+    def __call__(self, tensors: Iterable[str]) -> list[dict[str, np.ndarray]]:
+        """``[{tensor: array} for each batch]`` of ``tensors`` (prepared-model names) in the sim as it is now."""
+        wanted = tuple(dict.fromkeys(tensors))
+        sim = self._sim
+        index = sim._index
+        unknown = [t for t in wanted if t not in index.producer and t not in index.graph_inputs]
+        if unknown or not wanted:
+            raise InvalidArgumentError(f"cannot capture {list(unknown)[:5] or 'no tensors'}: tensors computed by "
+                                       "the prepared model or model inputs only")
+        graph = _sim_graph(sim)
+        if graph is not self._graph:
+            self._start(graph)
+        names = _sim_names(index, graph.model, list(wanted))
+        for name in [n for n in self._kept if not self._current(n)]:
+            del self._kept[name]
+        outputs = sorted(set(names.values()) - set(self._kept))
+        if outputs:
+            self._compute(graph, outputs, set(names.values()))
+        return [{t: self._kept[names[t]][0][b] for t in wanted} for b in range(len(self._feeds))]
+
+    def _compute(self, graph: _SimGraph, outputs: list[str], wanted: set[str]) -> None:
+        nodes = graph.model.graph.node
+        needed: set[int] = set()
+        reads: set[str] = set()  # kept values and model inputs the cut reads
+        stack = list(outputs)
+        while stack:
+            name = stack.pop()
+            position = self._producer.get(name)
+            if name in self._kept or position is None:
+                reads.add(name)
+                continue
+            if position in needed:
+                continue
+            needed.add(position)
+            stack.extend(n for n in nodes[position].input if n)
+            stack.extend(subgraph_references(nodes[position]))
+        produced = {name for position in needed for name in nodes[position].output if name}
+        crossing = sorted({name for name in produced if any(c not in needed for c in self._consumers.get(name, ()))}
+                          | set(outputs))
+        model = copy_without_initializers(graph.model)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes[position] for position in sorted(needed))
+        used = referenced_names(model.graph)
+        kept_inputs = sorted(reads & set(self._kept))
+        model_inputs = [i for i in graph.model.graph.input if i.name in reads and i.name not in self._kept]
+        del model.graph.input[:]
+        model.graph.input.extend(model_inputs)
+        model.graph.input.extend(helper.make_tensor_value_info(name, graph.index.elem_type.get(
+            name, onnx.TensorProto.FLOAT), None) for name in kept_inputs)
+        model.graph.initializer.extend(t for t in graph.model.graph.initializer if t.name in used)
+        del model.graph.output[:]
+        model.graph.output.extend(helper.make_tensor_value_info(name, graph.index.elem_type.get(
+            name, onnx.TensorProto.FLOAT), None) for name in crossing)
+        sim = self._sim
+        session = make_session(model, sim.providers, session_options_kwargs=sim._session_options_kwargs,
+                               external_initializers={k: v for k, v in graph.external.items() if k in used})
+        feed_inputs = [i for i in session.get_inputs() if i.name not in self._kept]
+        values: list[list[np.ndarray]] = [[] for _ in crossing]
+        for number, feed in enumerate(self._feeds):
+            own = {k: v for k, v in feed.items() if k in {i.name for i in feed_inputs}}
+            checked = check_feed(own, feed_inputs, f"batch {number}")
+            checked.update({name: self._kept[name][0][number] for name in kept_inputs})
+            for slot, array in zip(values, session.run(crossing, checked)):
+                slot.append(array)
+        consumed = [name for name in self._kept
+                    if name not in wanted and all(c in needed for c in self._consumers.get(name, ()))]
+        for name in consumed:  # read by nothing outside this cut: not needed again unless recomputed
+            del self._kept[name]
+        for name, batches in zip(crossing, values):
+            self._kept[name] = (batches, self._upstream.get(name, 0), len(graph.patches))
 
 
 class TensorCache:
