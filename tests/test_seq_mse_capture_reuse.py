@@ -114,3 +114,57 @@ def test_real_model_ranges_are_those_of_a_rebuild_per_layer(monkeypatch):
     kept = run()
     monkeypatch.setattr(capture._SimGraph, "update", lambda self, sim: False)
     _assert_same(kept, run())
+
+
+def _residual_model():
+    """Conv-Relu -> Conv -> Add(skip from the first Relu) -> Relu -> Conv: a value kept across a cut."""
+    rng = np.random.default_rng(3)
+    from onnx import TensorProto, helper, numpy_helper
+
+    def init(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
+                                       name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "r1"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+             helper.make_node("Conv", ["r2", "w3"], ["y"], name="conv3")]
+    graph = helper.make_graph(nodes, "res", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [init("w1", 6, 3, 3, 3), init("w2", 6, 6, 3, 3), init("w3", 4, 6, 1, 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_staged_capture_equals_a_whole_capture_through_changes_in_any_order():
+    from quantsim import StagedCapturer
+
+    feeds = [{"x": np.random.default_rng(s).standard_normal((2, 3, 8, 8)).astype(np.float32)} for s in range(3)]
+    sim = QuantizationSimModel(_residual_model(), param_type="int4", activation_type="int8", progress=False)
+    sim.compute_encodings(feeds)
+    staged = StagedCapturer(sim, feeds)
+    layers = sim.weighted_layers()
+
+    def check(tensors):
+        got = staged(tensors)
+        whole = list(sim.capturer(tensors)(feeds))
+        assert len(got) == len(whole) == 3
+        for a, b in zip(got, whole):
+            for t in tensors:
+                np.testing.assert_array_equal(a[t], b[t], err_msg=t)
+
+    for step, layer in enumerate(layers):  # Seq MSE's order: capture a layer's input, then change its weight
+        check([layer.input])
+        w = sim.get_weight(layer.weight)
+        q = sim.qc_quantize_op_dict[layer.weight]
+        q.set_encoding(encoding_from_range(w.min(axis=(1, 2, 3)) * 0.6, w.max(axis=(1, 2, 3)) * 0.6, 4, axis=0,
+                                           symmetric=True))
+    check([layers[-1].input, layers[0].input, "y"])  # backwards and several at once
+    sim.replace_weight(layers[0].weight, sim.get_weight(layers[0].weight) * 0.9)  # upstream of everything kept
+    check([layers[-1].input])
+    act = next(q for q in sim.quantizers if q.role == "activation" and q.enabled and q.is_initialized())
+    act.set_encoding(encoding_from_range(act.encoding.min * 3, act.encoding.max * 3, 8, symmetric=False))
+    check([layers[1].input, layers[2].input])  # a rebuilt graph: started again from the model inputs
+    with pytest.raises(Exception, match="cannot capture"):
+        staged(["no_such_tensor"])
