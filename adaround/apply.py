@@ -28,7 +28,15 @@ from adaround.layer_data import ColumnSample, SecondMoments, column_sample, seco
 from adaround.layer_rounding import WeightGrid, optimize_rounding
 from adaround.linear_form import LinearForm, UnsupportedLayer, linear_form
 from adaround.params import AdaroundSettings
-from quantsim import InvalidArgumentError, InvalidTypeError, QuantizationSimModel, WeightedLayer, broadcast_param, fake_quantize
+from quantsim import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    QuantizationSimModel,
+    StagedCapturer,
+    WeightedLayer,
+    broadcast_param,
+    fake_quantize,
+)
 from quantsim.errors import warn_at_caller
 
 __all__ = ["apply_adaround", "LayerReport", "select_layers"]
@@ -125,20 +133,20 @@ def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) ->
     return ("moments+sampled" if settings.sampled_quadratic(inputs_per_column) else "moments"), layer.input
 
 
-def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) -> LayerReport:
+def _round_layer(sim, layer, inputs, staged, float_capturer, settings, rng, progress) -> LayerReport:
     start = time.perf_counter()
     weight = sim.get_weight(layer.weight).astype(np.float32)
     form = linear_form(layer.op_type, layer.attributes, weight.shape)
     bias = form.bias_matrix(sim.get_weight(layer.bias) if layer.bias else None, form.rows)
     activation = _activation(layer, form)
-    sim_capturer = sim.capturer([layer.input], quantized=True)
+    sim_side = staged([layer.input])  # the sim's input to the layer over ``inputs`` (earlier layers rounded)
     mode, target = _plan(layer, form, settings)
     data: SecondMoments | ColumnSample
     if mode == "sampled":
-        data = column_sample(form, sim_capturer(inputs), float_capturer(inputs), layer.input, target,
+        data = column_sample(form, iter(sim_side), float_capturer(inputs), layer.input, target,
                              num_batches=len(inputs), memory_budget_bytes=settings.memory_budget_bytes, rng=rng)
     else:
-        data = second_moments(form, sim_capturer(inputs), float_capturer(inputs), target,
+        data = second_moments(form, iter(sim_side), float_capturer(inputs), target,
                               sample_bytes=settings.memory_budget_bytes if mode == "moments+sampled" else 0,
                               num_batches=len(inputs), rng=rng)
     bar = tqdm(total=settings.num_iterations, desc=f"AdaRound {layer.node}", unit="it", leave=False,
@@ -205,8 +213,9 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
         targets = {_plan(layer, linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape),
                          settings)[1] for layer in layers}
         float_capturer = sim.capturer(sorted(targets), quantized=False) if layers else None
+        staged = StagedCapturer(sim, feeds)  # each layer's input computed from the previous one's, kept
         for layer in layers:
-            reports.append(_round_layer(sim, layer, feeds, float_capturer, settings, rng, progress))
+            reports.append(_round_layer(sim, layer, feeds, staged, float_capturer, settings, rng, progress))
     order = {layer.node: i for i, layer in enumerate(sim.weighted_layers())}
     return sorted(reports, key=lambda r: order.get(r.node, len(order)))
 

@@ -154,7 +154,7 @@ def test_staged_capture_equals_a_whole_capture_through_changes_in_any_order():
             for t in tensors:
                 np.testing.assert_array_equal(a[t], b[t], err_msg=t)
 
-    for step, layer in enumerate(layers):  # Seq MSE's order: capture a layer's input, then change its weight
+    for layer in layers:  # Seq MSE's order: capture a layer's input, then change its weight
         check([layer.input])
         w = sim.get_weight(layer.weight)
         q = sim.qc_quantize_op_dict[layer.weight]
