@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from adaround.activations import Activation, activation_for
-from adaround.feeds import as_feeds, model_inputs
+from adaround.feeds import as_feeds, float_values, model_inputs
 from adaround.layer_data import ColumnSample, SecondMoments, column_sample, second_moments
 from adaround.layer_rounding import WeightGrid, optimize_rounding
 from adaround.linear_form import LinearForm, UnsupportedLayer, linear_form
@@ -133,7 +133,7 @@ def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) ->
     return ("moments+sampled" if settings.sampled_quadratic(inputs_per_column) else "moments"), layer.input
 
 
-def _round_layer(sim, layer, inputs, staged, float_capturer, settings, rng, progress) -> LayerReport:
+def _round_layer(sim, layer, inputs, staged, float_side, settings, rng, progress) -> LayerReport:
     start = time.perf_counter()
     weight = sim.get_weight(layer.weight).astype(np.float32)
     form = linear_form(layer.op_type, layer.attributes, weight.shape)
@@ -143,10 +143,10 @@ def _round_layer(sim, layer, inputs, staged, float_capturer, settings, rng, prog
     mode, target = _plan(layer, form, settings)
     data: SecondMoments | ColumnSample
     if mode == "sampled":
-        data = column_sample(form, iter(sim_side), float_capturer(inputs), layer.input, target,
+        data = column_sample(form, iter(sim_side), iter(float_side), layer.input, target,
                              num_batches=len(inputs), memory_budget_bytes=settings.memory_budget_bytes, rng=rng)
     else:
-        data = second_moments(form, iter(sim_side), float_capturer(inputs), target,
+        data = second_moments(form, iter(sim_side), iter(float_side), target,
                               sample_bytes=settings.memory_budget_bytes if mode == "moments+sampled" else 0,
                               num_batches=len(inputs), rng=rng)
     bar = tqdm(total=settings.num_iterations, desc=f"AdaRound {layer.node}", unit="it", leave=False,
@@ -209,13 +209,12 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
                        "AdaRound sees their float values; call sim.compute_encodings first to round against "
                        "quantized inputs")
     rng = np.random.default_rng(seed)
-    with sim.transaction():
-        targets = {_plan(layer, linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape),
-                         settings)[1] for layer in layers}
-        float_capturer = sim.capturer(sorted(targets), quantized=False) if layers else None
+    targets = {_plan(layer, linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape),
+                     settings)[1] for layer in layers}
+    with sim.transaction(), float_values(sim, targets, feeds) as float_side:  # one float pass for every target
         staged = StagedCapturer(sim, feeds)  # each layer's input computed from the previous one's, kept
         for layer in layers:
-            reports.append(_round_layer(sim, layer, feeds, staged, float_capturer, settings, rng, progress))
+            reports.append(_round_layer(sim, layer, feeds, staged, float_side, settings, rng, progress))
     order = {layer.node: i for i, layer in enumerate(sim.weighted_layers())}
     return sorted(reports, key=lambda r: order.get(r.node, len(order)))
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from quantsim import InvalidArgumentError, InvalidTypeError, QuantizationSimModel
+from quantsim import InvalidArgumentError, InvalidTypeError, QuantizationSimModel, TensorCache
 
-__all__ = ["model_inputs", "as_feed", "as_feeds"]
+__all__ = ["model_inputs", "as_feed", "as_feeds", "float_values"]
 
 
 def model_inputs(sim: QuantizationSimModel) -> list[str]:
@@ -52,3 +52,19 @@ def as_feeds(batches: Iterable[Any], input_names: list[str], where: str,
     if not feeds:
         raise InvalidArgumentError(f"{where}: needs at least one calibration batch (the inputs are empty)")
     return feeds
+
+
+def float_values(sim: QuantizationSimModel, tensors: Iterable[str], feeds: list[Mapping[str, np.ndarray]]) -> TensorCache:
+    """The float model's values of ``tensors`` for each of ``feeds``, captured in one pass and kept (a
+    `quantsim.TensorCache`: in memory up to its budget, then on disk; close it when done). The float model
+    never changes, so per-layer algorithms read these instead of running it again for every layer."""
+    kept = TensorCache()
+    try:
+        wanted = sorted(set(tensors))
+        if wanted:
+            for batch in sim.capturer(wanted, quantized=False)(feeds):
+                kept.append(batch)
+    except BaseException:
+        kept.close()
+        raise
+    return kept

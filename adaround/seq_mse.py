@@ -30,7 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from adaround.apply import LayerReport, select_layers
-from adaround.feeds import as_feeds, model_inputs
+from adaround.feeds import as_feeds, float_values, model_inputs
 from adaround.linear_form import LinearForm, linear_form
 from adaround.seq_mse_losses import LOSS_FUNCTIONS, candidate_losses
 from quantsim import (
@@ -76,12 +76,12 @@ class SeqMseParams:
             raise InvalidArgumentError(f"loss_fn must be one of {LOSS_FUNCTIONS}, got {self.loss_fn!r}")
 
 
-def _moment_sources(staged: StagedCapturer, layer, inputs, float_capturer, symmetry: str):
+def _moment_sources(staged: StagedCapturer, layer, float_side, symmetry: str):
     """``(sim-side batches, float-side batches or None)`` of the layer input for ``symmetry``."""
     if symmetry == "symfp":
-        return float_capturer(inputs), None
+        return iter(float_side), None
     quantized = staged([layer.input])
-    return quantized, (float_capturer(inputs) if symmetry == "asym" else None)
+    return quantized, (iter(float_side) if symmetry == "asym" else None)
 
 
 def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str, params: SeqMseParams):
@@ -178,8 +178,8 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
     if excluded - known:
         raise InvalidArgumentError(f"nodes_to_exclude: {sorted(excluded - known)} are not weighted nodes")
     layers, reports = select_layers(sim, [n for n in known if n not in excluded])
-    with sim.transaction():
-        float_capturer = sim.capturer(sorted({layer.input for layer in layers}), quantized=False) if layers else None
+    float_inputs = {layer.input for layer in layers} if params.inp_symmetry != "symqt" else set()
+    with sim.transaction(), float_values(sim, float_inputs, feeds) as float_side:  # one float pass, if needed
         staged = StagedCapturer(sim, feeds)  # each layer's input computed from the previous one's, kept
         for layer in tqdm(layers, desc="Sequential MSE", unit="layer", leave=False, disable=None if progress else True):
             q = layer.weight_quantizer
@@ -189,7 +189,7 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
                 continue
             weight = sim.get_weight(layer.weight).astype(np.float32)
             form = linear_form(layer.op_type, layer.attributes, weight.shape)
-            sources = _moment_sources(staged, layer, feeds, float_capturer, params.inp_symmetry)
+            sources = _moment_sources(staged, layer, float_side, params.inp_symmetry)
             encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params)
             q.set_encoding(encoding)
             q.freeze_encodings()
