@@ -11,6 +11,8 @@ disabled or float (FP16), frozen weights already on their grid (e.g. loaded with
 `set_and_freeze_param_encodings` after an earlier AdaRound), shared weights, and layer shapes the linear
 form does not cover (3-D convolutions, ConvTranspose with ``output_shape``). A frozen encoding whose
 weight is not on its grid yet (e.g. chosen by Sequential MSE) is kept and the weight rounded against it.
+A layer followed by an unfolded BatchNormalization (`quantsim.WeightedLayer.output_scale`) is rounded for the
+error after the BatchNormalization (each output channel's error times its factor, `adaround.layer_rounding`).
 """
 from __future__ import annotations
 
@@ -112,6 +114,15 @@ def _activation(layer: WeightedLayer, form: LinearForm) -> Activation | None:
     return activation_for(follow.op_type, follow.attributes, form.rows, on_channels)
 
 
+def _output_scale(layer: WeightedLayer, form: LinearForm, activation: Activation | None) -> np.ndarray | None:
+    """The factor of the unfolded BatchNormalization after the layer (`WeightedLayer.output_scale`): the loss is
+    the error after it. None when there is none, or when it does not match the layer's output channels."""
+    scale = layer.output_scale
+    if scale is None or activation is not None or scale.size != form.rows:
+        return None
+    return scale
+
+
 def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) -> tuple[str, str]:
     """``(mode, float tensor read)``: ``"sampled"`` (an activation follows: its float output is the
     target), ``"moments"`` (none follows: exact second moments of the float layer input) or
@@ -144,7 +155,8 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
     step = max(1, settings.num_iterations // 100)
     try:
         result = optimize_rounding(form, weight, _grid(layer, weight), data, bias, activation, settings, rng,
-                                   on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None)
+                                   on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None,
+                                   output_scale=_output_scale(layer, form, activation))
     finally:
         bar.close()
     sim.replace_weight(layer.weight, result.weight, freeze=not layer.weight_quantizer.is_encoding_frozen())

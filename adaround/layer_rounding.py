@@ -5,6 +5,12 @@ PURE numpy. The weight's grid comes from its (frozen) encoding: per tensor, per 
 ``clip(floor(W / scale) + h(alpha) + zero_point, qmin, qmax)`` and the soft weight
 ``(code - zero_point) * scale``. The result is the hard rounding (``alpha >= 0``): weights exactly on the
 grid, which the sim's fake quantization maps to themselves.
+
+A layer whose output goes through a per-channel factor ``s`` before anything reads it (an unfolded
+BatchNormalization: `quantsim.WeightedLayer.output_scale`) is optimised for the error the network sees,
+``sum_m s_m^2 ||(W_soft - W) row m ...||^2``: the loss of the layer ``s * W`` (rows of ``W_mat`` scaled,
+`OutputScale`), whose gradient is ``s`` times the unscaled gradient at the scaled weights. The BN's shift
+cancels in the difference.
 """
 from __future__ import annotations
 
@@ -19,8 +25,9 @@ from adaround.layer_data import ColumnSample, SecondMoments
 from adaround.linear_form import LinearForm
 from adaround.params import AdaroundSettings
 from adaround.rounding import GAMMA, ZETA, Adam, beta_at, init_alpha
+from quantsim import InvalidArgumentError
 
-__all__ = ["WeightGrid", "RoundingResult", "optimize_rounding", "reconstruction_loss"]
+__all__ = ["WeightGrid", "RoundingResult", "OutputScale", "optimize_rounding", "reconstruction_loss"]
 
 
 @dataclass(frozen=True)
@@ -60,9 +67,43 @@ class RoundingResult:
     kept_nearest: bool = False  # the optimised rounding was worse on the data: nearest rounding kept
 
 
+class OutputScale:
+    """A per-output-channel factor ``s`` (``[M]``) applied to a layer's output: `apply` scales a weight's
+    output channels (rows of ``W_mat``), so a loss ``L`` of the unscaled layer becomes ``L(apply(W))`` and its
+    gradient ``apply(grad L(apply(W)))`` (``W_mat`` is a permutation of the weight's elements)."""
+
+    def __init__(self, form: LinearForm, scale: np.ndarray):
+        scale = np.asarray(scale, np.float64).reshape(-1)
+        if scale.size != form.rows or not np.isfinite(scale).all():
+            raise InvalidArgumentError(f"output_scale has {scale.size} values, the layer has {form.rows} output "
+                                       "channels (or it is not finite)")
+        groups = form.to_matrix(np.zeros(form.weight_shape, np.float32)).shape[0]
+        self.form = form
+        self.rows = scale.reshape(groups, -1, 1).astype(np.float32)
+
+    def apply(self, weight: np.ndarray) -> np.ndarray:
+        return self.form.to_weight(self.form.to_matrix(weight) * self.rows)
+
+    def data(self, data: SecondMoments | ColumnSample, bias: np.ndarray) -> tuple[SecondMoments | ColumnSample,
+                                                                                   np.ndarray]:
+        """The data and bias of the scaled layer (a sampled target is the float output: scaled too)."""
+        if isinstance(data, ColumnSample):
+            data = ColumnSample(data.cols, data.target * self.rows.reshape(-1, 1))
+        return data, bias * self.rows
+
+
 def reconstruction_loss(form: LinearForm, w_soft: np.ndarray, w_float: np.ndarray, data: SecondMoments | ColumnSample,
-                        bias: np.ndarray, activation: Activation | None) -> tuple[float, np.ndarray]:
-    """``(loss, d loss / d W_soft)`` in weight layout, over all the data (or all sampled columns)."""
+                        bias: np.ndarray, activation: Activation | None,
+                        output_scale: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """``(loss, d loss / d W_soft)`` in weight layout, over all the data (or all sampled columns); with
+    ``output_scale`` (``[M]``), of the error after that per-channel factor (module docstring)."""
+    if output_scale is not None:
+        if activation is not None:
+            raise InvalidArgumentError("output_scale applies to a layer whose output no activation reads")
+        scaled = OutputScale(form, output_scale)
+        data, bias = scaled.data(data, bias)
+        loss, grad = reconstruction_loss(form, scaled.apply(w_soft), scaled.apply(w_float), data, bias, None)
+        return loss, scaled.apply(grad)
     ms, mf = form.to_matrix(w_soft), form.to_matrix(w_float)
     if isinstance(data, SecondMoments):
         return data.loss(ms, mf), form.to_weight(data.grad(ms, mf))
@@ -228,20 +269,23 @@ class _AnchoredSteps:
 
 def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, data: SecondMoments | ColumnSample,
                       bias: np.ndarray, activation: Activation | None, settings: AdaroundSettings,
-                      rng: np.random.Generator, on_step: Callable[[int], None] | None = None) -> RoundingResult:
-    """AdaRound one layer (see the module docstring); ``on_step(i)`` is called after each iteration."""
+                      rng: np.random.Generator, on_step: Callable[[int], None] | None = None,
+                      output_scale: np.ndarray | None = None) -> RoundingResult:
+    """AdaRound one layer (see the module docstring); ``on_step(i)`` is called after each iteration;
+    ``output_scale``: the per-channel factor the layer's output goes through (module docstring)."""
     base, fraction = grid.floor_and_fraction(weight)
     alpha = init_alpha(fraction)
     adam = Adam(alpha, lr=settings.learning_rate)
     soft = _SoftRounding(grid, base)
-    float_matrix = form.to_matrix(weight)
     step: Callable[[np.ndarray], np.ndarray]
-    if isinstance(data, ColumnSample):
-        step = _WindowSteps(form, data, bias, activation, settings.columns_per_iteration, rng)
-    elif data.sample is not None:
-        step = _AnchoredSteps(form, data, float_matrix, settings, rng)
+    if output_scale is not None:
+        if activation is not None:
+            raise InvalidArgumentError("output_scale applies to a layer whose output no activation reads")
+        scaled = OutputScale(form, output_scale)
+        inner = _steps(form, scaled.apply(weight), *scaled.data(data, bias), None, settings, rng)
+        step = lambda w_soft: scaled.apply(inner(scaled.apply(w_soft)))  # noqa: E731
     else:
-        step = lambda w_soft: form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))  # noqa: E731
+        step = _steps(form, weight, data, bias, activation, settings, rng)
     for iteration in range(settings.num_iterations):
         grad_w = step(soft.forward(alpha))
         beta = beta_at(iteration, settings.num_iterations, settings.beta_range, settings.warm_start)
@@ -250,9 +294,24 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
             on_step(iteration)
     hard = grid.weight(base, (alpha >= 0).astype(np.float32))[0]
     nearest = grid.nearest(weight)
-    loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation)[0]
-    loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation)[0]
+    loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation, output_scale)[0]
+    loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation, output_scale)[0]
     if loss_hard > loss_before:  # too few iterations to settle: never end worse than nearest rounding
         return RoundingResult(nearest, loss_before, loss_before, 0.0, kept_nearest=True)
     return RoundingResult(hard, loss_before, loss_hard, float(np.mean(hard != nearest)))
+
+
+def _steps(form: LinearForm, weight: np.ndarray, data: SecondMoments | ColumnSample, bias: np.ndarray,
+           activation: Activation | None, settings: AdaroundSettings,
+           rng: np.random.Generator) -> Callable[[np.ndarray], np.ndarray]:
+    """``d loss / d W`` for one training step: on a window of sampled columns, at an anchor, or exact."""
+    float_matrix = form.to_matrix(weight)
+    step: Callable[[np.ndarray], np.ndarray]
+    if isinstance(data, ColumnSample):
+        step = _WindowSteps(form, data, bias, activation, settings.columns_per_iteration, rng)
+    elif data.sample is not None:
+        step = _AnchoredSteps(form, data, float_matrix, settings, rng)
+    else:
+        step = lambda w_soft: form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))  # noqa: E731
+    return step
 

@@ -9,6 +9,9 @@ exactly on all the data: ``(W_c - W) S (W_c - W)^T`` per output channel. ``inp_s
 input each side sees, as in AIMET's ``SeqMseParams``: "symqt" (both the sim's quantized input: the
 default), "asym" (the float model's input for the float weight), "symfp" (both the float input).
 Per-block weights and frozen, float or disabled weight quantizers are skipped (reason in the report).
+A layer followed by an unfolded BatchNormalization (`quantsim.WeightedLayer.output_scale`) scores each channel's
+error times the square of its factor: the per-channel choice is unchanged, a per-tensor one weighs channels as
+the network does.
 """
 from __future__ import annotations
 
@@ -61,7 +64,8 @@ def _moments(form: LinearForm, sim, layer, inputs, float_capturer, symmetry: str
     return second_moments(form, quantized(inputs), float_capturer(inputs), layer.input)
 
 
-def _best_encoding(form: LinearForm, weight: np.ndarray, q, data: SecondMoments, num_candidates: int):
+def _best_encoding(form: LinearForm, weight: np.ndarray, q, data: SecondMoments, num_candidates: int,
+                   output_scale: np.ndarray | None = None):
     enc = q.encoding
     spec = q.spec
     axis = enc.axis if not enc.is_per_tensor else None
@@ -75,6 +79,8 @@ def _best_encoding(form: LinearForm, weight: np.ndarray, q, data: SecondMoments,
         candidate = encoding_from_range(lo * factor, hi * factor, enc.bits, axis=axis, **flags)
         losses.append(_row_losses(data, form.to_matrix(fake_quantize(weight, candidate)), reference))
     table = np.stack(losses)  # [candidates, rows]
+    if output_scale is not None and output_scale.size == table.shape[1]:  # the error after a following BN
+        table = table * np.square(output_scale)[None, :]
     if axis is None:
         best = factors[int(np.argmin(table.sum(axis=1)))]
         return encoding_from_range(lo * best, hi * best, enc.bits, **flags), float(table.sum(axis=1).min()), float(
@@ -119,7 +125,8 @@ def apply_seq_mse(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.nd
             weight = sim.get_weight(layer.weight).astype(np.float32)
             form = linear_form(layer.op_type, layer.attributes, weight.shape)
             data = _moments(form, sim, layer, feeds, float_capturer, inp_symmetry)
-            encoding, loss, full_range_loss = _best_encoding(form, weight, q, data, int(num_candidates))
+            encoding, loss, full_range_loss = _best_encoding(form, weight, q, data, int(num_candidates),
+                                                             layer.output_scale)
             q.set_encoding(encoding)
             q.freeze_encodings()
             _log.info("Sequential MSE %s: output error %.4g (full range %.4g)", layer.node, loss, full_range_loss)

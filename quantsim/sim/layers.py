@@ -9,15 +9,21 @@ nonlinearity that follows it when the output has exactly one consumer and that c
 activation (constant operands such as Clip's bounds are resolved into ``attributes``). Layers come in the
 graph's topological order.
 
+``output_scale`` is the per-output-channel factor ``gamma / sqrt(var + eps)`` of an unfolded inference-mode
+BatchNormalization that is the layer output's only consumer (``fold_batchnorm=False``, or a fold refused): the
+network sees the layer's output error multiplied by it, channel by channel, so weight-side algorithms weigh
+each output channel's error by its square (AdaRound's reconstruction loss, Sequential MSE's per-tensor sum).
+
 `write_weight` replaces an initializer's values in place in the prepared model, so every session built
 afterwards sees them; the sim's version moves on so that stale sessions are rebuilt.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx
 from onnx import numpy_helper
 
 from quantsim.errors import InvalidArgumentError
@@ -62,6 +68,27 @@ class WeightedLayer:
     activation: FollowingActivation | None = None
     shared_weight: bool = False  # the weight initializer feeds other nodes too
     input_quantizer: QcQuantizeOp | None = None  # the enabled quantizer whose grid the data input carries
+    output_scale: np.ndarray | None = field(default=None, compare=False)  # [M] factor of a following BN (module doc)
+
+
+def _batchnorm_scale(index: GraphIndex, node: onnx.NodeProto) -> np.ndarray | None:
+    """``gamma / sqrt(var + eps)`` (float64, one value per channel) of the BatchNormalization that alone reads
+    the layer's output as its data input, in inference mode with constant parameters, when its channel axis
+    (1) is the layer's output-channel axis (a MatMul's only for a 2-D output); None otherwise."""
+    output = node.output[0]
+    if node.op_type == "MatMul" and len(index.shape.get(output) or ()) != 2:
+        return None
+    bn = index.single_consumer(output)
+    if bn is None or bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or bn.input[0] != output:
+        return None
+    attrs = node_attributes(bn)
+    if attrs.get("training_mode", 0) or len(bn.input) < 5 or not all(index.is_constant(n) for n in bn.input[1:5]):
+        return None
+    gamma, var = (np.asarray(index.constant_value(n), np.float64).reshape(-1) for n in (bn.input[1], bn.input[4]))
+    if gamma.shape != var.shape:
+        return None
+    scale = gamma / np.sqrt(var + attrs.get("epsilon", 1e-5))
+    return scale if np.isfinite(scale).all() else None
 
 
 def _resolved_activation(index: GraphIndex, output: str) -> FollowingActivation | None:
@@ -103,6 +130,7 @@ def find_weighted_layers(sim: QuantizationSimModel) -> list[WeightedLayer]:
             activation=_resolved_activation(index, node.output[0]),
             shared_weight=len(index.uses(weight)) > 1,
             input_quantizer=reading_quantizer(sim, node.input[0]),
+            output_scale=_batchnorm_scale(index, node),
         ))
     return layers
 
