@@ -6,11 +6,16 @@ PURE numpy. The weight's grid comes from its (frozen) encoding: per tensor, per 
 ``(code - zero_point) * scale``. The result is the hard rounding (``alpha >= 0``): weights exactly on the
 grid, which the sim's fake quantization maps to themselves.
 
-A layer whose output goes through a per-channel factor ``s`` before anything reads it (an unfolded
-BatchNormalization: `quantsim.WeightedLayer.output_scale`) is optimised for the error the network sees,
-``sum_m s_m^2 ||(W_soft - W) row m ...||^2``: the loss of the layer ``s * W`` (rows of ``W_mat`` scaled,
-`OutputScale`), whose gradient is ``s`` times the unscaled gradient at the scaled weights. The BN's shift
-cancels in the difference.
+A layer whose output goes through a per-channel affine map ``y = s * z + t`` before anything else reads it (an
+unfolded BatchNormalization, `quantsim.FollowingBatchNorm`) is optimised for the error after that map and after
+the activation reading it, as the folded layer ``(s * W, s * b + t)`` would be (`OutputAffine`: rows of
+``W_mat`` scaled; with an activation, the target is the float model's activation output after the map). Each
+channel's error is counted in the layer's own output units (divided by ``s_m^2``): the output channels'
+roundings are independent of each other, so a per-channel weight cannot move any channel's optimum, only its
+balance against the rounding regulariser, which ``reg_param`` sets for the layer alone (measured: the plain
+``s^2``-weighted loss rounds the high-``s`` channels worse). What the BN changes is which errors count: those
+the activation after it clips away do not. Without an activation the objective is the layer's own loss. The
+losses reported (and the never-worse-than-nearest check) are in the network's units, after the map.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from adaround.params import AdaroundSettings
 from adaround.rounding import GAMMA, ZETA, Adam, beta_at, init_alpha
 from quantsim import InvalidArgumentError
 
-__all__ = ["WeightGrid", "RoundingResult", "OutputScale", "optimize_rounding", "reconstruction_loss"]
+__all__ = ["WeightGrid", "RoundingResult", "OutputAffine", "optimize_rounding", "reconstruction_loss"]
 
 
 @dataclass(frozen=True)
@@ -67,43 +72,50 @@ class RoundingResult:
     kept_nearest: bool = False  # the optimised rounding was worse on the data: nearest rounding kept
 
 
-class OutputScale:
-    """A per-output-channel factor ``s`` (``[M]``) applied to a layer's output: `apply` scales a weight's
-    output channels (rows of ``W_mat``), so a loss ``L`` of the unscaled layer becomes ``L(apply(W))`` and its
-    gradient ``apply(grad L(apply(W)))`` (``W_mat`` is a permutation of the weight's elements)."""
+class OutputAffine:
+    """A per-output-channel map ``y = scale * z + shift`` (``[M]`` each) applied to a layer's output ``z``.
+    `apply` scales a weight's output channels (rows of ``W_mat``): a loss ``L`` of the folded layer is then
+    ``L(apply(W))`` and its gradient ``apply(grad L(apply(W)))`` (``W_mat`` is a permutation of the weight's
+    elements, so scaling rows commutes with it)."""
 
-    def __init__(self, form: LinearForm, scale: np.ndarray):
+    def __init__(self, form: LinearForm, scale: np.ndarray, shift: np.ndarray | None = None):
         scale = np.asarray(scale, np.float64).reshape(-1)
-        if scale.size != form.rows or not np.isfinite(scale).all():
-            raise InvalidArgumentError(f"output_scale has {scale.size} values, the layer has {form.rows} output "
-                                       "channels (or it is not finite)")
+        shift = np.zeros_like(scale) if shift is None else np.asarray(shift, np.float64).reshape(-1)
+        if scale.size != form.rows or shift.size != form.rows:
+            raise InvalidArgumentError(f"the output map has {scale.size} scales and {shift.size} shifts, the layer "
+                                       f"has {form.rows} output channels")
+        if not (np.isfinite(scale).all() and np.isfinite(shift).all()):
+            raise InvalidArgumentError("the output map's scale or shift is not finite")
         groups = form.to_matrix(np.zeros(form.weight_shape, np.float32)).shape[0]
         self.form = form
         self.rows = scale.reshape(groups, -1, 1).astype(np.float32)
+        self.shift = shift.reshape(groups, -1, 1).astype(np.float32)
 
     def apply(self, weight: np.ndarray) -> np.ndarray:
+        """``weight`` with each output channel multiplied by its scale."""
         return self.form.to_weight(self.form.to_matrix(weight) * self.rows)
 
-    def data(self, data: SecondMoments | ColumnSample, bias: np.ndarray) -> tuple[SecondMoments | ColumnSample,
-                                                                                   np.ndarray]:
-        """The data and bias of the scaled layer (a sampled target is the float output: scaled too)."""
-        if isinstance(data, ColumnSample):
-            data = ColumnSample(data.cols, data.target * self.rows.reshape(-1, 1))
-        return data, bias * self.rows
+    def per_channel_units(self, grad: np.ndarray) -> np.ndarray:
+        """From ``grad L(apply(W))`` (the folded layer's loss gradient at the scaled weights), the gradient in
+        ``W`` of ``sum_m L_m(apply(W)) / scale_m^2``: each channel's error after the map, in the layer's own
+        output units (a channel with scale 0, whose error nobody sees, gets none)."""
+        matrix = self.form.to_matrix(grad)
+        return self.form.to_weight(np.divide(matrix, self.rows, out=np.zeros_like(matrix), where=self.rows != 0))
+
+    def bias(self, bias: np.ndarray) -> np.ndarray:
+        """The folded layer's bias matrix ``scale * b + shift`` (``[groups, M/g, 1]``)."""
+        return bias * self.rows + self.shift
 
 
 def reconstruction_loss(form: LinearForm, w_soft: np.ndarray, w_float: np.ndarray, data: SecondMoments | ColumnSample,
                         bias: np.ndarray, activation: Activation | None,
-                        output_scale: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+                        output_affine: OutputAffine | None = None) -> tuple[float, np.ndarray]:
     """``(loss, d loss / d W_soft)`` in weight layout, over all the data (or all sampled columns); with
-    ``output_scale`` (``[M]``), of the error after that per-channel factor (module docstring)."""
-    if output_scale is not None:
-        if activation is not None:
-            raise InvalidArgumentError("output_scale applies to a layer whose output no activation reads")
-        scaled = OutputScale(form, output_scale)
-        data, bias = scaled.data(data, bias)
-        loss, grad = reconstruction_loss(form, scaled.apply(w_soft), scaled.apply(w_float), data, bias, None)
-        return loss, scaled.apply(grad)
+    ``output_affine``, of the error after that map (a sampled target is then the float tensor after it)."""
+    if output_affine is not None:
+        loss, grad = reconstruction_loss(form, output_affine.apply(w_soft), output_affine.apply(w_float), data,
+                                         output_affine.bias(bias), activation)
+        return loss, output_affine.apply(grad)
     ms, mf = form.to_matrix(w_soft), form.to_matrix(w_float)
     if isinstance(data, SecondMoments):
         return data.loss(ms, mf), form.to_weight(data.grad(ms, mf))
@@ -270,20 +282,18 @@ class _AnchoredSteps:
 def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, data: SecondMoments | ColumnSample,
                       bias: np.ndarray, activation: Activation | None, settings: AdaroundSettings,
                       rng: np.random.Generator, on_step: Callable[[int], None] | None = None,
-                      output_scale: np.ndarray | None = None) -> RoundingResult:
+                      output_affine: OutputAffine | None = None) -> RoundingResult:
     """AdaRound one layer (see the module docstring); ``on_step(i)`` is called after each iteration;
-    ``output_scale``: the per-channel factor the layer's output goes through (module docstring)."""
+    ``output_affine``: the per-channel map the layer's output goes through (module docstring)."""
     base, fraction = grid.floor_and_fraction(weight)
     alpha = init_alpha(fraction)
     adam = Adam(alpha, lr=settings.learning_rate)
     soft = _SoftRounding(grid, base)
     step: Callable[[np.ndarray], np.ndarray]
-    if output_scale is not None:
-        if activation is not None:
-            raise InvalidArgumentError("output_scale applies to a layer whose output no activation reads")
-        scaled = OutputScale(form, output_scale)
-        inner = _steps(form, scaled.apply(weight), *scaled.data(data, bias), None, settings, rng)
-        step = lambda w_soft: scaled.apply(inner(scaled.apply(w_soft)))  # noqa: E731
+    if output_affine is not None:
+        affine = output_affine
+        inner = _steps(form, affine.apply(weight), data, affine.bias(bias), activation, settings, rng)
+        step = lambda w_soft: affine.per_channel_units(inner(affine.apply(w_soft)))  # noqa: E731
     else:
         step = _steps(form, weight, data, bias, activation, settings, rng)
     for iteration in range(settings.num_iterations):
@@ -294,8 +304,8 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
             on_step(iteration)
     hard = grid.weight(base, (alpha >= 0).astype(np.float32))[0]
     nearest = grid.nearest(weight)
-    loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation, output_scale)[0]
-    loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation, output_scale)[0]
+    loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation, output_affine)[0]
+    loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation, output_affine)[0]
     if loss_hard > loss_before:  # too few iterations to settle: never end worse than nearest rounding
         return RoundingResult(nearest, loss_before, loss_before, 0.0, kept_nearest=True)
     return RoundingResult(hard, loss_before, loss_hard, float(np.mean(hard != nearest)))

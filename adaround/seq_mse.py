@@ -9,7 +9,7 @@ exactly on all the data: ``(W_c - W) S (W_c - W)^T`` per output channel. ``inp_s
 input each side sees, as in AIMET's ``SeqMseParams``: "symqt" (both the sim's quantized input: the
 default), "asym" (the float model's input for the float weight), "symfp" (both the float input).
 Per-block weights and frozen, float or disabled weight quantizers are skipped (reason in the report).
-A layer followed by an unfolded BatchNormalization (`quantsim.WeightedLayer.output_scale`) scores each channel's
+A layer followed by an unfolded BatchNormalization (`quantsim.FollowingBatchNorm`) scores each channel's
 error times the square of its factor: the per-channel choice is unchanged, a per-tensor one weighs channels as
 the network does.
 """
@@ -126,7 +126,7 @@ def apply_seq_mse(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.nd
             form = linear_form(layer.op_type, layer.attributes, weight.shape)
             data = _moments(form, sim, layer, feeds, float_capturer, inp_symmetry)
             encoding, loss, full_range_loss = _best_encoding(form, weight, q, data, int(num_candidates),
-                                                             layer.output_scale)
+                                                             layer.batchnorm.scale if layer.batchnorm else None)
             q.set_encoding(encoding)
             q.freeze_encodings()
             _log.info("Sequential MSE %s: output error %.4g (full range %.4g)", layer.node, loss, full_range_loss)

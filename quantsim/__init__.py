@@ -49,7 +49,7 @@ from quantsim.sim.calibrate import compute_encodings
 from quantsim.sim.capture import Capturer, TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
-from quantsim.sim.layers import FollowingActivation, WeightedLayer
+from quantsim.sim.layers import FollowingActivation, FollowingBatchNorm, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
 from quantsim.sim.precision_setters import set_blockwise_quantization_for_weights, set_param_type
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
@@ -85,6 +85,7 @@ __all__ = [
     "grid_bounds",
     "WeightedLayer",
     "FollowingActivation",
+    "FollowingBatchNorm",
     "QuantizerGroup",
     "SimState",
     "TensorCache",

@@ -72,7 +72,9 @@ def fold_all_batch_norms_to_weight(model: Any) -> tuple[FoldedPairs, FoldedPairs
     while (found := _next_input_fold(proto)) is not None:
         before.append(found)
     _rewrite_standalone(proto)
-    return after, before
+    live = {node.name: node for node in proto.graph.node}  # the nodes now in the graph (removals rebuild the list)
+    return ([(live.get(layer.name, layer), bn) for layer, bn in after],
+            [(live.get(layer.name, layer), bn) for layer, bn in before])
 
 
 # 1. MatMul -> BatchNormalization: the MatMul becomes a Gemm -------------------------------------------------
