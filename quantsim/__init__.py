@@ -5,6 +5,7 @@ AIMET-compatible surface: ``QuantizationSimModel``, ``compute_encodings``, quant
 with AIMET's encodings formats, and ``to_onnx_qdq``/``from_onnx_qdq``. The sim itself is a plain ONNX
 graph of QuantizeLinear/DequantizeLinear (or Clip, or Cast) nodes.
 """
+from quantsim.batch_norm_fold import fold_all_batch_norms_to_weight
 from quantsim.core.dtypes import (
     QuantizationDataType,
     QuantScheme,
@@ -28,6 +29,7 @@ from quantsim.core.numerics import (
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings.transfer import EncodingMismatch, load_encodings_to_sim
 from quantsim.errors import (
+    AimetDifferenceWarning,
     CalibrationError,
     ConfigError,
     EncodingFormatError,
@@ -102,6 +104,8 @@ __all__ = [
     "prepare",
     "PrepareError",
     "PrepareWarning",
+    "AimetDifferenceWarning",
+    "fold_all_batch_norms_to_weight",
     "IntegerExportError",
     "QuantsimError",
     "QuantsimWarning",

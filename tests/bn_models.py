@@ -129,8 +129,9 @@ def conv_relu_shaped(weight: tuple[int, ...], group: int, data: list[int], trans
     p = _Params(seed)
     name = "ct" if transpose else "conv"
     out = "ct" if transpose else "conv_out"
+    geometry = {"strides": [2, 2]} if transpose else {"pads": [1] * (2 * (len(data) - 2))}
     nodes = [helper.make_node("ConvTranspose" if transpose else "Conv", ["x", p.normal(f"{name}.weight", *weight)], [out],
-                              name=name, group=group, **({"strides": [2, 2]} if transpose else {"pads": [1] * (2 * (len(data) - 2))})),
+                              name=name, group=group, **geometry),
              helper.make_node("Relu", [out], ["y"], name="relu")]
     return _model(nodes, p.inits, data)
 

@@ -11,10 +11,9 @@ import warnings
 import onnx
 import pytest
 
-from quantsim import QuantizationSimModel
+from quantsim import AimetDifferenceWarning, QuantizationSimModel
 from quantsim.batch_norm_fold import fold_all_batch_norms_to_weight
-from quantsim.sim.aimet_differences import AimetDifferenceWarning
-from tests.bn_models import AIMET_NAMES, CLIP_BOUNDS, MODELS, conv_bn_relu, conv_act, input_feed
+from tests.bn_models import AIMET_NAMES, CLIP_BOUNDS, MODELS, conv_act, conv_bn_relu, input_feed
 
 
 def _exported_names(tmp_path, model, **options) -> tuple[tuple[str, ...], tuple[str, ...]]:

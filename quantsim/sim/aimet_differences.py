@@ -26,22 +26,18 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from quantsim.errors import QuantsimWarning, warn_at_caller
+from quantsim.errors import AimetDifferenceWarning, warn_at_caller
 from quantsim.prepare.batchnorm import find_batchnorm_folds
 from quantsim.sim.decisions import Decision
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
 
-__all__ = ["AimetDifferenceWarning", "announce_batchnorm_folds", "announce_calibrated_decisions",
+__all__ = ["announce_batchnorm_folds", "announce_calibrated_decisions",
            "watch_calibrated_decisions"]
 
 _SHOWN = 4
 _WATCHED: weakref.WeakSet = weakref.WeakSet()  # sims whose first calibrated decisions are still to be announced
-
-
-class AimetDifferenceWarning(QuantsimWarning):
-    """The sim does something aimet-onnx would not, by default and on purpose; the message names the switch."""
 
 
 def _listed(items: list[str]) -> str:

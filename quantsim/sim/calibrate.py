@@ -26,8 +26,8 @@ from quantsim.calibration.encode import encodings_for_stats
 from quantsim.calibration.run import CalibrationSession
 from quantsim.errors import warn_at_caller
 from quantsim.graph.timing import timed
-from quantsim.sim.bias_fit import fit_biases_to_int32
 from quantsim.sim.aimet_differences import announce_calibrated_decisions
+from quantsim.sim.bias_fit import fit_biases_to_int32
 from quantsim.sim.decisions import apply_calibrated_rules
 
 if TYPE_CHECKING:

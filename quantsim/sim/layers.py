@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
     from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["WeightedLayer", "FollowingActivation", "FollowingBatchNorm", "find_weighted_layers", "read_weight", "write_weight", "FOLLOWING_ACTIVATIONS"]
+__all__ = ["WeightedLayer", "FollowingActivation", "FollowingBatchNorm", "find_weighted_layers", "read_weight",
+           "write_weight", "FOLLOWING_ACTIVATIONS"]
 
 #: elementwise ops whose effect on a layer's output AdaRound reproduces on both sides of its loss
 FOLLOWING_ACTIVATIONS = frozenset(

@@ -38,6 +38,7 @@ from quantsim.graph.session import WeightFiles, make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.prepare import cache as prepare_cache
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
+from quantsim.sim.aimet_differences import announce_batchnorm_folds, watch_calibrated_decisions
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
@@ -47,7 +48,6 @@ from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
 from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
 from quantsim.sim.legacy_args import map_legacy_arguments
 from quantsim.sim.param_encodings import compute_constant_encodings
-from quantsim.sim.aimet_differences import announce_batchnorm_folds, watch_calibrated_decisions
 from quantsim.sim.placement import checked_norm_block_option, place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.quantizer_dict import QuantizerDict
