@@ -11,7 +11,9 @@ and only when the user left that switch at its default (``None``):
    ``fold_all_batch_norms_to_weight(model)`` first, which AIMET itself asks for (its sim logs "Model contains
    unfolded BatchNormalization layers"): folding is what AIMET recommends and what deployment runtimes do,
    so the sim does it, and warns. ``fold_batchnorm=False`` keeps them, as AIMET does;
-   ``quantsim.batch_norm_fold.fold_all_batch_norms_to_weight`` gives AIMET's folded names.
+   ``quantsim.batch_norm_fold.fold_all_batch_norms_to_weight`` gives AIMET's folded names (preparation's own fold
+   gives the folded layer the BatchNormalization's output name, which the rest of quantsim's name tracking uses;
+   AIMET's fold keeps the layer's).
    The warning is raised where the original model is read: a model file whose preparation is already cached
    (a later run) is not read again, and not warned about again.
 2. **Calibrated decisions** (``range_health``): after a calibration, Concats whose inputs' ranges differ by
@@ -57,9 +59,10 @@ def announce_batchnorm_folds(model: onnx.ModelProto | None, fold_batchnorm: bool
             f"{len(folds)} BatchNormalization node(s) are folded into the layer before them "
             f"({_listed([f'{f.batchnorm} -> {f.layer}' for f in folds])}); aimet-onnx's QuantizationSimModel keeps "
             "them, with quantizers on the layer output and on the BatchNormalization's scale and output, unless the "
-            "script folds them first (aimet_onnx.batch_norm_fold.fold_all_batch_norms_to_weight, also "
-            "quantsim.batch_norm_fold). Pass fold_batchnorm=False for AIMET's placement, or fold_batchnorm=True to "
-            "keep the fold without this warning.", AimetDifferenceWarning)
+            "script folds them first. Pass fold_batchnorm=False for AIMET's placement, fold the model first with "
+            "quantsim.fold_all_batch_norms_to_weight(model) for AIMET's folded names (the layer keeps its output "
+            "name; here it takes the BatchNormalization's), or fold_batchnorm=True to keep this fold without this "
+            "warning.", AimetDifferenceWarning)
     return [Decision("batchnorm fold", tuple(f.batchnorm for f in folds), "folded into the layer before it",
                      "runtimes fold BatchNormalization too; fold_batchnorm=False keeps it, as aimet-onnx does")]
 
