@@ -106,8 +106,9 @@ def _next_input_fold(model: onnx.ModelProto) -> tuple[onnx.NodeProto, BNLayer] |
         if found is not None:
             layer, flatten = found
             gamma, beta = (index.constant_value(n).reshape(-1).copy() for n in bn.input[1:3])
+            repeat = _input_features(index, layer) // gamma.size  # through a Flatten: one value per feature, as AIMET
             _fold_into_input(model, index, bn, layer, flatten)
-            return layer, BNLayer(bn, gamma, beta)
+            return layer, BNLayer(bn, np.repeat(gamma, repeat), np.repeat(beta, repeat))
     return None
 
 
@@ -135,13 +136,20 @@ def _input_fold_target(index: GraphIndex, constants: set[str], bn: onnx.NodeProt
     params = [layer.input[1]] + ([layer.input[2]] if len(layer.input) > 2 and layer.input[2] else [])
     if any(p not in constants or len(index.uses(p)) != 1 for p in params):
         return None
-    weight = index.shape.get(layer.input[1]) or ()
-    features = weight[1] if layer.op_type == "Conv" or attrs.get("transB", 0) else (weight[0] if weight else 0)
-    if layer.op_type == "MatMul" and len(weight) != 2:
+    if layer.op_type == "MatMul" and len(index.shape.get(layer.input[1]) or ()) != 2:
         return None
+    features = _input_features(index, layer)
     if not features or features % channels or (flatten is None and features != channels):
         return None
     return layer, flatten
+
+
+def _input_features(index: GraphIndex, layer: onnx.NodeProto) -> int:
+    """Input channels (Conv) or features (Gemm / MatMul) of ``layer``'s weight; 0 when its shape is unknown."""
+    weight = index.shape.get(layer.input[1]) or ()
+    if not weight:
+        return 0
+    return weight[1] if layer.op_type == "Conv" or node_attributes(layer).get("transB", 0) else weight[0]
 
 
 def _fold_into_input(model: onnx.ModelProto, index: GraphIndex, bn: onnx.NodeProto, layer: onnx.NodeProto,

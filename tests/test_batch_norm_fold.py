@@ -29,8 +29,9 @@ def test_fold_gives_aimets_pairs_and_nodes_and_keeps_the_outputs(name):
     assert [(n.op_type, n.name) for n in model.graph.node] == want_nodes
     feed = input_feed(before)
     np.testing.assert_allclose(_run(model, feed), _run(before, feed), rtol=1e-5, atol=2e-5)
-    for layer, _ in after_pairs + before_pairs:  # the returned node is the one in the caller's graph
+    for layer, bn in after_pairs + before_pairs:  # the returned node is the one in the caller's graph
         assert any(node is layer for node in model.graph.node)
+        assert bn.gamma.shape == bn.beta.shape and bn.bn_layer.op_type == "BatchNormalization"
 
 
 def test_the_layer_keeps_its_output_name_and_bn_parameters_are_returned():
@@ -94,3 +95,9 @@ def test_same_weights_as_aimet_onnx(name):
     assert mine.keys() == aimet.keys()
     for key in mine:
         np.testing.assert_allclose(mine[key], aimet[key].reshape(mine[key].shape), rtol=1e-5, atol=1e-6, err_msg=key)
+    ours_pairs, theirs_pairs = fold_all_batch_norms_to_weight(MODELS[name]()), aimet_fold.fold_all_batch_norms_to_weight(
+        MODELS[name]())
+    for mine_list, aimet_list in zip(ours_pairs, theirs_pairs):
+        for (_, a), (_, b) in zip(mine_list, aimet_list, strict=True):
+            np.testing.assert_allclose(a.gamma, b.gamma, rtol=1e-6)
+            np.testing.assert_allclose(a.beta, b.beta, rtol=1e-6)
