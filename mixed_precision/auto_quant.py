@@ -302,6 +302,8 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     if not ladder:
         raise InvalidArgumentError("auto_quantize: no candidate left (check candidates= and the target's kernels)")
     show = True if progress is None else bool(progress)
+    for switch in ("fold_batchnorm", "range_health", "depthwise_supergroups"):  # this project's defaults, unannounced
+        sim_kwargs.setdefault(switch, True)
     search = _Search(source, _batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
                      None if results_dir is None else Path(results_dir), clean_start, executor, time_budget, show,
                      sim_kwargs)

@@ -5,6 +5,7 @@ AIMET-compatible surface: ``QuantizationSimModel``, ``compute_encodings``, quant
 with AIMET's encodings formats, and ``to_onnx_qdq``/``from_onnx_qdq``. The sim itself is a plain ONNX
 graph of QuantizeLinear/DequantizeLinear (or Clip, or Cast) nodes.
 """
+from quantsim.batch_norm_fold import fold_all_batch_norms_to_weight
 from quantsim.core.dtypes import (
     QuantizationDataType,
     QuantScheme,
@@ -30,6 +31,7 @@ from quantsim.core.numerics import (
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings.transfer import EncodingMismatch, load_encodings_to_sim
 from quantsim.errors import (
+    AimetDifferenceWarning,
     CalibrationError,
     ConfigError,
     EncodingFormatError,
@@ -51,7 +53,7 @@ from quantsim.sim.calibrate import compute_encodings
 from quantsim.sim.capture import Capturer, TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
-from quantsim.sim.layers import FollowingActivation, WeightedLayer
+from quantsim.sim.layers import FollowingActivation, FollowingBatchNorm, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
 from quantsim.sim.precision_setters import deciding_quantizer, set_blockwise_quantization_for_weights, set_param_type
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
@@ -90,6 +92,7 @@ __all__ = [
     "grid_bounds",
     "WeightedLayer",
     "FollowingActivation",
+    "FollowingBatchNorm",
     "QuantizerGroup",
     "SimState",
     "TensorCache",
@@ -106,6 +109,8 @@ __all__ = [
     "prepare",
     "PrepareError",
     "PrepareWarning",
+    "AimetDifferenceWarning",
+    "fold_all_batch_norms_to_weight",
     "IntegerExportError",
     "QuantsimError",
     "QuantsimWarning",

@@ -15,6 +15,7 @@ __all__ = [
     "warn_at_caller",
     "QuantsimError",
     "QuantsimWarning",
+    "AimetDifferenceWarning",
     "InvalidArgumentError",
     "InvalidTypeError",
     "InvalidStateError",
@@ -67,6 +68,11 @@ class PrepareError(QuantsimError, ValueError):
 
 class PrepareWarning(QuantsimWarning):
     """Preparation went on with less than it wanted (no shapes, a refused fold, a cache entry dropped)."""
+
+
+class AimetDifferenceWarning(QuantsimWarning):
+    """The sim does something aimet-onnx would not, by default and on purpose (`quantsim.sim.aimet_differences`);
+    the message names the switch that gives AIMET's behaviour."""
 
 
 class EncodingFormatError(QuantsimError, ValueError):

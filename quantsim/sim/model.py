@@ -38,6 +38,7 @@ from quantsim.graph.session import WeightFiles, make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.prepare import cache as prepare_cache
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
+from quantsim.sim.aimet_differences import announce_batchnorm_folds, announce_depthwise_supergroups, watch_calibrated_decisions
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
 from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
@@ -82,14 +83,17 @@ class QuantizationSimModel:
     (onnxruntime providers), ``path`` (working directory for artifacts). Additions: ``percentile``
     (for the percentile scheme), ``use_integer_kernels`` (run ``session`` with onnxruntime's Q/DQ
     fusion into integer kernels instead of the exact float simulation), ``progress`` (tqdm bars) and
-    ``fold_batchnorm`` (False keeps BatchNormalization as its own op, with its own quantizers and precision,
-    as AIMET's mixed-precision recipe needs) and ``range_health`` (default True: after each calibration,
+    ``fold_batchnorm`` (default: fold, False keeps BatchNormalization as its own op, with its own quantizers and
+    precision, as aimet-onnx does) and ``range_health`` (default on: after each calibration,
     untie Concats whose inputs' ranges differ by orders of magnitude and give a 16-bit grid, or float, to
     8-bit activations whose values collapse onto a few codes; see `quantsim.sim.decisions`) and
     ``linear_ops_in_norm_blocks`` (default False: a Conv/Gemm/MatMul between the statistics of decomposed
     norm layers keeps float input and output; True quantizes them so QDQ runtimes run it on integer kernels,
     ``"all"`` every op between the norm layers' own statistics: speed-for-accuracy choices,
-    `quantsim.sim.placement` rule 3). Every automatic
+    `quantsim.sim.placement` rule 3) and ``depthwise_supergroups`` (default: one quantizer after a depthwise / 3-D
+    Conv and its activation; False: AIMET's rule, a quantizer on the convolution's output too). Left at None,
+    ``fold_batchnorm``, ``range_health`` and ``depthwise_supergroups`` warn once where they differ from aimet-onnx
+    (`quantsim.sim.aimet_differences`). Every automatic
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
     """
@@ -110,9 +114,10 @@ class QuantizationSimModel:
         percentile: float = 100.0,
         use_integer_kernels: bool = False,
         progress: bool = True,
-        fold_batchnorm: bool = True,
-        range_health: bool = True,
+        fold_batchnorm: bool | None = None,
+        range_health: bool | None = None,
         linear_ops_in_norm_blocks: bool | str = False,
+        depthwise_supergroups: bool | None = None,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -125,7 +130,8 @@ class QuantizationSimModel:
             raise InvalidArgumentError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
         loaded_here = isinstance(model, (str, os.PathLike))
         # an unchanged model file whose preparation is cached: nothing of the file is read
-        cached = prepare_file_cached(model, fold_batchnorm=fold_batchnorm) if loaded_here else None
+        folding = fold_batchnorm is not False
+        cached = prepare_file_cached(model, fold_batchnorm=folding) if loaded_here else None
         self._weights: MappedWeights | None = None
         signatures: dict[str, list[int] | None] = {}
         if cached is None:  # a file's big weights stay in it, mapped, until the cache entry copies them
@@ -149,8 +155,10 @@ class QuantizationSimModel:
         self._session_options_kwargs = dict(session_options_kwargs or {})
         self.use_integer_kernels = bool(use_integer_kernels)
         self.progress = bool(progress)
-        self.range_health = bool(range_health)
+        self.range_health = range_health is None or bool(range_health)
+        self.depthwise_supergroups = depthwise_supergroups is not False
         self.linear_ops_in_norm_blocks = checked_norm_block_option(linear_ops_in_norm_blocks)
+        folds = announce_batchnorm_folds(proto if cached is None else None, fold_batchnorm)
         try:
             if cached is not None:
                 self._model, self._weights = cached
@@ -158,20 +166,23 @@ class QuantizationSimModel:
                 box = [proto]
                 del proto
                 self._model, self._weights = prepare_loaded_mapped(
-                    lambda: box.pop() if box else load_model(model)[0], fold_batchnorm=fold_batchnorm,
+                    lambda: box.pop() if box else load_model(model)[0], fold_batchnorm=folding,
                     source=(model, signatures), weights=mapped)
             else:
-                self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
+                self.model = prepare(proto, fold_batchnorm=folding)
         except PrepareError as error:  # name the model too: a script may build several sims
             raise PrepareError(f"{self._label}: {error}") from error
         self._build_quantizers(percentile)
+        self._record_decisions(folds)
+        watch_calibrated_decisions(self, range_health)
+        announce_depthwise_supergroups(self._decisions, depthwise_supergroups)
 
     # construction ------------------------------------------------------------------------------
     def _build_quantizers(self, percentile: float) -> None:
         self._index = GraphIndex(self._model, weights=self._weights)
         with self._index.cached_constants():  # each weight read once (finite checks, shapes)
             placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type,
-                                         self.linear_ops_in_norm_blocks)
+                                         self.linear_ops_in_norm_blocks, self.depthwise_supergroups)
         self.left_in_float = placement.left_in_float
         self._decisions: list[Decision] = list(placement.decisions)
         self._version = 0
