@@ -82,5 +82,5 @@ class Adaround:
                     q.enabled = False
             sim.export(path, filename_prefix, export_model=False)
         rounded = onnx.ModelProto()
-        rounded.CopyFrom(sim.model)
+        rounded.CopyFrom(sim.model.model)
         return rounded

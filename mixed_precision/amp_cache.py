@@ -38,7 +38,7 @@ def cache_key(sim: QuantizationSimModel, candidates: list[str], groups: list[Qua
               callbacks: tuple[Any, ...]) -> str:
     """What the cached scores depend on (module docstring), as a hex digest."""
     digest = hashlib.sha256()
-    hash_model(digest, sim.model)
+    hash_model(digest, sim.model.model)
     for q in sim.quantizers:
         digest.update(repr((q.name, q.role, q.spec, q.enabled, q.is_encoding_frozen())).encode())
     digest.update(repr(candidates).encode())

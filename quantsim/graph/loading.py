@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx.external_data_helper import load_external_data_for_model
@@ -12,7 +13,7 @@ from quantsim.graph.large_models import is_large
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.source_weights import map_external
 
-__all__ = ["load_model", "load_model_mapped", "file_signature", "external_files"]
+__all__ = ["as_model_proto", "load_model", "load_model_mapped", "file_signature", "external_files"]
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QcQuantizeOp"})
 
@@ -27,12 +28,22 @@ def load_model(model: onnx.ModelProto | str | os.PathLike,
     return proto, label
 
 
+def as_model_proto(model: Any) -> Any:
+    """``model``'s ModelProto when it wraps one (``sim.model``, a `quantsim.sim.model_view.ModelView`, or AIMET's
+    ``ONNXModel``: anything whose ``.model`` is a ModelProto); anything else unchanged (a ModelProto, a path)."""
+    if isinstance(model, (onnx.ModelProto, str, os.PathLike)):
+        return model
+    inner = getattr(model, "model", None)
+    return inner if isinstance(inner, onnx.ModelProto) else model
+
+
 def load_model_mapped(model: onnx.ModelProto | str | os.PathLike, signatures: dict[str, list[int] | None] | None,
                       min_bytes: int | None) -> tuple[onnx.ModelProto, str, MappedWeights | None]:
     """`load_model`, but a file's big external weights stay in their files (`source_weights.load_mapped`, when
     they total at least ``min_bytes``; never with None): the model holds references to them, read through the
     returned `MappedWeights` (None when nothing stayed mapped)."""
     weights = None
+    model = as_model_proto(model)
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():

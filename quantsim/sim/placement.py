@@ -22,7 +22,8 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    99.4% -> 96.5%, so not the default).
 4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
    last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)``; the MatmulAdd pass turns
-   ``Add(MatMul(x, W), b)``'s constant into a bias.
+   ``Add(MatMul(x, W), b)``'s constant into a bias; the LayerNormalization and RMSNormalization passes turn
+   off the quantizers inside decomposed norm layers (`quantsim.sim.config_passes`), and so does MaskedSoftmax inside its pattern.
    An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
    share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
@@ -43,6 +44,7 @@ from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
+from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option"]
@@ -219,6 +221,14 @@ def place_quantizers(
         matmul_out = next(n for n in add_node.input if not index.is_constant(n))
         if matmul_out in sites:
             sites[matmul_out].enabled = False
+    norm_off, symmetric16 = norm_pass_sites(index, config.supergroup_pass_list)  # AIMET's norm / masked-softmax passes
+    for name in norm_off:
+        if name in sites:
+            sites[name].enabled = False
+    for name in symmetric16:
+        plan = sites.get(name)
+        if plan is not None and not plan.spec.is_float and plan.spec.dtype.bits == 16:
+            plan.spec = plan.spec.with_(symmetric=True)
 
     # 4. ties
     ties = _UnionFind()
