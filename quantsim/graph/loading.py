@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import onnx
 from onnx.external_data_helper import load_external_data_for_model
@@ -12,8 +11,9 @@ from quantsim.errors import InvalidArgumentError, InvalidTypeError, one_line
 from quantsim.graph.large_models import is_large
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.source_weights import map_external
+from quantsim.graph.wrapped import as_model_proto
 
-__all__ = ["as_model_proto", "load_model", "load_model_mapped", "file_signature", "external_files"]
+__all__ = ["load_model", "load_model_mapped", "file_signature", "external_files"]
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QcQuantizeOp"})
 
@@ -26,15 +26,6 @@ def load_model(model: onnx.ModelProto | str | os.PathLike,
     file and of each external-data file it references is recorded there, taken before its bytes are read."""
     proto, label, _ = load_model_mapped(model, signatures, None)
     return proto, label
-
-
-def as_model_proto(model: Any) -> Any:
-    """``model``'s ModelProto when it wraps one (``sim.model``, a `quantsim.sim.model_view.ModelView`, or AIMET's
-    ``ONNXModel``: anything whose ``.model`` is a ModelProto); anything else unchanged (a ModelProto, a path)."""
-    if isinstance(model, (onnx.ModelProto, str, os.PathLike)):
-        return model
-    inner = getattr(model, "model", None)
-    return inner if isinstance(inner, onnx.ModelProto) else model
 
 
 def load_model_mapped(model: onnx.ModelProto | str | os.PathLike, signatures: dict[str, list[int] | None] | None,

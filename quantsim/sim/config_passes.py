@@ -11,7 +11,8 @@ in float between its input and output quantizers (aimet-onnx 2.42 ``graph_passes
   16-bit, is symmetric; with ``Add(., beta)`` after that Mul the Mul output and beta are not quantized.
 * **RMSNormalization**: ``Pow(x, 2)`` or ``Mul(x, x)`` -> ReduceMean -> Add(eps), then ``Div(x, Sqrt(.))``,
   ``Mul(x, Div(1, Sqrt(.)))``, ``Mul(x, Reciprocal(Sqrt(.)))`` or ``Mul(x, Pow(., -0.5))``, optionally Casts
-  and a ``Mul(., gamma)``: every output but the last is not quantized (constants keep their quantizers).
+  and a ``Mul(., gamma)``: every output but the last and the constants of every op but the last (the exponent,
+  eps; not gamma) are not quantized.
 * **MaskedSoftmax**: ``Softmax(Where(mask, x, ReduceMin(x) + B))`` over the last axis of a 4-D ``x``, ``B`` a
   constant <= -20 (AIMET fuses it into one op): the ReduceMin, Add and Where outputs and ``B`` are not
   quantized; ``x`` and the Softmax output keep their quantizers.
@@ -143,6 +144,7 @@ def _rms_norm(index: GraphIndex, node: onnx.NodeProto, off: set[str]) -> None:
     if gamma is not None:
         ops += [*casts, gamma]
     off.update(_outputs(ops[:-1]))
+    off.update(_constants(index, ops[:-1]))  # the exponent and eps (aimet-onnx 2.42 turns them off too)
 
 
 def _last_axis(index: GraphIndex, node: onnx.NodeProto, rank: int) -> bool:

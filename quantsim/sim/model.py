@@ -33,6 +33,7 @@ from quantsim.graph.loading import load_model, load_model_mapped
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.session import WeightFiles, make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
+from quantsim.graph.wrapped import as_model_proto
 from quantsim.prepare import cache as prepare_cache
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
 from quantsim.sim.aimet_surface import AimetSurface
@@ -43,7 +44,7 @@ from quantsim.sim.decisions import Decision, untie_candidates
 from quantsim.sim.legacy_args import map_legacy_arguments
 from quantsim.sim.model_exports import SimExports
 from quantsim.sim.model_hooks import SimHooks
-from quantsim.sim.model_view import ModelView, as_model_proto
+from quantsim.sim.model_view import ModelView
 from quantsim.sim.param_encodings import compute_constant_encodings
 from quantsim.sim.placement import checked_norm_block_option, place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp

@@ -25,7 +25,7 @@ from typing import Any
 
 import onnx
 
-from quantsim.graph.loading import as_model_proto
+from quantsim.graph.wrapped import as_model_proto
 
 __all__ = ["ModelView", "as_model_proto"]
 
