@@ -150,15 +150,20 @@ class QuantizerAimetSurface:
         return fake_values(values, enc).astype(values.dtype, copy=False)
 
     def clip_and_recompute_encodings(self, clamp_val: float) -> bool | None:
-        """Clamp the encoding's range to ``[-clamp_val, clamp_val]`` where it reaches outside, and recompute the
-        grid from the clamped range (AIMET's min-max rule, this quantizer's symmetry). Returns whether anything
-        was clamped; None (nothing done) when disabled, frozen or without an encoding, as in AIMET."""
+        """Clamp the encoding's range to ``[-clamp_val, clamp_val]`` where it reaches outside (by more than half a
+        step: see below), and recompute the grid from the clamped range (AIMET's min-max rule, this quantizer's
+        symmetry). Returns whether anything was clamped; None (nothing done) when disabled, frozen or without an
+        encoding, as in AIMET."""
         clamp = _finite_positive(clamp_val, "clamp_val")
         enc = self._encoding
         if enc is None or not self.enabled or self._frozen:
             return None
         lo, hi = enc.min, enc.max
-        outside = (lo < -clamp) | (hi > clamp)
+        # a grid's ends are whole steps from its zero point, so the grid of a clamped range may reach past
+        # clamp_val by up to half a step: that is already clamped (AIMET keeps the clamped min/max themselves),
+        # and clamping twice changes nothing
+        slack = np.asarray(enc.scale) / 2
+        outside = (lo < -clamp - slack) | (hi > clamp + slack)
         if not np.any(outside):
             return False
         spec = self._spec
