@@ -155,6 +155,7 @@ def test_get_op_quantizers_set_quantizers_and_attributes(tmp_path):
     sim.save_model_graph("graph")
     assert {n.op_type for n in onnx.load(str(tmp_path / "graph.onnx")).graph.node} >= {"QuantizeLinear", "Conv"}
     assert sim.input_quantizers_name == []  # as aimet-onnx: no constants quantized as activations here
+    assert [n.name for n in sim.input_name_to_nodes["x"]] == ["conv"] and sim.output_name_to_node["y"].name == "fc"
     assert set(sim.activation_dtypes) == {"W", "B", "W2", "B2", "x", "c", "r", "g", "f", "y"} - {"c", "f"} | {
         t for t in sim.activation_names}
     assert all(d == np.float32 for d in sim.activation_dtypes.values())
@@ -272,6 +273,9 @@ def test_every_public_aimet_name_exists_here():
         theirs = aimet_quantsim.QuantizationSimModel(make_model())
         theirs.compute_encodings(batches())
     ours = calibrated_sim()
+    for mine, aimets in ((ours, theirs), (ours.qc_quantize_op_dict["x"], theirs.qc_quantize_op_dict["x"])):
+        missing = [n for n in vars(aimets) if not n.startswith("_") and n not in dir(mine)]
+        assert missing == [], f"{type(mine).__name__} instances lack {missing}"
     for name in ("x", "W"):
         assert [e.offset for e in ours.qc_quantize_op_dict[name].get_encodings()] == \
             [e.offset for e in theirs.qc_quantize_op_dict[name].get_encodings()]

@@ -18,7 +18,8 @@ mean here:
   AIMET's connected-graph op); no ConnectedGraph exists here.
 * ``set_quantizers({tensor: quantizer})``: ties ``tensor`` to one of this sim's quantizers.
 * ``save_model_graph(prefix)``: the sim's graph (Q/DQ form) as ``<path>/<prefix>.onnx``.
-* ``build_session`` (deprecated in AIMET), ``input_quantizers_name``, ``activation_dtypes``, ``quant_args``;
+* ``build_session`` (deprecated in AIMET), ``input_quantizers_name``, ``activation_dtypes``, ``quant_args``,
+  ``input_name_to_nodes``, ``output_name_to_node`` (of the prepared float model);
   ``connected_graph`` raises `NotSupportedError` naming what to use.
 """
 from __future__ import annotations
@@ -238,6 +239,16 @@ class AimetSurface:
         types = self._index.elem_type
         return {t: np.dtype(helper.tensor_dtype_to_np_dtype(types[t]))
                 for t in [*self.param_names, *self.activation_names] if t in types}
+
+    @property
+    def input_name_to_nodes(self) -> dict[str, list[onnx.NodeProto]]:
+        """``{tensor: nodes reading it}`` of the prepared model (AIMET: of its sim graph)."""
+        return {name: [use.node for use in uses] for name, uses in self._index.consumers.items()}
+
+    @property
+    def output_name_to_node(self) -> dict[str, onnx.NodeProto]:
+        """``{tensor: the node writing it}`` of the prepared model (AIMET: of its sim graph)."""
+        return {name: node for node in self._index.nodes for name in node.output if name}
 
     @property
     def quant_args(self) -> dict:

@@ -84,7 +84,7 @@ def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quanti
     cached = sim._capture_sessions.get(key)
     if cached is not None and cached[0] == sim._version:
         return cached[1], cached[2]
-    index = sim._index
+    index = sim.graph_index
     unknown = [t for t in tensors if t not in index.producer and t not in index.graph_inputs
                and not index.is_constant(t)]
     if unknown:

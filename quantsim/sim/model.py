@@ -238,6 +238,12 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
                 _log.info("sim %s: %s", self._label, decision)
 
     @property
+    def graph_index(self) -> GraphIndex:
+        """The read-only index of the prepared model (producers, consumers, shapes, constants; mapped weights are
+        read, never copied in) that the sim's helper modules share."""
+        return self._index
+
+    @property
     def quantizers(self) -> list[QcQuantizeOp]:
         """Every distinct quantizer object (tied tensors share one)."""
         return list(self._quantizers)
