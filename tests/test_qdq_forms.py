@@ -16,6 +16,7 @@ from models import layernorm
 from onnx import TensorProto, numpy_helper
 from tiny_cnn import batch, batches, calibrated_sim, make_model, new_sim
 
+import quantsim
 from quantsim import InvalidArgumentError, QuantizationSimModel, encodings_to_onnx_qdq
 from quantsim.sim.config import CONFIG_DIR
 
@@ -156,3 +157,16 @@ def test_encodings_to_onnx_qdq_writes_aimets_forms(tmp_path):
     feed = batch(6)
     np.testing.assert_array_equal(_run(from_v1, feed), _run(sim.to_onnx_qdq(export_int32_bias=False), feed))
     np.testing.assert_array_equal(_run(from_v2, feed), _run(sim.to_onnx_qdq(), feed))
+
+
+@pytest.mark.parametrize("kwargs", [{"activation_type": "int16"}, {"param_type": "int4"},
+                                    {"activation_type": quantsim.qtype.int(6)}], ids=["a16", "w4", "a6"])
+def test_every_form_computes_the_same_at_other_precisions(kwargs):
+    sim = new_sim(**kwargs)  # 16-bit codes, int4 weights at opset 21, an n-bit grid in an 8-bit container (Clip)
+    sim.compute_encodings(batches())
+    feed = batch(3)
+    want = _run(sim.to_onnx_qdq(), feed)
+    for form in ({"force_activation_as": "signed"}, {"force_activation_as": None},
+                 {"prequantize_constants": False, "weight_codes": "uint8"},
+                 {"prequantize_constants": False, "force_activation_as": "signed", "export_int32_bias": True}):
+        np.testing.assert_array_equal(_run(sim.to_onnx_qdq(**form), feed), want, err_msg=str(form))

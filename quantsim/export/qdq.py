@@ -59,6 +59,9 @@ integer kernels and other toolchains expect:
   names its storage type with the ``output_dtype`` attribute and DequantizeLinear takes the type from its
   input. Below opset 21 (no ``output_dtype``) the zero-point tensors stay.
 
+AIMET's spellings of the same values (``prequantize_constants=False``: weights as floats behind Q -> DQ;
+``force_activation_as``: signed or unsigned activation codes) are `quantsim.export.qdq_forms`.
+
 IR and opset are set explicitly: the opset is the model's, raised only as far as the quantizers need
 (13 for per-channel, 21 for int4/int16/blocked grids), never above what onnxruntime loads.
 """

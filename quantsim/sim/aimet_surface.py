@@ -179,7 +179,8 @@ class AimetSurface:
 
     def set_quantizers(self, quantizer_dict: Mapping[str, QcQuantizeOp]) -> None:
         """Tie each ``tensor`` to ``quantizer``, one of this sim's quantizers of the same role and shape (AIMET's
-        way of sharing one quantizer between tensors). Checked first: on an error nothing changes."""
+        way of sharing one quantizer between tensors). Checked first: on an error nothing changes. A tie is
+        structure, not quantizer state: `snapshot`/`restore` do not undo it."""
         known = {id(q) for q in self._quantizers}
         for tensor, quantizer in quantizer_dict.items():
             if not isinstance(quantizer, QcQuantizeOp):
