@@ -53,7 +53,8 @@ def test_sim_model_is_a_view_whose_model_is_the_model_proto(tmp_path):
     copied = copy.deepcopy(view)
     assert type(copied) is onnx.ModelProto and copied == view.model and copied is not view.model
     assert type(pickle.loads(pickle.dumps(view))) is onnx.ModelProto
-    again = QuantizationSimModel(view, progress=False)  # quantsim's loaders take the view
+    assert quantsim.prepare(view) == quantsim.prepare(view.model)  # quantsim's functions take the view
+    again = QuantizationSimModel(view, progress=False)
     assert again.param_names == sim.param_names
 
 
