@@ -170,3 +170,18 @@ def test_every_form_computes_the_same_at_other_precisions(kwargs):
                  {"prequantize_constants": False, "weight_codes": "uint8"},
                  {"prequantize_constants": False, "force_activation_as": "signed", "export_int32_bias": True}):
         np.testing.assert_array_equal(_run(sim.to_onnx_qdq(**form), feed), want, err_msg=str(form))
+
+
+def test_export_2_0_0_with_force_activation_as_none_keeps_each_grids_own_type(tmp_path):
+    import json
+
+    def activation_dtypes(sim, prefix):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sim.export(tmp_path, prefix, export_model=False, encoding_version="2.0.0", force_activation_as=None)
+        entries = json.loads((tmp_path / f"{prefix}.encodings").read_text())["encodings"]
+        return {e["name"]: e["output_dtype"] for e in entries if e["name"] in sim.activation_names}
+
+    # aimet-onnx 2.42 on the tiny CNN: x uint8 (zero point 136), r uint8 (no zero point)
+    assert set(activation_dtypes(calibrated_sim(), "asym").values()) == {"uint8"}
+    assert set(activation_dtypes(_symmetric_activation_sim(), "sym").values()) == {"int8"}

@@ -38,7 +38,7 @@ VERSION = "2.0.0"
 OUTPUT_DTYPES = {
     f"{'' if signed else 'u'}int{bits}": (bits, signed) for bits in (4, 8, 16, 32) for signed in (True, False)
 }
-FORCE_CHOICES = ("unsigned", "signed")
+FORCE_CHOICES = ("unsigned", "signed", None)  # None: each activation grid's own signedness (AIMET's None)
 _LPBQ_KEYS = ("per_block_int_scale", "per_channel_float_scale")
 
 
@@ -52,7 +52,7 @@ def dtype_name(where: Where, bits: int, signed: bool) -> str:
     return name
 
 
-def _file_grid(enc: Encoding, kind: str | None, force: str) -> tuple[bool, np.ndarray]:
+def _file_grid(enc: Encoding, kind: str | None, force: str | None) -> tuple[bool, np.ndarray]:
     """(signed dtype?, zero points) as they go into the file."""
     if is_strict(enc):
         signed, zp = True, np.full(enc.scale.shape, -1, dtype=np.int64)
@@ -94,7 +94,7 @@ def _blocked(where: Where, record: TensorEncoding, values: np.ndarray) -> tuple[
     return np.broadcast_to(grid.reshape(view), target), block_axis
 
 
-def _write_entry(where: Where, record: TensorEncoding, force: str) -> dict[str, Any]:
+def _write_entry(where: Where, record: TensorEncoding, force: str | None) -> dict[str, Any]:
     enc = record.grid
     check_writable(where, enc)
     layout = granularity(where, enc)
@@ -116,7 +116,7 @@ def _write_entry(where: Where, record: TensorEncoding, force: str) -> dict[str, 
     return entry
 
 
-def write_section(records: list[TensorEncoding], source: str, force_activation_as: str) -> list[dict[str, Any]]:
+def write_section(records: list[TensorEncoding], source: str, force_activation_as: str | None) -> list[dict[str, Any]]:
     """The ``encodings`` list (float16 records are left out, as AIMET does)."""
     return [
         _write_entry(Where(source, f"tensor {record.name!r}"), record, force_activation_as)
