@@ -258,6 +258,12 @@ def test_update_quantizer_and_load_encodings():
     target.update_quantizer_and_load_encodings(source.get_encodings(), False, False, False,
                                                quantsim.QuantizationDataType.int)
     assert target.enabled and target.get_encodings() == source.get_encodings()
+    weight = sim.qc_quantize_op_dict["W"]  # per channel: one encoding for 4 channels fails, and changes nothing
+    spec, encodings = weight.spec, weight.get_encodings()
+    with pytest.raises(InvalidArgumentError):
+        weight.update_quantizer_and_load_encodings(source.get_encodings(), False, False, False,
+                                                   quantsim.QuantizationDataType.int)
+    assert weight.spec == spec and weight.get_encodings() == encodings
 
 
 # aimet-onnx itself ----------------------------------------------------------------------------------

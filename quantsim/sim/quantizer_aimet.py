@@ -190,12 +190,17 @@ class QuantizerAimetSurface:
             data_type = QuantizationDataType[data_type]
         if not encoding:
             raise InvalidArgumentError(f"quantizer {self.name!r}: no encoding given")
-        self.set_precision(qtype.from_legacy_repr(data_type, int(encoding[0].bw)))
-        if data_type == QuantizationDataType.int:
-            flags = {"symmetric": is_symmetric, "strict_symmetric": is_strict_symmetric,
-                     "unsigned_symmetric": is_unsigned_symmetric}
-            self.set_qspec(self._spec.with_(**{k: bool(v) for k, v in flags.items() if v is not None}))
-            self.load_encodings(encoding)
+        before = (self._spec, self._encoding)
+        try:
+            self.set_precision(qtype.from_legacy_repr(data_type, int(encoding[0].bw)))
+            if data_type == QuantizationDataType.int:
+                flags = {"symmetric": is_symmetric, "strict_symmetric": is_strict_symmetric,
+                         "unsigned_symmetric": is_unsigned_symmetric}
+                self.set_qspec(self._spec.with_(**{k: bool(v) for k, v in flags.items() if v is not None}))
+                self.load_encodings(encoding)
+        except Exception:  # a failed call leaves the quantizer as it was
+            self._spec, self._encoding = before
+            raise
         self.enabled = True
 
     def export_encodings(self, encoding_version: str = "0.6.1") -> Any:
