@@ -88,7 +88,7 @@ def apply_adaround_to_model(model: onnx.ModelProto | str | os.PathLike, params: 
                 q.enabled = False
         sim.export(path, filename_prefix, export_model=False)
     rounded = onnx.ModelProto()
-    rounded.CopyFrom(sim.model)
+    rounded.CopyFrom(sim.model.model)
     return rounded
 
 

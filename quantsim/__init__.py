@@ -40,6 +40,7 @@ from quantsim.errors import (
     InvalidArgumentError,
     InvalidStateError,
     InvalidTypeError,
+    NotSupportedError,
     PrepareError,
     PrepareWarning,
     QuantsimError,
@@ -49,14 +50,17 @@ from quantsim.errors import (
 )
 from quantsim.export.from_encodings import encodings_to_onnx_qdq
 from quantsim.prepare import prepare
+from quantsim.sim.aimet_surface import clamp_activation_encodings
 from quantsim.sim.calibrate import compute_encodings
 from quantsim.sim.capture import Capturer, TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
 from quantsim.sim.layers import FollowingActivation, FollowingBatchNorm, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
+from quantsim.sim.model_view import ModelView
 from quantsim.sim.precision_setters import deciding_quantizer, set_blockwise_quantization_for_weights, set_param_type
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
+from quantsim.sim.quantizer_aimet import OpMode
 from quantsim.sim.state import SimState
 
 __version__ = "0.1.0"
@@ -99,6 +103,9 @@ __all__ = [
     "Capturer",
     "QcQuantizeOp",
     "TfEncoding",
+    "OpMode",
+    "ModelView",
+    "clamp_activation_encodings",
     "load_encodings_to_sim",
     "EncodingMismatch",
     "EncodingMismatchError",
@@ -117,6 +124,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "InvalidStateError",
+    "NotSupportedError",
     "CalibrationError",
     "SessionError",
     "UnknownQuantizerError",

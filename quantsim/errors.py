@@ -16,6 +16,7 @@ __all__ = [
     "QuantsimError",
     "QuantsimWarning",
     "AimetDifferenceWarning",
+    "NotSupportedError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "InvalidStateError",
@@ -115,6 +116,11 @@ class CalibrationError(QuantsimError, ValueError):
 
 class SessionError(QuantsimError, RuntimeError):
     """onnxruntime refused a model the sim built (e.g. the float model itself does not load there)."""
+
+
+class NotSupportedError(QuantsimError, NotImplementedError):
+    """An aimet-onnx API that quantsim does not provide (it has no meaning in a plain-ONNX sim); the message
+    names what to use instead."""
 
 
 #: packages whose frames a warning skips, so it points at the user's own line

@@ -76,7 +76,7 @@ def _new_quantizer(sim: QuantizationSimModel, like: QcQuantizeOp, tensor: str) -
 
 
 def _concat_outputs(sim: QuantizationSimModel) -> set[str]:
-    return {n.output[0] for n in sim._index.nodes if n.op_type == "Concat" and n.output}
+    return {n.output[0] for n in sim.graph_index.nodes if n.op_type == "Concat" and n.output}
 
 
 def _may_untie(q: QcQuantizeOp, concat_outputs: set[str]) -> bool:
@@ -161,7 +161,7 @@ def apply_calibrated_rules(sim: QuantizationSimModel, session: CalibrationSessio
 
     ``observed`` are the quantizers this calibration computed encodings for (already set)."""
     decisions, created = _untie_concats(sim, session, observed)
-    index = sim._index
+    index = sim.graph_index
 
     def bounded(q: QcQuantizeOp) -> bool:
         producers = [index.producer_of(t) for t in q.tensors]

@@ -130,7 +130,7 @@ def _resolved_activation(index: GraphIndex, output: str) -> FollowingActivation 
 
 def find_weighted_layers(sim: QuantizationSimModel) -> list[WeightedLayer]:
     """Every weighted layer of the sim's prepared model, in topological order."""
-    index = sim._index
+    index = sim.graph_index
     layers = []
     for node in index.nodes:
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or not index.is_constant(node.input[1]):
@@ -156,15 +156,15 @@ def find_weighted_layers(sim: QuantizationSimModel) -> list[WeightedLayer]:
 
 def read_weight(sim: QuantizationSimModel, name: str) -> np.ndarray:
     """A writable float copy of initializer ``name`` of the prepared model."""
-    if not sim._index.is_constant(name):
+    if not sim.graph_index.is_constant(name):
         raise InvalidArgumentError(f"{name!r} is not a constant of the prepared model (see sim.param_names)")
-    return np.array(sim._index.constant_value(name))
+    return np.array(sim.graph_index.constant_value(name))
 
 
 def write_weight(sim: QuantizationSimModel, name: str, values: np.ndarray) -> None:
     """Replace initializer ``name``'s values in place (same shape and dtype), invalidating sessions."""
-    tensor = sim._index.initializers[name]
-    old = sim._index.constant_value(name)
+    tensor = sim.graph_index.initializers[name]
+    old = sim.graph_index.constant_value(name)
     values = np.asarray(values)
     if values.shape != old.shape:
         raise InvalidArgumentError(f"new values for {name!r} have shape {values.shape}, the weight has {old.shape}")

@@ -27,7 +27,9 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    (`is_depthwise_or_3d_conv`), so their outputs keep a quantizer there; here ``depthwise_supergroups=True``
    (the default) lets them start supergroups too (one quantizer after the activation, better on MobileNet-style
    nets: the depthwise output's long negative tail is not put on a grid of its own), and
-   ``depthwise_supergroups=False`` gives AIMET's placement.
+   ``depthwise_supergroups=False`` gives AIMET's placement. The LayerNormalization and RMSNormalization
+   passes turn off the quantizers inside decomposed norm layers (`quantsim.sim.config_passes`), and so does
+   MaskedSoftmax inside its pattern.
    An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
    share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
@@ -48,6 +50,7 @@ from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
+from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
@@ -237,6 +240,14 @@ def place_quantizers(
         matmul_out = next(n for n in add_node.input if not index.is_constant(n))
         if matmul_out in sites:
             sites[matmul_out].enabled = False
+    norm_off, symmetric16 = norm_pass_sites(index, config.supergroup_pass_list)  # AIMET's norm / masked-softmax passes
+    for name in norm_off:
+        if name in sites:
+            sites[name].enabled = False
+    for name in symmetric16:
+        plan = sites.get(name)
+        if plan is not None and not plan.spec.is_float and plan.spec.dtype.bits == 16:
+            plan.spec = plan.spec.with_(symmetric=True)
 
     # 4. ties
     ties = _UnionFind()
