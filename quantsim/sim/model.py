@@ -51,6 +51,7 @@ from quantsim.sim.placement import checked_norm_block_option, place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.quantizer_dict import QuantizerDict
 from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state, transaction
+from quantsim.sim.target_rules import attach_target, check_export
 
 _log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class QuantizationSimModel:
         fold_batchnorm: bool = True,
         range_health: bool = True,
         linear_ops_in_norm_blocks: bool | str = False,
+        target=None,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -165,6 +167,7 @@ class QuantizationSimModel:
         except PrepareError as error:  # name the model too: a script may build several sims
             raise PrepareError(f"{self._label}: {error}") from error
         self._build_quantizers(percentile)
+        attach_target(self, target)  # `quantsim.sim.target_rules`: sim.target, legal precisions only
 
     # construction ------------------------------------------------------------------------------
     def _build_quantizers(self, percentile: float) -> None:
@@ -373,7 +376,7 @@ class QuantizationSimModel:
             with self._index.cached_constants():
                 self._ensure_param_encodings()
                 if self.use_integer_kernels:
-                    model = self.to_onnx_qdq(weight_codes="auto")  # in-process: exact kernels on this CPU
+                    model = self.to_onnx_qdq(weight_codes="auto", target=False)  # in-process: exact kernels here
                 else:
                     model = build_sim_model(self._model, self._quantizers, source=self._index, external=weights,
                                             memo=self._session_memo(), integer_weights=self._integer_weights())
@@ -397,21 +400,21 @@ class QuantizationSimModel:
         codes = resolve_weight_codes(weight_codes, self.providers, warn_as="fused_session")
         self._ensure_param_encodings()
         if self._fused is None or self._fused[0] != self._version or self._fused[2] != codes:
-            session = make_session(self.to_onnx_qdq(weight_codes=codes), self.providers, fuse_qdq=True,
+            session = make_session(self.to_onnx_qdq(weight_codes=codes, target=False), self.providers, fuse_qdq=True,
                                    session_options_kwargs=self._session_options_kwargs)
             self._fused = (self._version, session, codes)
         return self._fused[1]
 
     @overload
     def to_onnx_qdq(self, *, int32_bias: bool = True, path: None = None,
-                    weight_codes: str = "int8") -> onnx.ModelProto: ...
+                    weight_codes: str = "int8", target=None) -> onnx.ModelProto: ...
 
     @overload
     def to_onnx_qdq(self, *, int32_bias: bool = True, path: str | os.PathLike,
-                    weight_codes: str = "int8") -> None: ...
+                    weight_codes: str = "int8", target=None) -> None: ...
 
     def to_onnx_qdq(self, *, int32_bias: bool = True, path: str | os.PathLike | None = None,
-                    weight_codes: str = "int8") -> onnx.ModelProto | None:
+                    weight_codes: str = "int8", target=None) -> onnx.ModelProto | None:
         """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases
         (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases). With ``path``
         the model is written there instead (plus ``<path>.data`` when over protobuf's 2 GiB), each big weight
@@ -419,8 +422,11 @@ class QuantizationSimModel:
         ``weight_codes``: storage of the 8-bit weight codes of Conv/MatMul/Gemm, ``"int8"`` (default),
         ``"uint8"`` (code + 128 and zero point + 128: the same values, run exactly by onnxruntime's U8U8
         kernels on CPUs without VNNI) or ``"auto"`` (uint8 where this machine's U8S8 kernels saturate); see
-        `quantsim.export.weight_codes`. The encodings files are unaffected."""
+        `quantsim.export.weight_codes`. The encodings files are unaffected. ``target`` (default: the sim's)
+        is checked first: `ExportLegalityError` for what it cannot run (`quantsim.sim.target_rules`)."""
         from quantsim.export.qdq import qdq_skeleton
+
+        check_export(self, target, "to_onnx_qdq")
 
         skeleton, weights = qdq_skeleton(self, int32_bias, weight_codes)
         if path is None:
@@ -432,13 +438,15 @@ class QuantizationSimModel:
         return None
 
     def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
-                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8"):
+                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8", target=None):
         """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
         fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both.
         ``input_shapes`` (``{input: dims}``) exports for those input shapes only, folding shape arithmetic
         (a detector's anchors and strides) into constants so that it runs on integer kernels too.
-        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) as in `to_onnx_qdq`."""
+        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) and ``target`` as in `to_onnx_qdq`."""
         from quantsim.export.integer.export import export_integer
+
+        check_export(self, target, "export_integer")
         from quantsim.export.weight_codes import resolve_weight_codes
 
         codes = resolve_weight_codes(weight_codes, self.providers, warn_as="export_integer")
@@ -544,12 +552,13 @@ class QuantizationSimModel:
     # files ---------------------------------------------------------------------------------------
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
                export_int32_bias: bool | None = None, force_activation_as: str = "unsigned",
-               qdq: bool = False, requant_table: bool = False, weight_codes: str = "int8") -> None:
+               qdq: bool = False, requant_table: bool = False, weight_codes: str = "int8", target=None) -> None:
         """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float
         model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`; with
         ``requant_table=True`` the encodings file also carries the integer export's fixed-point
         requantization table (key ``quantsim_requantization``). ``weight_codes`` is the storage type of the QDQ
-        model's 8-bit weight codes (see `to_onnx_qdq`); the encodings file keeps int8 symmetric semantics."""
+        model's 8-bit weight codes (see `to_onnx_qdq`); the encodings file keeps int8 symmetric semantics.
+        ``target`` as in `to_onnx_qdq`."""
         from quantsim.encodings.transfer import export_sim
         from quantsim.export.qdq import qdq_skeleton
         from quantsim.export.weight_codes import check_weight_codes
@@ -557,7 +566,8 @@ class QuantizationSimModel:
 
         check_file_name(filename_prefix)
         check_weight_codes(weight_codes)
-        requant = self.export_integer().requant_document() if requant_table else None
+        check_export(self, target, "export")
+        requant = self.export_integer(target=False).requant_document() if requant_table else None
         extra = {".qdq.onnx": qdq_skeleton(self, weight_codes=weight_codes)} if qdq else None
         export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
                    force_activation_as, requant, extra)
