@@ -163,7 +163,7 @@ def _family(p: TensorPrecision, target: TargetProfile) -> tuple:
     where the target widens narrow grids), or the float format."""
     d = p.dtype
     if d.kind == "int":
-        return ("int", d.storage_bits() if target.narrow_grids_in_wider_kernels else d.bits)
+        return ("int", max(d.storage_bits(), 8) if target.narrow_grids_in_wider_kernels else d.bits)
     return ("float", d.bits, d.exponent_bits)
 
 
@@ -305,8 +305,9 @@ class _Analysis:
                                  f"{_names(unquantized_out)}")
             return
         self.accumulator(node, act, wp, weight)
+        rule = next((f.rule for f in self.report.findings if f.node == node.name and f.severity == "error"), "")
         self.verdict(node, _runs_as(act) if fine else "illegal",
-                     f"A {act.label()}" + (f" / W {wp.label()}" if wp is not None else ""))
+                     f"A {act.label()}" + (f" / W {wp.label()}" if wp is not None else ""), "" if fine else rule)
 
     def accumulator(self, node, act: TensorPrecision, wp: TensorPrecision | None, weight) -> None:
         if wp is None or weight is None or act.dtype.kind != "int" or wp.dtype.kind != "int":
@@ -331,6 +332,7 @@ class _Analysis:
                 if not self.view.is_float(name):
                     continue
                 p = self.precision(name)
+                self.check_activation((name, f"graph {side}"), name, p)
                 if flag and not p.quantized:
                     self.fail((name, f"graph {side}"), [name], "quantized-io",
                               f"model {side} {name!r} is left float32: {self.target.name} needs quantized {side}s")

@@ -14,7 +14,7 @@ Kernel tables are keyed by op type, by a named op group (``"@weighted"``, ``"@in
 kernels are those of its exact entry, else of the first group in the file that contains it, else ``"*"``.
 A kernel is AIMET's ``{"activation": {"bitwidth", "dtype"}, "param": {...}}``; without ``param`` it takes
 any parameter (or none). With ``narrow_grids_in_wider_kernels`` an n-bit integer grid runs on a kernel of
-the next wider integer width (codes of a 4-bit grid are 8-bit codes).
+its native container's width (codes of a 4-bit grid are 8-bit codes, of a 12-bit grid 16-bit codes).
 """
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ class Kernel:
 def _same_family(grid: qtype, kernel: qtype, widen: bool) -> bool:
     if grid == kernel:
         return True
-    return (widen and grid.kind == "int" and kernel.kind == "int" and grid.bits <= kernel.bits
-            and grid.storage_bits() <= kernel.bits)
+    # a narrow grid rides in its native container (2..8 bits in 8-bit codes, 9..16 in 16-bit), never wider
+    return widen and grid.kind == "int" and kernel.kind == "int" and max(grid.storage_bits(), 8) == kernel.bits
 
 
 @dataclass(frozen=True)
