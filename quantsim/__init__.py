@@ -34,6 +34,7 @@ from quantsim.errors import (
     ConfigError,
     EncodingFormatError,
     EncodingMismatchError,
+    ExportLegalityError,
     IntegerExportError,
     InvalidArgumentError,
     InvalidStateError,
@@ -43,6 +44,7 @@ from quantsim.errors import (
     QuantsimError,
     QuantsimWarning,
     SessionError,
+    TargetError,
     UnknownQuantizerError,
 )
 from quantsim.export.from_encodings import encodings_to_onnx_qdq
@@ -56,6 +58,7 @@ from quantsim.sim.model import QuantizationSimModel
 from quantsim.sim.precision_setters import set_blockwise_quantization_for_weights, set_param_type
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
 from quantsim.sim.state import SimState
+from quantsim.target import TargetProfile, load_target
 
 __version__ = "0.1.0"
 
@@ -114,5 +117,9 @@ __all__ = [
     "CalibrationError",
     "SessionError",
     "UnknownQuantizerError",
+    "TargetError",
+    "ExportLegalityError",
+    "TargetProfile",
+    "load_target",
     "__version__",
 ]

@@ -279,7 +279,7 @@ class _Analysis:
         if not ins:
             self.verdict(node, "shape", "computed from constants")
             return
-        if not quantized and not any(p.quantized for p in written):
+        if not quantized and not any(p.quantized for p in written.values()):
             self.refuse_or_float(node, ins, "float-op", f"computes in float32 (inputs {_names(ins)} not quantized)")
             return
         if floats:

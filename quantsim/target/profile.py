@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -85,6 +85,12 @@ class TargetProfile:
 
     def __str__(self) -> str:
         return self.name
+
+    def __reduce__(self):
+        """Pickling (sims with a target are pickled and deep-copied): the read-only kernel table travels as a dict."""
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["kernels"] = dict(self.kernels)
+        return _rebuild_profile, (state,)
 
     # types ---------------------------------------------------------------------------------------
     def _type_in(self, dtype: qtype, types: tuple[qtype, ...]) -> bool:
@@ -154,6 +160,10 @@ class TargetProfile:
                 "narrow_grids_in_wider_kernels": self.narrow_grids_in_wider_kernels,
                 "kernels": {k: [{"activation": side(x.activation), **({"param": side(x.param)} if x.param else {})}
                                 for x in v] for k, v in self.kernels.items()}}
+
+
+def _rebuild_profile(state: dict) -> TargetProfile:
+    return TargetProfile(**{**state, "kernels": MappingProxyType(state["kernels"])})
 
 
 # parsing -------------------------------------------------------------------------------------------
