@@ -48,6 +48,7 @@ from quantsim.errors import (
     UnknownQuantizerError,
 )
 from quantsim.export.from_encodings import encodings_to_onnx_qdq
+from quantsim.export.legality import legality_report
 from quantsim.prepare import prepare
 from quantsim.sim.calibrate import compute_encodings
 from quantsim.sim.capture import Capturer, TensorCache
@@ -58,7 +59,7 @@ from quantsim.sim.model import QuantizationSimModel
 from quantsim.sim.precision_setters import set_blockwise_quantization_for_weights, set_param_type
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
 from quantsim.sim.state import SimState
-from quantsim.target import TargetProfile, load_target
+from quantsim.target import LegalityReport, TargetProfile, load_target
 
 __version__ = "0.1.0"
 
@@ -121,5 +122,7 @@ __all__ = [
     "ExportLegalityError",
     "TargetProfile",
     "load_target",
+    "legality_report",
+    "LegalityReport",
     "__version__",
 ]

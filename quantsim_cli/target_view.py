@@ -12,6 +12,7 @@ from typing import Any
 
 import onnx
 
+from quantsim import legality_report
 from quantsim_cli.report import text_table
 
 __all__ = ["target_rows", "sim_target_report", "qdq_target_report", "print_target_report"]
@@ -28,15 +29,11 @@ def target_rows(report: Any) -> list[dict[str, str]]:
 
 
 def sim_target_report(sim: Any, target: str) -> Any:
-    from quantsim.sim.target_rules import sim_report
-
-    return sim_report(sim, target)
+    return legality_report(sim, target)
 
 
 def qdq_target_report(model: onnx.ModelProto, target: str) -> Any:
-    from quantsim.export.legality import qdq_report
-
-    return qdq_report(model, target)
+    return legality_report(model, target)
 
 
 def print_target_report(report: Any, label: str) -> None:

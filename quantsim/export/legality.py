@@ -14,18 +14,20 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from quantsim.core.dtypes import float8e4m3fn, float8e5m2, float16, qtype
+from quantsim.errors import InvalidArgumentError
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import facts_of
 from quantsim.graph.tensor_roles import find_index_tensors
 from quantsim.target.legality import FLOAT, LegalityReport, TensorPrecision, analyze
 from quantsim.target.profile import load_target
 
-__all__ = ["QdqView", "qdq_report"]
+__all__ = ["QdqView", "qdq_report", "legality_report"]
 
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
-_INT_BITS = {TensorProto.INT8: (8, True), TensorProto.UINT8: (8, False), TensorProto.INT16: (16, True),
-             TensorProto.UINT16: (16, False), TensorProto.INT4: (4, True), TensorProto.UINT4: (4, False)}
-_FP8 = {TensorProto.FLOAT8E4M3FN: float8e4m3fn, TensorProto.FLOAT8E5M2: float8e5m2}
+_INT_BITS: dict[int, tuple[int, bool]] = {
+    TensorProto.INT8: (8, True), TensorProto.UINT8: (8, False), TensorProto.INT16: (16, True),
+    TensorProto.UINT16: (16, False), TensorProto.INT4: (4, True), TensorProto.UINT4: (4, False)}
+_FP8: dict[int, qtype] = {TensorProto.FLOAT8E4M3FN: float8e4m3fn, TensorProto.FLOAT8E5M2: float8e5m2}
 
 
 class QdqView:
@@ -115,3 +117,18 @@ class QdqView:
 def qdq_report(model: onnx.ModelProto, target) -> LegalityReport:
     """Verdicts and findings of a QDQ model on ``target`` (a `TargetProfile`, shipped name or file)."""
     return analyze(QdqView(model), load_target(target))
+
+
+def legality_report(sim_or_model, target=None) -> LegalityReport:
+    """Where each node of a sim (default ``target``: the sim's own) or of a QDQ ModelProto would run on
+    ``target``, and every rule it breaks (`quantsim.target.legality`)."""
+    if isinstance(sim_or_model, onnx.ModelProto):
+        if target is None:
+            raise InvalidArgumentError("legality_report of a model needs a target (a TargetProfile, shipped name or file)")
+        return qdq_report(sim_or_model, target)
+    from quantsim.sim.target_rules import sim_report
+
+    report = sim_report(sim_or_model, target)
+    if report is None:
+        raise InvalidArgumentError("the sim has no target: pass target= (a TargetProfile, shipped name or file)")
+    return report

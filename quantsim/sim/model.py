@@ -51,7 +51,7 @@ from quantsim.sim.placement import checked_norm_block_option, place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.quantizer_dict import QuantizerDict
 from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state, transaction
-from quantsim.sim.target_rules import attach_target, check_export
+from quantsim.sim.target_rules import TargetProfile, attach_target, check_export
 
 _log = logging.getLogger(__name__)
 
@@ -93,7 +93,10 @@ class QuantizationSimModel:
     `quantsim.sim.placement` rule 3). Every automatic
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
+    ``target`` (a `quantsim.TargetProfile`, shipped name or file) keeps every precision legal on that hardware.
     """
+
+    target: TargetProfile | None  # `quantsim.sim.target_rules`
 
     def __init__(
         self,

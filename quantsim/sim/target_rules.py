@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
     from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["SimView", "TargetGuard", "attach_target", "legal_option", "check_export", "sim_report",
+__all__ = ["SimView", "TargetGuard", "TargetProfile", "attach_target", "legal_option", "check_export", "sim_report",
            "LOCAL_RULES", "commit_pending"]
 
 _log = logging.getLogger(__name__)
@@ -283,10 +283,10 @@ def _fix(sim: QuantizationSimModel, target: TargetProfile) -> list:
     for flag, names in ((target.quantized_inputs, sim._index.graph_inputs), (target.quantized_outputs,
                                                                              sim._index.graph_outputs)):
         for name in names:
-            q = sim.qc_quantize_op_dict.get(name)
-            if flag and q is not None and not q.enabled and sim._index.is_float(name):
-                q.enabled = True
-                enabled.append(q)
+            io_q = sim.qc_quantize_op_dict.get(name)
+            if flag and io_q is not None and not io_q.enabled and sim._index.is_float(name):
+                io_q.enabled = True
+                enabled.append(io_q)
     for qs, action, why in ((symmetric, "made symmetric", "takes symmetric grids only"),
                             (per_tensor, "made per tensor", "has no per-channel weights"),
                             (enabled, "quantized", "needs quantized model inputs and outputs")):
@@ -312,7 +312,7 @@ def attach_target(sim: QuantizationSimModel, target) -> None:
                               f"{what.replace('_type', '')}-type: it carries {', '.join(map(repr, kinds))}")
     decisions = _fix(sim, profile)
     rules = TargetRules(sim, profile)
-    sim._target_rules = rules
+    setattr(sim, "_target_rules", rules)  # noqa: B010 - the sim's private slot for its target bookkeeping
     guard = TargetGuard(rules)
     for q in sim.quantizers:
         q.guard = guard
