@@ -15,7 +15,16 @@ from onnx import TensorProto, helper, numpy_helper
 from tiny_cnn import batches
 from tiny_cnn import make_model as tiny_cnn
 
-from quantsim import ExportLegalityError, QuantizationSimModel, TargetError, TargetProfile, int8, int16, load_target
+from quantsim import (
+    ExportLegalityError,
+    QuantizationSimModel,
+    TargetError,
+    TargetProfile,
+    int8,
+    int16,
+    legality_report,
+    load_target,
+)
 from quantsim.export.legality import qdq_report
 from quantsim.target import SHIPPED_TARGETS, analyze
 from quantsim.target.profile import PROFILE_DIR
@@ -165,7 +174,9 @@ def test_weight_overrides_are_judged_with_the_activation_they_meet():
     with sim.transaction():  # W16A16 on the NPU: legal as a whole
         sim.qc_quantize_op_dict["W"].set_precision("int16")
         sim.qc_quantize_op_dict["x"].set_precision("int16")
-    with pytest.raises(TargetError, match="rule no-kernel"):
+    [warning] = legality_report(sim).warnings  # 27 products of 16 x 16 bits can pass an int32 accumulator
+    assert warning.rule == "accumulator" and warning.node == "conv" and "2^35.8" in warning.message
+    with pytest.raises(TargetError, match=r"changes to 'x' are illegal.*rule no-kernel"):
         sim.set_tensor_precision(["x"], "int8")  # would leave W16 meeting A8: refused, rolled back
     assert sim.qc_quantize_op_dict["x"].spec.dtype == int16
     with pytest.raises(TargetError, match="rule activation-type"):
@@ -271,3 +282,22 @@ def test_inspect_target_column(capsys, tmp_path):
     assert main(["inspect", str(path), "--target", "generic-npu"]) == 0
     out = capsys.readouterr().out
     assert "on target generic-npu" in out and "mm" in out and "integer" in out
+
+
+def test_grid_rules_and_float_ops():
+    npu = _sim(target="generic-npu")
+    w = npu.qc_quantize_op_dict["W"]
+    with pytest.raises(TargetError, match="rule weight-grid: weight 'W' has an asymmetric grid"):
+        w.set_qspec(w.spec.with_(symmetric=False))
+    gpu = _sim(target="gpu-qdq")
+    from quantsim import PerBlock
+
+    w = gpu.qc_quantize_op_dict["W"]
+    with pytest.raises(TargetError, match="rule weight-grid: weight 'W' is quantized per block"):
+        w.set_qspec(w.spec.with_(granularity=PerBlock(0, 1, 3)))
+    npu.qc_quantize_op_dict["r"].enabled = False  # Relu and the pool now compute in float32
+    npu.qc_quantize_op_dict["g"].enabled = False
+    report = legality_report(npu)
+    rules = {f.node: f.rule for f in report.errors}
+    assert rules["gap"] == "float-op" and rules["conv"] == "float-output"
+    assert not legality_report(npu, "onnxruntime-cpu").errors  # the CPU runs them in float

@@ -87,6 +87,10 @@ class QdqView:
     def consumers(self, tensor: str) -> list[onnx.NodeProto]:
         return [u.node for u in self.index.uses(tensor) if u.index >= 0 and u.node.op_type not in _QDQ]
 
+    def producer(self, tensor: str) -> onnx.NodeProto | None:
+        producer = self.index.producer_of(tensor)
+        return None if producer is None or producer.op_type in _QDQ else producer
+
     def precision(self, tensor: str) -> TensorPrecision:
         dq = self._dq_of(tensor)
         if dq is not None:

@@ -96,6 +96,9 @@ class SimView:
     def consumers(self, tensor: str) -> list[onnx.NodeProto]:
         return [u.node for u in self.index.uses(tensor) if u.index >= 0]
 
+    def producer(self, tensor: str) -> onnx.NodeProto | None:
+        return self.index.producer_of(tensor)
+
     def precision(self, tensor: str) -> TensorPrecision:
         found = self.deciding(tensor)
         if found is None:
@@ -219,8 +222,9 @@ def commit_pending(sim: QuantizationSimModel) -> None:
     errors = [f for f in rules.report(nodes).errors if (f.node, f.rule, f.tensors) not in before]
     if errors:
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise TargetError(f"the precision changes are illegal on target {rules.target.name}: {errors[0]}{more}; "
-                          "nothing was changed")
+        changed = ", ".join(repr(q.name) for q, _ in list(pending.values())[:5])
+        raise TargetError(f"the precision changes to {changed} are illegal on target {rules.target.name}: "
+                          f"{errors[0]}{more}; nothing was changed")
 
 
 def legal_option(sim: QuantizationSimModel, q: QcQuantizeOp, options: list[QSpec | None]) -> list[QSpec | None]:

@@ -89,6 +89,8 @@ class GraphView(Protocol):
 
     def consumers(self, tensor: str) -> list[onnx.NodeProto]: ...
 
+    def producer(self, tensor: str) -> onnx.NodeProto | None: ...
+
     def precision(self, tensor: str) -> TensorPrecision: ...
 
     def weight(self, node: onnx.NodeProto) -> tuple[str, TensorPrecision] | None:
@@ -232,8 +234,8 @@ class _Analysis:
         return ok
 
     # fusion ---------------------------------------------------------------------------------------
-    def find_fused(self) -> None:
-        for node in self.view.nodes:
+    def find_fused(self, nodes: list[onnx.NodeProto]) -> None:
+        for node in nodes:
             inputs = [self.view.precision(t) for t in self.data_inputs(node)]
             if not inputs or not all(p.quantized for p in inputs):
                 continue
@@ -347,8 +349,18 @@ def analyze(view: GraphView, target: TargetProfile, nodes: list[onnx.NodeProto] 
             io: bool = True) -> LegalityReport:
     """Verdicts and findings for ``nodes`` (default: every node of ``view``) on ``target`` (module docstring)."""
     analysis = _Analysis(view, target)
-    analysis.find_fused()
-    for node in view.nodes if nodes is None else nodes:
+    chosen = view.nodes if nodes is None else nodes
+    if nodes is None:
+        analysis.find_fused(chosen)
+    else:  # fusion of the chosen nodes' outputs and of their inputs' producers is all their verdicts read
+        around = {id(n): n for n in chosen}
+        for node in chosen:
+            for tensor in node.input:
+                producer = view.producer(tensor) if tensor else None
+                if producer is not None:
+                    around.setdefault(id(producer), producer)
+        analysis.find_fused(list(around.values()))
+    for node in chosen:
         analysis.node(node)
     if io:
         analysis.io()
