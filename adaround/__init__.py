@@ -4,7 +4,7 @@ from adaround.apply import LayerReport, apply_adaround
 from adaround.cle import equalize_model
 from adaround.legacy import Adaround
 from adaround.params import AdaroundParameters, AdaroundSettings
-from adaround.seq_mse import SeqMseParams, apply_seq_mse
+from adaround.seq_mse import SeqMseParams, SequentialMse, apply_seq_mse
 
 __all__ = [
     "apply_adaround",
@@ -14,5 +14,6 @@ __all__ = [
     "LayerReport",
     "apply_seq_mse",
     "SeqMseParams",
+    "SequentialMse",
     "equalize_model",
 ]

@@ -11,23 +11,34 @@ disabled or float (FP16), frozen weights already on their grid (e.g. loaded with
 `set_and_freeze_param_encodings` after an earlier AdaRound), shared weights, and layer shapes the linear
 form does not cover (3-D convolutions, ConvTranspose with ``output_shape``). A frozen encoding whose
 weight is not on its grid yet (e.g. chosen by Sequential MSE) is kept and the weight rounded against it.
+A layer followed by an unfolded BatchNormalization (`quantsim.FollowingBatchNorm`) is rounded as if the BN were
+folded into it: for the error after the BN and after the activation reading it (`adaround.layer_rounding`).
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from adaround.activations import Activation, activation_for
+from adaround.feeds import as_feeds, model_inputs
 from adaround.layer_data import ColumnSample, SecondMoments, column_sample, second_moments
-from adaround.layer_rounding import WeightGrid, optimize_rounding
+from adaround.layer_rounding import OutputAffine, WeightGrid, optimize_rounding
 from adaround.linear_form import LinearForm, UnsupportedLayer, linear_form
 from adaround.params import AdaroundSettings
-from quantsim import InvalidArgumentError, QuantizationSimModel, WeightedLayer, broadcast_param, fake_quantize
+from quantsim import (
+    FollowingActivation,
+    InvalidArgumentError,
+    InvalidTypeError,
+    QuantizationSimModel,
+    WeightedLayer,
+    broadcast_param,
+    fake_quantize,
+)
 from quantsim.errors import warn_at_caller
 
 __all__ = ["apply_adaround", "LayerReport", "select_layers"]
@@ -43,7 +54,8 @@ class LayerReport:
     op_type: str
     status: str  # "rounded" (AdaRound), "optimized" (Sequential MSE) or "skipped"
     reason: str = ""
-    mode: str = ""  # "moments" (exact, all the data), "moments+sampled" (exact at anchors) or "sampled"
+    mode: str = ""  # "moments" (exact, all the data), "moments+sampled" (exact at anchors), "sampled"; Seq MSE
+    # "columns" (loss_fn "l1": every column multiplied out)
     loss_before: float | None = None  # output error of nearest rounding (AdaRound) / the full range (Seq MSE)
     loss_after: float | None = None
     flipped: float | None = None  # share of weights rounded away from nearest
@@ -102,14 +114,29 @@ def _grid(layer: WeightedLayer, weight: np.ndarray) -> WeightGrid:
     return WeightGrid(np.asarray(scale, np.float32), np.asarray(zero_point, np.float32), enc.qmin, enc.qmax)
 
 
+def _following_activation(layer: WeightedLayer) -> FollowingActivation | None:
+    """The activation after the layer, or after the unfolded BatchNormalization that follows it."""
+    if layer.batchnorm is not None:
+        return layer.batchnorm.activation
+    return layer.activation
+
+
 def _activation(layer: WeightedLayer, form: LinearForm) -> Activation | None:
     """The following activation in column form, or None (none follows, or it cannot be applied)."""
-    if layer.activation is None:
+    follow = _following_activation(layer)
+    if follow is None:
         return None
-    follow = layer.activation
     axis = follow.attributes.get("axis", -1)
     on_channels = axis == 1 if form.op_type in ("Conv", "ConvTranspose") else axis == -1
     return activation_for(follow.op_type, follow.attributes, form.rows, on_channels)
+
+
+def _output_affine(layer: WeightedLayer, form: LinearForm) -> OutputAffine | None:
+    """The map of the unfolded BatchNormalization after the layer (`quantsim.FollowingBatchNorm`), or None."""
+    bn = layer.batchnorm
+    if bn is None or bn.scale.size != form.rows:
+        return None
+    return OutputAffine(form, bn.scale, bn.shift)
 
 
 def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) -> tuple[str, str]:
@@ -117,8 +144,9 @@ def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) ->
     target), ``"moments"`` (none follows: exact second moments of the float layer input) or
     ``"moments+sampled"`` (the same moments, plus sampled sim-side columns for cheaper steps, where
     `AdaroundSettings.sampled_quadratic` picks it)."""
-    if layer.activation is not None and _activation(layer, form) is not None:
-        return "sampled", layer.activation.output
+    follow = _following_activation(layer)
+    if follow is not None and _activation(layer, form) is not None:
+        return "sampled", follow.output
     inputs_per_column = int(np.prod(form.weight_shape)) // form.rows
     return ("moments+sampled" if settings.sampled_quadratic(inputs_per_column) else "moments"), layer.input
 
@@ -144,7 +172,8 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
     step = max(1, settings.num_iterations // 100)
     try:
         result = optimize_rounding(form, weight, _grid(layer, weight), data, bias, activation, settings, rng,
-                                   on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None)
+                                   on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None,
+                                   output_affine=_output_affine(layer, form))
     finally:
         bar.close()
     sim.replace_weight(layer.weight, result.weight, freeze=not layer.weight_quantizer.is_encoding_frozen())
@@ -156,7 +185,8 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
                        result.flipped, seconds)
 
 
-def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray]], num_iterations: int = 10000,
+def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray] | np.ndarray | Sequence[np.ndarray]],
+                   num_iterations: int = 10000,
                    nodes_to_include: Iterable[str] | None = None, *, node_names_to_optimize: Iterable[str] | None = None,
                    reg_param: float = 0.01, beta_range: tuple[float, float] = (20.0, 2.0), warm_start: float = 0.2,
                    learning_rate: float = 1e-3, columns_per_iteration: int = 4096, quadratic_form: str = "auto",
@@ -164,23 +194,29 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
                    memory_budget_bytes: int = 1 << 30, seed: int = 0, progress: bool | None = None) -> list[LayerReport]:
     """AdaRound the sim's weights in place (aimet-onnx 2.x signature plus documented hyper-parameters).
 
-    ``inputs``: feed dicts (``{input name: array}``), iterated once per layer. ``num_iterations``: Adam
+    ``inputs``: batches, each a feed dict (``{input name: array}``), an array (one-input model) or a
+    list/tuple of arrays in model-input order, as AIMET takes them (`adaround.feeds`). ``num_iterations``: Adam
     steps per layer (AIMET recommends 10,000 for 8-bit weights, 15,000 below). ``nodes_to_include``
     (alias ``node_names_to_optimize``, deprecated in AIMET): only these nodes. The other arguments are
     `AdaroundSettings`'. Weight encodings missing so far are computed first; activation quantizers that
     are uncalibrated pass data through (call ``compute_encodings`` first to round against quantized
-    inputs). Returns one `LayerReport` per weighted layer considered.
+    inputs). Returns one `LayerReport` per weighted layer considered (AIMET returns None).
+    ``Adaround.apply_adaround(sim, inputs, ...)`` is the same call; its older form
+    ``Adaround.apply_adaround(model, params, path, filename_prefix, ...)`` is `adaround.legacy`'s.
     """
+    if not isinstance(sim, QuantizationSimModel):
+        raise InvalidTypeError(f"apply_adaround(sim, inputs, ...): sim must be a QuantizationSimModel, got "
+                               f"{type(sim).__name__} (for AIMET's older form on a model use "
+                               "Adaround.apply_adaround(model, params, path, filename_prefix, ...))")
     if node_names_to_optimize is not None:
+        warn_at_caller("node_names_to_optimize is deprecated (as in AIMET): use nodes_to_include", DeprecationWarning)
         if nodes_to_include is not None:
             raise InvalidArgumentError("pass nodes_to_include or node_names_to_optimize, not both")
         nodes_to_include = node_names_to_optimize
     settings = AdaroundSettings(num_iterations, reg_param, (beta_range[0], beta_range[1]), warm_start, learning_rate,
                                 columns_per_iteration, quadratic_form, quadratic_columns_per_iteration,
                                 anchor_interval, memory_budget_bytes, seed)
-    feeds = list(inputs)
-    if not feeds:
-        raise InvalidArgumentError("apply_adaround needs at least one calibration batch (inputs is empty)")
+    feeds = as_feeds(inputs, model_inputs(sim), "apply_adaround inputs")
     progress = sim.progress if progress is None else progress
     sim.compute_param_encodings()
     layers, reports = select_layers(sim, nodes_to_include)

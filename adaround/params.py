@@ -1,11 +1,12 @@
 """AdaRound's hyper-parameters, every one a documented argument (AIMET keeps some as module constants)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
 from typing import Any
 
 from quantsim import InvalidArgumentError
+from quantsim.errors import warn_at_caller
 
 __all__ = ["AdaroundParameters", "AdaroundSettings", "DEFAULT_ITERATIONS", "DEFAULT_ITERATIONS_BELOW_8_BITS",
            "QUADRATIC_FORMS"]
@@ -80,10 +81,14 @@ class AdaroundSettings:
 class AdaroundParameters:
     """AIMET's older parameter object: the calibration data and the defaults of every layer.
 
-    ``data_loader`` yields feed dicts (``{input name: array}``), or arrays for a single-input model;
-    ``num_batches`` of them are used. ``default_num_iterations=None`` picks 10,000 (15,000 when a weight
-    has fewer than 8 bits), as AIMET does. ``forward_fn`` is accepted for compatibility and unused: the sim
-    runs the ONNX model itself.
+    ``data_loader`` yields batches as AIMET's did: feed dicts (``{input name: array}``), arrays (a
+    one-input model) or lists/tuples of arrays in model-input order; the first ``num_batches`` are used
+    (a sized loader shorter than that is an error at once, as in AIMET). ``default_num_iterations=None``
+    picks 10,000 (15,000 when a weight has fewer than 8 bits), as AIMET does.
+
+    ``forward_fn`` / ``forward_pass_callback_args``: AIMET 1.x called ``forward_fn(session, args)`` once,
+    only so that its weight quantizers saw the weights and computed their encodings. Here weight
+    encodings come from the weights themselves, so both have no effect: giving either warns once.
     """
 
     data_loader: Iterable[Any]
@@ -98,6 +103,15 @@ class AdaroundParameters:
     def __post_init__(self) -> None:
         if int(self.num_batches) != self.num_batches or self.num_batches < 1:
             raise InvalidArgumentError(f"num_batches must be a positive integer, got {self.num_batches!r}")
+        if isinstance(self.data_loader, Sized) and len(self.data_loader) < self.num_batches:
+            raise InvalidArgumentError(f"AdaroundParameters: cannot take num_batches={self.num_batches} batches from "
+                                       f"a data_loader of length {len(self.data_loader)}")
+        given = [name for name in ("forward_fn", "forward_pass_callback_args") if getattr(self, name) is not None]
+        if given:
+            warn_at_caller(f"AdaroundParameters: {' and '.join(given)} {'has' if len(given) == 1 else 'have'} no "
+                           "effect: weight encodings are computed from the weights themselves (AIMET 1.x ran "
+                           "forward_fn only so that its weight quantizers saw the weights); AdaRound's data comes "
+                           "from data_loader")
 
     def settings(self, min_weight_bits: int) -> AdaroundSettings:
         """The per-layer settings these parameters stand for."""

@@ -7,7 +7,8 @@ Prints one ``name<TAB>seconds per 1,000 iterations<TAB>CPU seconds per 1,000 ite
 whole apply_adaround call, as for quantsim; CPU time is the fair measure on a shared machine: run both sides
 with ``OMP_NUM_THREADS=1``, which torch and numpy's BLAS both follow). `bench_adaround --aimet-python PATH` runs
 it and prints the ratios. With a model and its calibration feeds (``.npz`` of ``batch<i>/<input>`` arrays):
-one ``model<TAB>wall seconds<TAB>CPU seconds`` line for the whole model's AdaRound (W4A8).
+one ``model<TAB>wall seconds<TAB>CPU seconds`` line for the whole model's AdaRound (W4A8) and one
+``seq_mse<TAB>...`` line for its Sequential MSE (20 candidates), each on a freshly calibrated sim.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from benchmarks.bench_adaround import LAYERS, _layer_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    from aimet_onnx import apply_adaround
+    from aimet_onnx import apply_adaround, apply_seq_mse
     from aimet_onnx.common.defs import QuantScheme
     from aimet_onnx.quantsim import QuantizationSimModel
 
@@ -42,15 +43,20 @@ def main(argv: list[str] | None = None) -> int:
         cases = {"model": (model, feeds)}
     else:
         cases = {name: _layer_model(*spec) for name, spec in LAYERS.items()}
-    for name, (model, feeds) in cases.items():
+    def timed(name, model, feeds, run, scale):
         sim = QuantizationSimModel(model, param_type="int4", activation_type="int8", quant_scheme=QuantScheme.min_max,
                                    providers=["CPUExecutionProvider"])
         sim.compute_encodings(feeds)
         start, cpu = time.perf_counter(), time.process_time()
-        apply_adaround(sim, feeds, num_iterations=iterations)
+        run(sim, feeds)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        scale = 1 if name == "model" else 1000 / iterations
         print(f"{name}\t{wall * scale:.3f}\t{cpu * scale:.3f}", flush=True)
+
+    for name, (model, feeds) in cases.items():
+        timed(name, model, feeds, lambda sim, f: apply_adaround(sim, f, num_iterations=iterations),
+              1 if name == "model" else 1000 / iterations)
+    if "model" in cases:  # quant_scheme min_max is post_training_tf, the scheme AIMET's Sequential MSE asserts
+        timed("seq_mse", *cases["model"], lambda sim, f: apply_seq_mse(sim, f, num_candidates=20), 1)
     return 0
 
 

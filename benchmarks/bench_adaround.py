@@ -143,24 +143,38 @@ def _aimet_seconds(python: str, iterations: int) -> dict[str, tuple[float, float
     return {name: (float(wall), float(cpu)) for name, wall, cpu in rows}
 
 
-def whole_model_row(key: str, model_dirs, size, iterations: int, aimet_python: str | None) -> str:
-    """Whole-model W4A8 AdaRound time, ours and (when ``aimet_python`` is given) aimet-onnx's, on the same
-    model file, calibration feeds and iterations; wall and CPU seconds."""
+def _builder(key: str):
+    from benchmarks.suite import wide_cases as W
+
+    if key in C.BUILDERS:
+        return C.BUILDERS[key]
+    if key in W.BUILDERS:
+        return W.BUILDERS[key]
+    raise SystemExit(f"unknown model {key!r}: one of {sorted(C.BUILDERS) + sorted(W.BUILDERS)}")
+
+
+def whole_model_rows(key: str, model_dirs, size, iterations: int, aimet_python: str | None) -> list[str]:
+    """Whole-model W4A8 AdaRound and Sequential MSE (20 candidates) times, ours and (when ``aimet_python``
+    is given) aimet-onnx's, on the same model file and calibration feeds (each on a freshly calibrated sim);
+    wall and CPU seconds."""
     import subprocess
     import tempfile
     from pathlib import Path
 
     import quantsim
-    from adaround import apply_adaround
+    from adaround import apply_adaround, apply_seq_mse
 
-    src, build = C.BUILDERS[key]
+    src, build = _builder(key)
     case = build(model_dirs[src], size)
-    sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type="int4", progress=False)
-    sim.compute_encodings(case.calib)
-    start, cpu = time.perf_counter(), time.process_time()
-    apply_adaround(sim, case.calib, num_iterations=iterations)
-    ours = (time.perf_counter() - start, time.process_time() - cpu)
-    theirs = "n/a (aimet-onnx not run)"
+    ours = {}
+    for label, run in (("adaround", lambda sim: apply_adaround(sim, case.calib, num_iterations=iterations)),
+                       ("seq_mse", lambda sim: apply_seq_mse(sim, case.calib))):
+        sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type="int4", progress=False)
+        sim.compute_encodings(case.calib)
+        start, cpu = time.perf_counter(), time.process_time()
+        run(sim)
+        ours[label] = (time.perf_counter() - start, time.process_time() - cpu)
+    theirs = dict.fromkeys(ours, "n/a (aimet-onnx not run)")
     if aimet_python:
         with tempfile.TemporaryDirectory() as tmp:
             feeds = Path(tmp) / "feeds.npz"
@@ -168,15 +182,20 @@ def whole_model_row(key: str, model_dirs, size, iterations: int, aimet_python: s
             done = subprocess.run([aimet_python, "-m", "benchmarks.aimet_adaround_timing", str(iterations),
                                    str(case.model_path), str(feeds)], cwd=Path(__file__).resolve().parents[1],
                                   capture_output=True, text=True, check=False)
-        rows = [line.split("\t") for line in done.stdout.splitlines() if line.startswith("model\t")]
-        if rows:
-            wall, cpu_s = float(rows[0][1]), float(rows[0][2])
-            theirs = f"{wall:.1f} / {cpu_s:.1f} ({cpu_s / ours[1]:.1f}x)"
-        else:
-            theirs = f"failed: {done.stderr.strip().splitlines()[-1:]}"
-    row = f"| {case.name} W4A8, {iterations} it | {ours[0]:.1f} / {ours[1]:.1f} | {theirs} |"
-    print(f"[adaround] whole model {row}", file=sys.stderr)
-    return row
+        measured = {line.split("\t")[0]: line.split("\t") for line in done.stdout.splitlines()}
+        for label, tag in (("adaround", "model"), ("seq_mse", "seq_mse")):
+            if tag in measured:
+                wall, cpu_s = float(measured[tag][1]), float(measured[tag][2])
+                theirs[label] = f"{wall:.1f} / {cpu_s:.1f} ({cpu_s / ours[label][1]:.1f}x)"
+            else:
+                theirs[label] = f"failed: {done.stderr.strip().splitlines()[-1:]}"
+    rows = [f"| {case.name} W4A8 AdaRound, {iterations} it | {ours['adaround'][0]:.1f} / {ours['adaround'][1]:.1f} "
+            f"| {theirs['adaround']} |",
+            f"| {case.name} W4A8 Sequential MSE, 20 candidates | {ours['seq_mse'][0]:.1f} / {ours['seq_mse'][1]:.1f} "
+            f"| {theirs['seq_mse']} |"]
+    for row in rows:
+        print(f"[adaround] whole model {row}", file=sys.stderr)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the suite's small data split")
     ap.add_argument("--aimet-python", default=None, help="a Python with aimet-onnx installed, for the speed ratio")
     ap.add_argument("--speed-only", action="store_true")
-    ap.add_argument("--whole-model", default=None, help="also time AdaRound on this whole model (e.g. cls)")
+    ap.add_argument("--whole-model", default=None,
+                    help="also time AdaRound and Sequential MSE on these whole models (comma list, e.g. cls,orientation)")
     args = ap.parse_args(argv)
     size = C.QUICK if args.quick else C.FULL
     model_dirs = fetch_all()
@@ -199,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"| {n} | {w:.2f} / {c:.2f} | {a} |" for n, w, c, a in speed_rows(args.speed_iterations, args.aimet_python)]
     if args.whole_model:
         lines += ["", "| whole model | quantsim s, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
-        lines.append(whole_model_row(args.whole_model, model_dirs, size, args.speed_iterations, args.aimet_python))
+        for key in args.whole_model.split(","):
+            lines += whole_model_rows(key, model_dirs, size, args.speed_iterations, args.aimet_python)
     print("\n".join(lines))
     return 0
 

@@ -7,18 +7,26 @@ The search, as in aimet-onnx (`reference/aimet_onnx_api.md` §8.2):
    everywhere, with the phase-2 callback; ``target = float score - allowed_accuracy_drop``.
    If the baseline everywhere misses the target, the sim is left at the baseline everywhere (a warning, and
    ``budget_met=False``); if the cheapest candidate everywhere meets it, there it is left.
-1. Phase 1, sensitivity: every quantizer group at every other candidate, the rest at the baseline, scored
-   by the phase-1 callback. Statistics are collected once per candidate (a calibration pass with that
-   candidate everywhere) and each group takes its encodings from that pass, so phase 1 costs one pass per
-   candidate plus one evaluation per (group, candidate); AIMET's default recalibrates for every
-   evaluation. The evaluations are independent: with ``executor`` they run in worker threads, processes
-   or on a Dask cluster (`mixed_precision.amp_executor`).
+1. Phase 1, sensitivity: every quantizer group alone (every other group's quantizers disabled) at every
+   other candidate, scored by the phase-1 callback, as aimet-onnx does. With ``phase1_optimize=True`` (the
+   default, AIMET's optimized phase 1) statistics are collected once per candidate (a calibration pass with
+   that candidate everywhere) and each group takes its encodings from that pass, so phase 1 costs one pass
+   per candidate plus one evaluation per (group, candidate); these evaluations are independent: with
+   ``executor`` they run in worker threads, processes or on a Dask cluster (`mixed_precision.amp_executor`).
+   With ``phase1_optimize=False`` every evaluation is calibrated for itself (one pass each, here).
 2. Phase 2, the Pareto search: (group, candidate) flips sorted least harmful first (phase-1 score, then
    the bit operations saved) are taken one after another from the baseline (a flip applies only when it
    makes its group cheaper); each prefix of the list is a configuration, cheaper than the one before. A
    binary search (or, with ``AMPSearchAlgo.BruteForce`` or no budget, every prefix) finds the longest
    prefix whose score meets the target; each point it evaluates is calibrated for its own configuration.
    The sim is left in that configuration, calibrated.
+
+What the sim runs is what is reported: every calibration applies the sim's automatic decisions (range
+health can give an activation a candidate asked to be 8-bit a 16-bit grid, or leave it float), so each
+point's cost and per-group precisions are read from the quantizers after its calibration
+(`mixed_precision.amp_space.Observed`), and the types a candidate really gives each quantizer (learnt from
+its calibration everywhere) decide which flips change anything. ``use_all_amp_candidates=False`` keeps each
+group to the candidates the config's ``supported_kernels`` allow (`mixed_precision.amp_kernels`).
 
 ``results_dir`` gets ``pareto.json`` and ``pareto.html`` (`mixed_precision.amp_result`) and the score cache that
 ``clean_start=False`` resumes from (`mixed_precision.amp_cache`). If anything raises (a callback
@@ -40,11 +48,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mixed_precision.amp_cache import ScoreCache, cache_key
-from mixed_precision.amp_executor import checked_score, run_evaluations
+from mixed_precision.amp_executor import checked_score
+from mixed_precision.amp_kernels import supported_candidates
+from mixed_precision.amp_phases import Counts, flip_order, flip_path, phase1_scores
 from mixed_precision.amp_refine import default_limit
 from mixed_precision.amp_refine import refine as refine_flips
 from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_files
-from mixed_precision.amp_space import AmpSpace, Config, distinct, group_label
+from mixed_precision.amp_space import AmpSpace, Config, Observed, distinct
 from mixed_precision.presets import candidate
 from quantsim import InvalidArgumentError, QuantizationSimModel
 
@@ -69,14 +79,6 @@ class CallbackFunc:
 
     def __call__(self, session: Any) -> Any:
         return self.func(session, self.args)
-
-
-@dataclass
-class _Counts:
-    passes: int = 0
-    phase1: int = 0
-    phase2: int = 0
-    refine: int = 0  # refinement trials (configurations scored, cached ones included)
 
 
 def _check_inputs(candidates, eval1, eval2, drop, forward) -> tuple[list, float | None]:
@@ -109,9 +111,11 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
                            executor: Executor | None = None, executor_chunks: int = 16,
                            progress: bool | None = None, refine: bool | int = True) -> AmpResult:
     """Choose a precision per quantizer group: the cheapest configuration (in bit operations) whose score is
-    within ``allowed_accuracy_drop`` of the float model's (module docstring). AIMET's signature;
-    ``use_all_amp_candidates`` and ``phase1_optimize`` are accepted and have no effect (every candidate is
-    used; statistics are always collected once per candidate).
+    within ``allowed_accuracy_drop`` of the float model's (module docstring). AIMET's signature and return
+    value (`AmpResult` is AIMET's pareto list, with more attributes). ``phase1_optimize``: one calibration
+    pass per candidate in phase 1 (True) or one per evaluation (False). ``use_all_amp_candidates=False``
+    restricts each group to the candidates the sim's config lists as ``supported_kernels`` for its ops
+    (`mixed_precision.amp_kernels`); True (or a config without them) uses every candidate everywhere.
 
     ``candidates``: presets ("W8A16", "W8A8", ...) or AIMET's ``((act_bw, act_dtype), (param_bw,
     param_dtype))``. Eval callbacks take the sim's onnxruntime session and return a float, higher is better;
@@ -137,16 +141,19 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
         sample = forward_pass_callback[0]  # fixes symbolic dimensions for the MAC counts
     space = AmpSpace.build(sim, precisions, sample)
     space = replace(space, candidates=[precisions[c] for c in space.order_by_cost()])  # costliest first
+    allowed = supported_candidates(sim, space.groups, space.candidates, bool(use_all_amp_candidates))
+    space = replace(space, allowed=None if all(len(a) == len(space.candidates) for a in allowed) else allowed)
     names = [p.name for p in space.candidates]
     cache = ScoreCache(results, cache_key(sim, names, space.groups, (eval_callback_for_phase1,
-                                                                     eval_callback_for_phase2)),
+                                                                     eval_callback_for_phase2), space.allowed),
                        clean_start=clean_start)
-    counts = _Counts()
+    counts = Counts()
     previous, sim.progress = sim.progress, show  # the calibrations' bars follow AMP's setting
     try:
         with sim.transaction():
             result = _search(space, cache, counts, drop, algo, eval_callback_for_phase1, eval_callback_for_phase2,
-                             forward_pass_callback, executor, executor_chunks, show, start, refine)
+                             forward_pass_callback, executor, executor_chunks, show, start, refine,
+                             bool(phase1_optimize))
     finally:
         sim.progress = previous
     write_pareto_files(result, results, drop)
@@ -156,13 +163,12 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     return result
 
 
-def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | None, algo: AMPSearchAlgo,
+def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | None, algo: AMPSearchAlgo,
             eval1: Callable, eval2: Callable, forward: Any, executor: Executor | None, chunks: int, show: bool,
-            start: float, refine_limit: bool | int = True) -> AmpResult:
+            start: float, refine_limit: bool | int = True, phase1_optimize: bool = True) -> AmpResult:
     sim, names = space.sim, [p.name for p in space.candidates]
     baseline, cheapest = 0, len(names) - 1
-    full = space.bops(space.uniform(baseline)) or 1.0
-    calibrated: list[Config | None] = [None]  # the (canonical) configuration the sim is calibrated for now
+    calibrated: list[Config | None] = [None]  # the configuration the sim is calibrated for now
 
     def passed() -> None:
         counts.passes += 1
@@ -182,49 +188,71 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         float_score = phase2_score("float", "float model (every quantizer disabled)")
 
     tables: dict[int, dict] = {}
+    uniform_seen: dict[int, Observed] = {}
 
     def table(c: int) -> dict:
-        """Specs and encodings of every controlled quantizer with candidate ``c`` everywhere (one pass)."""
+        """Specs, encodings and enabled flags of every controlled quantizer with candidate ``c`` everywhere,
+        as calibration (and the sim's automatic decisions) left them (one pass)."""
         if c not in tables:
             space.calibrated(space.uniform(c), forward, passed)
-            calibrated[0] = space.canonical(space.uniform(c))
-            tables[c] = {n: (space.quantizers[n].spec, space.quantizers[n].encoding)
+            calibrated[0] = space.uniform(c)
+            uniform_seen[c] = space.observe()
+            space.observe_uniform(c, uniform_seen[c])
+            tables[c] = {n: (space.quantizers[n].spec, space.quantizers[n].encoding, space.quantizers[n].enabled)
                          for names_ in space.controlled for n in names_}
         return tables[c]
 
     def at_baseline() -> None:
         """The baseline everywhere, with its own pass's encodings (no new pass)."""
         with sim.transaction():
-            for name, (spec, encoding) in table(baseline).items():
+            for name, (spec, encoding, enabled) in table(baseline).items():
                 space.quantizers[name].set_qspec(spec)
                 space.quantizers[name].set_encoding(encoding)
-        calibrated[0] = space.canonical(space.uniform(baseline))
+                space.quantizers[name].enabled = enabled
+        calibrated[0] = space.uniform(baseline)
 
     uniform: dict[str, float] = {}
     for c in reversed(range(len(names))):  # the baseline last: phase 1 starts from its pass
         key = f"uniform:{names[c]}"
-        if key not in cache.scores:
+        seen = cache.get_observed(key)
+        if key not in cache.scores or seen is None:
             table(c)
         uniform[names[c]] = phase2_score(key, f"{names[c]} everywhere")
+        if seen is None:
+            cache.put(key, None, uniform_seen[c])
+        else:
+            uniform_seen[c] = seen
+            space.observe_uniform(c, seen)
+    full = uniform_seen[baseline].bops or 1.0
     target = None if drop is None else float_score - drop
     _log.info("AMP: float score %.6g, target %s; everywhere: %s", float_score,
               "none" if target is None else f"{target:.6g}", ", ".join(f"{n} {uniform[n]:.6g}" for n in names))
 
+    def point(index: int, config: Config, seen: Observed, score: float | None, flip: tuple[int, str] | None = None,
+              refinement: bool = False) -> ParetoPoint:
+        """A point as the sim simulates it (``seen``), never as it was requested (``config``)."""
+        return ParetoPoint(index, seen.bops / full, score, tuple(space.describe_observed(seen, config)), flip,
+                           refinement)
+
     def finish(config: Config, points: list[ParetoPoint], chosen: ParetoPoint, met: bool, message: str,
                phase1: dict | None = None) -> AmpResult:
-        if calibrated[0] != space.canonical(config):
+        if calibrated[0] is None or space.canonical(calibrated[0]) != space.canonical(config):
             space.calibrated(config, forward, passed)
-        share, group_share = space.promoted_share(config, cheapest)
+        final = space.observe()  # what the sim is left simulating: the chosen point reports exactly that
+        truth = point(chosen.index, config, final, chosen.score, chosen.flip, chosen.refinement)
+        if truth != chosen:
+            _log.debug("AMP: the chosen point recalibrated to %s (recorded %s)", truth, chosen)
+            points = [truth if p == chosen else p for p in points]
+        share, group_share = space.promoted_share(final, cheapest)
         return AmpResult(tuple(names), float_score, target, uniform,
-                         {n: space.bops(space.uniform(c)) / full for c, n in enumerate(names)},
-                         tuple(space.groups), tuple(points), chosen, met, message, share, group_share,
+                         {n: uniform_seen[c].bops / full for c, n in enumerate(names)},
+                         tuple(space.groups), tuple(points), truth, met, message, share, group_share,
                          counts.passes, counts.phase1, counts.phase2, cache.hits, time.perf_counter() - start,
-                         phase1 or {}, counts.refine)
+                         phase1 or {}, counts.refine, tuple(space.candidates))
 
     def uniform_point(c: int) -> ParetoPoint:
         changed = sum(space.group_types(g, c) != space.group_types(g, baseline) for g in range(len(space.groups)))
-        return ParetoPoint(changed, space.bops(space.uniform(c)) / full, uniform[names[c]],
-                           tuple(space.describe(space.uniform(c))))
+        return point(changed, space.uniform(c), uniform_seen[c], uniform[names[c]])
 
     base_point = uniform_point(baseline)
     if target is not None and uniform[names[baseline]] < target:
@@ -233,32 +261,46 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
                    f"{names[baseline]} everywhere")
         warnings.warn(f"choose_mixed_precision: {message}", RuntimeWarning, stacklevel=3)
         return finish(space.uniform(baseline), [base_point], base_point, False, message)
-    if target is not None and uniform[names[cheapest]] >= target:
-        point = uniform_point(cheapest)
-        return finish(space.uniform(cheapest), [base_point, point], point, True,
+    if target is not None and uniform[names[cheapest]] >= target \
+            and uniform_seen[cheapest].bops <= uniform_seen[baseline].bops:  # cheapest as the sim runs it, too
+        cheap_point = uniform_point(cheapest)
+        return finish(space.uniform(cheapest), [base_point, cheap_point], cheap_point, True,
                       f"{names[cheapest]} everywhere meets the target")
 
-    phase1 = _phase1(space, cache, counts, table, at_baseline, eval1, executor, chunks, show)
+    phase1 = phase1_scores(space, cache, counts, table, at_baseline, eval1, forward, executor, chunks, show,
+                     phase1_optimize)
     _log.info("AMP phase 1: %d scores (%d evaluated, the rest cached) after %d calibration passes", len(phase1),
               counts.phase1, counts.passes)
-    path = _flip_path(space, phase1)
+    path = flip_path(space, phase1)
     configs = [c for c, _ in path]
-    known = {space.canonical(space.uniform(c)): uniform[names[c]] for c in range(len(names))}
+    known: dict[Config, float] = {}
+    observations: dict[Config, Observed] = {}
+    for c in range(len(names)):
+        known[space.canonical(space.uniform(c))] = uniform[names[c]]
+        observations[space.canonical(space.uniform(c))] = uniform_seen[c]
     scores: dict[int, float] = {}
 
     def score_config(config: Config, what: str) -> float:
-        """Phase-2 score of a configuration, calibrated for itself (or known: cached, on the path, uniform)."""
+        """Phase-2 score of a configuration, calibrated for itself (or known: cached, on the path, uniform);
+        what the sim simulated in it is recorded in ``observations``."""
         config = space.canonical(config)
-        key = "point:" + ",".join(space.describe(config))
         if config in known:
             return known[config]
-        if cache.get(key) is not None:
-            known[config] = cache.scores[key]
-            return known[config]
-        space.calibrated(config, forward, passed)
-        calibrated[0] = config
-        known[config] = phase2_score(key, what)
-        return known[config]
+        key = "point:" + ",".join(space.describe(config))
+        seen = cache.get_observed(key)
+        score = cache.get(key) if seen is not None else None
+        if score is None:
+            space.calibrated(config, forward, passed)
+            calibrated[0] = config
+            seen = space.observe()
+            score = phase2_score(key, what)
+            cache.put(key, None, seen)
+        assert seen is not None
+        known[config], observations[config] = score, seen
+        return score
+
+    def seen_at(config: Config) -> Observed:
+        return observations[space.canonical(config)]
 
     def evaluate(k: int) -> float:
         if k not in scores:
@@ -274,7 +316,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
             for k in range(n + 1):
                 evaluate(k)
             feasible = [k for k in scores if target is None or scores[k] >= target]
-            best = 0 if target is None else min(feasible, key=lambda k: (space.bops(configs[k]), -k))
+            best = 0 if target is None else min(feasible, key=lambda k: (seen_at(configs[k]).bops, -k))
         else:
             assert target is not None
             lo, hi = 0, n + 1  # lo meets the target; hi is the first prefix known (or assumed) not to
@@ -283,8 +325,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
                 lo, hi = (mid, hi) if evaluate(mid) >= target else (lo, mid)
             best = lo
             evaluate(best)  # the baseline (known) when no prefix met the target
-    points = [ParetoPoint(k, space.bops(configs[k]) / full, scores[k], tuple(space.describe(configs[k])),
-                          path[k][1]) for k in sorted(scores)]
+    points = [point(k, configs[k], seen_at(configs[k]), scores[k], path[k][1]) for k in sorted(scores)]
     chosen = next(p for p in points if p.index == best)
     phase1_named = {(g, names[c]): s for (g, c), s in phase1.items()}
     if target is None:
@@ -292,7 +333,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
         return finish(configs[best], points, chosen, True, message, phase1_named)
     message = f"{best} of {n} flips taken: the cheapest evaluated point meeting the target {target:.6g}"
     limit = _refine_limit(refine_limit, n - best)
-    rest = _flip_order(space, phase1)  # the flips already taken are skipped (not cheaper any more)
+    rest = flip_order(space, phase1)  # the flips already taken are skipped (not cheaper any more)
     failed = path[best + 1][1] if best + 1 in scores else None  # the next flip, known to break the budget alone
     if failed is not None:
         rest.remove((failed[0], names.index(failed[1])))
@@ -304,12 +345,11 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: _Counts, drop: float | N
     config, trials = refine_flips(configs[best], rest, lambda cfg, f: space.group_cost(*f) < space.group_cost(
         f[0], cfg[f[0]]), trial_score, target, limit) if limit else (configs[best], [])
     for j, trial in enumerate(trials):
-        point = ParetoPoint(n + 1 + j, space.bops(trial.config) / full, trial.score,
-                            tuple(space.describe(trial.config)), (trial.flips[-1][0], names[trial.flips[-1][1]]),
-                            refinement=True)
-        points.append(point)
+        trial_point = point(n + 1 + j, trial.config, seen_at(trial.config), trial.score,
+                            (trial.flips[-1][0], names[trial.flips[-1][1]]), refinement=True)
+        points.append(trial_point)
         if trial.kept:
-            chosen = point
+            chosen = trial_point
     kept = sum(len(t.flips) for t in trials if t.kept)
     if trials:
         message += (f"; refinement: {kept} more flips kept in {len(trials)} trials "
@@ -321,56 +361,3 @@ def _refine_limit(setting: bool | int, remaining: int) -> int:
     if setting is True:
         return default_limit(remaining)
     return int(setting)
-
-
-def _phase1(space: AmpSpace, cache: ScoreCache, counts: _Counts, table: Callable[[int], dict],
-            at_baseline: Callable[[], None], eval1: Callable, executor: Executor | None, chunks: int,
-            show: bool) -> dict[tuple[int, int], float]:
-    """Score of every group at every other candidate (the rest at the baseline), by the phase-1 callback."""
-    names = [p.name for p in space.candidates]
-    scores: dict[tuple[int, int], float] = {}
-    todo = []
-    for g in range(len(space.groups)):
-        for c in range(1, len(names)):
-            if space.group_types(g, c) == space.group_types(g, 0):
-                continue  # the same types as the baseline: no flip to make
-            cached = cache.get(f"phase1:{g}:{names[c]}")
-            if cached is not None:
-                scores[(g, c)] = cached
-            else:
-                todo.append((g, c))
-    if not todo:
-        return scores
-    table(0)
-    by_candidate = {c: table(c) for c in sorted({c for _, c in todo})}
-    at_baseline()
-    items = [((g, c), {n: by_candidate[c][n] for n in space.controlled[g]},
-              f"phase 1: group {g} ({group_label(space.groups[g])}) at {names[c]}") for g, c in todo]
-    with tqdm(total=len(items), desc="AMP phase 1", unit="eval", leave=False, disable=None if show else True) as bar:
-        def done(key: Any, score: float) -> None:
-            g, c = key
-            scores[(g, c)] = score
-            counts.phase1 += 1
-            cache.put(f"phase1:{g}:{names[c]}", score)
-            bar.update(1)
-
-        run_evaluations(space.sim, eval1, items, done, executor=executor, chunks=chunks)
-    return scores
-
-
-def _flip_order(space: AmpSpace, phase1: dict[tuple[int, int], float]) -> list[tuple[int, int]]:
-    """(group, candidate) flips, least harmful first: phase-1 score, then the group's cost at the candidate."""
-    return sorted(phase1, key=lambda gc: (-phase1[gc], space.group_cost(*gc), gc))
-
-
-def _flip_path(space: AmpSpace, phase1: dict[tuple[int, int], float]) -> list[tuple[Config, tuple[int, str] | None]]:
-    """Configurations along the sorted flip list, starting at the baseline everywhere."""
-    base = space.uniform(0)
-    group_cost = space.group_cost
-    current = list(base)
-    path: list[tuple[Config, tuple[int, str] | None]] = [(base, None)]
-    for g, c in _flip_order(space, phase1):
-        if group_cost(g, c) < group_cost(g, current[g]):
-            current[g] = c
-            path.append((tuple(current), (g, space.candidates[c].name)))
-    return path

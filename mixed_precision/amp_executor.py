@@ -22,7 +22,7 @@ from quantsim import Encoding, InvalidArgumentError, QSpec, QuantizationSimModel
 
 __all__ = ["Changes", "evaluate_changes", "run_evaluations", "checked_score"]
 
-Changes = Mapping[str, tuple[QSpec, Encoding | None]]  # quantizer name -> (spec, encoding)
+Changes = Mapping[str, tuple[QSpec, Encoding | None, bool]]  # quantizer name -> (spec, encoding, enabled)
 
 
 def checked_score(value: Any, what: str) -> float:
@@ -40,10 +40,11 @@ def evaluate_changes(sim: QuantizationSimModel, eval_fn: Callable[[Any], Any], c
     """Score of ``sim`` with ``changes`` applied; the sim is restored exactly afterwards (also on errors)."""
     by_name = {q.name: q for q in sim.quantizers}
     with sim.temporary_state():
-        for name, (spec, encoding) in changes.items():
+        for name, (spec, encoding, enabled) in changes.items():
             q = by_name[name]
             q.set_qspec(spec)
             q.set_encoding(encoding)
+            q.enabled = enabled
         return checked_score(eval_fn(sim.session), what)
 
 

@@ -22,20 +22,33 @@ harmful first); ``flip`` is the last one taken to reach the point. Trials of the
 (`mixed_precision.amp_refine`) have ``"refinement": true`` and continue the numbering after the path's last
 index; their ``flip`` is the last flip of the chunk tried. ``counts.refinement_trials`` counts them (cached
 ones included); their fresh evaluations are part of ``phase2_evaluations``.
+
+Every cost and precision is what the sim simulated at that point after calibration, the sim's automatic
+decisions included (range health can give an activation AMP asked to be 8-bit a 16-bit grid, or leave it
+float): a group's ``precisions`` entry names the candidate its quantizers really have, else spells their
+types out (``W8A8/16``).
+
+`AmpResult` is also AIMET's return value: a list of `ParetoEntry` ``(relative_bit_ops, eval_score,
+quantizer_group, candidate)``, one per evaluated point of the search path after the baseline, in path
+order, ``candidate`` in AIMET's ``((act_bw, act_dtype), (param_bw, param_dtype))`` form (aimet-onnx 2.42's
+``pareto_list``). Where AIMET returns ``None`` (no search: the cheapest candidate everywhere meets the budget,
+or the costliest misses it) the list is empty; the attributes say what happened.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mixed_precision.amp_space import group_label
 from mixed_precision.files import write_text_atomic
 from mixed_precision.html_page import write_pareto_html
-from quantsim import QuantizerGroup
+from mixed_precision.presets import Precision
+from quantsim import QuantizationDataType, QuantizerGroup
 
-__all__ = ["ParetoPoint", "AmpResult", "pareto_optimal", "write_pareto_files", "PARETO_FILE", "PARETO_PAGE"]
+__all__ = ["ParetoPoint", "ParetoEntry", "AmpResult", "aimet_candidate", "pareto_optimal", "write_pareto_files",
+           "PARETO_FILE", "PARETO_PAGE"]
 
 PARETO_FILE = "pareto.json"
 PARETO_PAGE = "pareto.html"
@@ -53,6 +66,26 @@ class ParetoPoint:
     refinement: bool = False  # a trial of the refinement pass (`mixed_precision.amp_refine`), not on the path
 
 
+AimetCandidate = tuple[tuple[int, QuantizationDataType], tuple[int, QuantizationDataType]]
+
+
+def aimet_candidate(precision: Precision) -> AimetCandidate:
+    """``precision`` as AIMET writes a candidate: ``((act_bw, act_dtype), (param_bw, param_dtype))``."""
+    act_kind, act_bits = precision.activation_type.to_legacy_repr()
+    param_kind, param_bits = precision.param_type.to_legacy_repr()
+    return (act_bits, act_kind), (param_bits, param_kind)
+
+
+class ParetoEntry(NamedTuple):
+    """One entry of AIMET's pareto list: the point's bit operations relative to the baseline everywhere, its
+    phase-2 score, the quantizer group flipped last to reach it and the candidate it was flipped to."""
+
+    relative_bit_ops: float
+    eval_score: float
+    quantizer_group: QuantizerGroup
+    candidate: AimetCandidate
+
+
 def pareto_optimal(points: list[ParetoPoint]) -> list[ParetoPoint]:
     """Evaluated points that no other evaluated point beats on both cost and score, costliest first."""
     scored = [p for p in points if p.score is not None]
@@ -64,9 +97,10 @@ def pareto_optimal(points: list[ParetoPoint]) -> list[ParetoPoint]:
     return sorted((p for p in scored if not beaten(p)), key=lambda p: (-p.bitops_ratio, p.index))
 
 
-@dataclass(frozen=True)
-class AmpResult:
-    """Outcome of `choose_mixed_precision`; the sim is left in ``chosen``'s configuration, calibrated."""
+@dataclass(frozen=True, eq=False)
+class AmpResult(list):
+    """Outcome of `choose_mixed_precision`; the sim is left in ``chosen``'s configuration, calibrated. As a
+    list: AIMET's pareto list of `ParetoEntry` (module docstring); list equality."""
 
     candidates: tuple[str, ...]  # costliest first
     float_score: float
@@ -87,6 +121,20 @@ class AmpResult:
     wall_time_s: float
     phase1_scores: dict[tuple[int, str], float] = field(default_factory=dict)  # (group, candidate) -> score
     refinement_trials: int = 0  # configurations the refinement pass scored (part of phase2_evaluations)
+    precisions: tuple[Precision, ...] = ()  # the candidates, as ``candidates`` orders them
+
+    def __post_init__(self) -> None:
+        by_name = {p.name: p for p in self.precisions}
+        list.extend(self, [ParetoEntry(p.bitops_ratio, p.score, self.groups[p.flip[0]],
+                                       aimet_candidate(by_name[p.flip[1]]))
+                           for p in self.points if p.flip is not None and not p.refinement
+                           and p.score is not None and p.flip[1] in by_name])
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return id(self)
+
+    def __reduce__(self) -> Any:
+        return _rebuild, (tuple(getattr(self, f) for f in self.__dataclass_fields__),)
 
     @property
     def baseline(self) -> str:
@@ -119,10 +167,9 @@ class AmpResult:
         return pareto_optimal(list(self.points))
 
     @property
-    def pareto_list(self) -> list[tuple[float, float, QuantizerGroup | None, str | None]]:
-        """AIMET's form: ``(relative bit ops, score, quantizer group, candidate)`` of each evaluated point."""
-        return [(p.bitops_ratio, p.score if p.score is not None else float("nan"),
-                 self.groups[p.flip[0]] if p.flip else None, p.flip[1] if p.flip else None) for p in self.points]
+    def pareto_list(self) -> list[ParetoEntry]:
+        """AIMET's pareto list (the result itself, as a plain list)."""
+        return list(self)
 
     def to_dict(self, allowed_accuracy_drop: float | None = None) -> dict[str, Any]:
         """The ``pareto.json`` document (module docstring)."""
@@ -145,6 +192,10 @@ class AmpResult:
                        "promoted_share": self.promoted_share, "promoted_group_share": self.promoted_group_share,
                        "wall_time_s": self.wall_time_s},
         }
+
+
+def _rebuild(values: tuple) -> AmpResult:
+    return AmpResult(*values)
 
 
 def write_pareto_files(result: AmpResult, results_dir: Path, allowed_accuracy_drop: float | None) -> Path:

@@ -73,9 +73,11 @@ def _set_enabled(sim: QuantizationSimModel, enabled: set[str]) -> None:
 
 
 def group_sensitivity(sim: QuantizationSimModel, eval_fn: Callable[[Any], float],
-                      groups: Iterable[QuantizerGroup] | None = None) -> tuple[float, float, list[GroupScore]]:
+                      groups: Iterable[QuantizerGroup] | None = None, *,
+                      compute: tuple[str, ...] = ("alone", "without")) -> tuple[float, float, list[GroupScore]]:
     """``(float score, fully quantized score, per-group scores)``; ``eval_fn(session) -> float`` (higher is
-    better). The sim must be calibrated; it is left exactly as it was."""
+    better). ``compute`` names the per-group scores to compute (the other is NaN). The sim must be calibrated;
+    it is left exactly as it was."""
     groups = list(sim.quantizer_groups() if groups is None else groups)
     active = {q.name for q in sim.quantizers if q.enabled}
     quantized = float(eval_fn(sim.session))
@@ -84,13 +86,15 @@ def group_sensitivity(sim: QuantizationSimModel, eval_fn: Callable[[Any], float]
         float_score = float(eval_fn(sim.session))
     scores = []
     for group in groups:
-        members = set(group.quantizers)
-        with sim.temporary_state():
-            _set_enabled(sim, members & active)
-            alone = float(eval_fn(sim.session))
-        with sim.temporary_state():
-            _set_enabled(sim, active - members)
-            without = float(eval_fn(sim.session))
+        members, alone, without = set(group.quantizers), math.nan, math.nan
+        if "alone" in compute:
+            with sim.temporary_state():
+                _set_enabled(sim, members & active)
+                alone = float(eval_fn(sim.session))
+        if "without" in compute:
+            with sim.temporary_state():
+                _set_enabled(sim, active - members)
+                without = float(eval_fn(sim.session))
         scores.append(GroupScore(group.nodes, group.quantizers, alone, without))
     return float_score, quantized, scores
 

@@ -55,7 +55,7 @@ from mixed_precision.amp import choose_mixed_precision
 from mixed_precision.amp_executor import checked_score
 from mixed_precision.amp_space import AmpSpace, Config
 from mixed_precision.auto_quant_result import AutoQuantResult, AutoQuantStep, write_auto_quant_report
-from mixed_precision.bitops import bit_operations, layer_costs
+from mixed_precision.bitops import layer_costs, simulated_bit_operations
 from mixed_precision.files import write_text_atomic
 from mixed_precision.presets import Precision, candidate
 from mixed_precision.target import filter_candidates
@@ -179,9 +179,7 @@ class _Search:
 
     # costs --------------------------------------------------------------------------------------------------
     def relative_bops(self, sim: QuantizationSimModel) -> float:
-        costs = layer_costs(sim, self.sample)
-        actual = {q.name: (q.precision() if q.enabled else None) for q in sim.quantizers}
-        return bit_operations(costs, actual) / self.full_bops
+        return simulated_bit_operations(sim, layer_costs(sim, self.sample)) / self.full_bops
 
     def prepare_costs(self) -> None:
         self.sample = self.batches()[0]
@@ -304,6 +302,8 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     if not ladder:
         raise InvalidArgumentError("auto_quantize: no candidate left (check candidates= and the target's kernels)")
     show = True if progress is None else bool(progress)
+    for switch in ("fold_batchnorm", "range_health", "depthwise_supergroups"):  # this project's defaults, unannounced
+        sim_kwargs.setdefault(switch, True)
     search = _Search(source, _batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
                      None if results_dir is None else Path(results_dir), clean_start, executor, time_budget, show,
                      sim_kwargs)

@@ -16,6 +16,9 @@ Every weighted layer of the sim (Conv, ConvTranspose, Gemm, MatMul with a consta
   unquantized (float32) one ``32 * FLOAT_BITS_FACTOR``, so that a float MAC costs 1.5 times an integer MAC of
   the same width (AIMET's weighting).
 * The input quantizer is the one whose grid the layer's data input carries (`WeightedLayer.input_quantizer`).
+* What the sim runs is what counts: `simulated_bit_operations` reads each layer's operands from the sim's
+  quantizers as they are after calibration and its automatic decisions (range health can move an 8-bit
+  activation to int16 or leave it float; a Concat can be untied), not from what was asked of them.
 
 AMP reports BOPs relative to the configuration with every quantizer group at the costliest candidate.
 Elementwise ops, normalisations and data movement are not counted: their cost is not in multiplications.
@@ -33,7 +36,8 @@ import onnx
 from quantsim import QuantizationSimModel, qtype
 from quantsim.prepare import skeleton
 
-__all__ = ["FLOAT_BITS_FACTOR", "LayerCost", "layer_costs", "operand_bits", "bit_operations"]
+__all__ = ["FLOAT_BITS_FACTOR", "LayerCost", "layer_costs", "operand_bits", "bit_operations", "simulated_dtypes",
+           "simulated_bit_operations"]
 
 _log = logging.getLogger(__name__)
 
@@ -91,9 +95,9 @@ def _numel(shape: list[int | None]) -> int:
 def layer_costs(sim: QuantizationSimModel, sample: Mapping[str, Any] | None = None) -> list[LayerCost]:
     """MACs and operand quantizers of every weighted layer, in graph order; ``sample`` (one feed dict) fixes
     the symbolic input dimensions (module docstring)."""
-    shapes = _shapes(sim.model)
+    shapes = _shapes(sim.model.model)
     if sample is not None:
-        shapes.update(_sample_shapes(sim.model, sample))
+        shapes.update(_sample_shapes(sim.model.model, sample))
     dims = {t.name: tuple(t.dims) for t in sim.model.graph.initializer}  # shapes only: no weight is read
     costs = []
     for layer in sim.weighted_layers():
@@ -131,4 +135,27 @@ def bit_operations(costs: list[LayerCost], dtypes: Mapping[str, qtype | None]) -
         a = dtypes.get(cost.input_quantizer) if cost.input_quantizer else None
         w = dtypes.get(cost.weight_quantizer) if cost.weight_quantizer else None
         total += cost.macs * operand_bits(a) * operand_bits(w)
+    return total
+
+
+def simulated_dtypes(sim: QuantizationSimModel) -> dict[str, qtype | None]:
+    """The type every quantizer of ``sim`` simulates now, by name: its precision, or None when it is disabled
+    (the tensor stays float32). Read after calibration, this includes the sim's automatic decisions."""
+    return {q.name: q.precision() if q.enabled else None for q in sim.quantizers}
+
+
+def simulated_bit_operations(sim: QuantizationSimModel, costs: list[LayerCost]) -> float:
+    """BOPs of the layers of ``costs`` as ``sim`` simulates them now: each layer's operands are read again
+    from the sim (`QuantizationSimModel.weighted_layers`: the enabled quantizer deciding its data input, its
+    weight quantizer if enabled), so decisions taken since ``costs`` was built (a grid promoted, a tensor left
+    float, a Concat untied) count."""
+    layers = {layer.node: layer for layer in sim.weighted_layers()}
+    total = 0.0
+    for cost in costs:
+        layer = layers.get(cost.node)
+        if layer is None:
+            continue
+        a = layer.input_quantizer.precision() if layer.input_quantizer is not None else None
+        w = layer.weight_quantizer
+        total += cost.macs * operand_bits(a) * operand_bits(w.precision() if w is not None and w.enabled else None)
     return total

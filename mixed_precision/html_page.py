@@ -22,7 +22,8 @@ from mixed_precision.svg import bar_chart, escape, format_number, histogram, lin
 from quantsim import InvalidArgumentError
 
 __all__ = ["write_analysis_html", "write_pareto_html", "render_analysis_html", "render_pareto_html",
-           "WORST_SHOWN", "CHART_ROWS", "INHERITED_MARGIN_DB"]
+           "render_layer_sensitivity_html", "write_layer_sensitivity_html",
+           "WORST_SHOWN", "CHART_ROWS", "INHERITED_MARGIN_DB", "page", "table", "card", "number"]
 
 WORST_SHOWN = 8  # tensors listed first, each with its fix and histogram
 CHART_ROWS = 40  # rows per bar chart; every row is in the collapsed tables
@@ -48,6 +49,7 @@ details{margin:8px 0}summary{cursor:pointer;font-weight:bold}svg.chart{max-width
 
 # ---- shared page pieces ------------------------------------------------------------------------------------
 def _page(title: str, body: Sequence[str]) -> str:
+    """A complete HTML document titled ``title`` with the reports' inline CSS around the ``body`` pieces."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body)
@@ -56,6 +58,7 @@ def _page(title: str, body: Sequence[str]) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: Sequence[str] | None = None,
            numeric: Sequence[int] = ()) -> str:
+    """An HTML table (cells escaped); ``classes`` per row, columns in ``numeric`` right-aligned."""
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     lines = []
     for i, row in enumerate(rows):
@@ -67,6 +70,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: Seq
 
 
 def _card(label: str, value: str, cls: str = "") -> str:
+    """A summary card: a muted label over a large value (``cls``: "bad" / "good" colours it)."""
     return f'<div class="card"><span class="muted">{escape(label)}</span><b class="{cls}">{escape(value)}</b></div>'
 
 
@@ -297,3 +301,27 @@ def write_pareto_html(path: str | os.PathLike, points: Sequence[Mapping[str, Any
     (mappings with ``bitops_ratio``, ``score``, ``label`` and optionally ``precisions``, group -> precision
     name), joined in bit-operations order, the point at index ``chosen`` highlighted, and the points' table."""
     return write_text_atomic(path, render_pareto_html(points, chosen, title))
+
+
+# ---- the per-layer sensitivity page --------------------------------------------------------------------------
+def render_layer_sensitivity_html(scores: Mapping[str, float], title: str) -> str:
+    """A page of per-node scores (`analyze_per_layer_sensitivity`): the lowest (most sensitive) first, as a bar
+    chart of the first `CHART_ROWS` and a table of all."""
+    order = sorted(scores, key=lambda name: _sort_key(scores[name]))
+    shown = order[:CHART_ROWS]
+    body = [f"<h1>{escape(title)}</h1>",
+            f"<p class=\"muted\">{len(scores)} nodes, each scored with only its own quantizers enabled; the lowest "
+            "score is the most sensitive node.</p>",
+            bar_chart(shown, [("score", [scores[name] for name in shown])], title="score, lowest first"),
+            _table(["node", "score"], [(name, _num(scores[name])) for name in order], numeric=(1,))]
+    return _page(title, body)
+
+
+def write_layer_sensitivity_html(scores: Mapping[str, float], path: str | os.PathLike, *,
+                                 title: str = "Per-layer sensitivity (quantizers enabled)") -> Path:
+    """Write `render_layer_sensitivity_html`'s page to ``path`` atomically."""
+    return write_text_atomic(path, render_layer_sensitivity_html(scores, title))
+
+
+#: the page pieces other report pages (`mixed_precision.quant_analyzer_page`) are built from
+page, table, card, number = _page, _table, _card, _num

@@ -1,10 +1,13 @@
 """AIMET's lite mixed precision: ``flip_layers_to_higher_precision``.
 
 The least-scoring ``percent_to_flip`` percent of the layers (lowest sensitivity score first, as AIMET's
-``analyze_per_layer_sensitivity`` scores them: higher is better) move to a higher precision: their weight
-quantizers to the parameter type, the quantizers deciding their inputs and outputs to the activation type
-(a layer's output grid may sit after the activation that follows it, as with Conv -> Relu).
-Biases and frozen quantizers keep their spec. Changed quantizers drop their encodings: calibrate afterwards.
+``analyze_per_layer_sensitivity`` scores them: higher is better) move to a higher precision, on the
+quantizers each node owns as aimet-onnx 2.42 attributes them (`mixed_precision.layer_sensitivity`): its
+model-input and constant-input quantizers and its output quantizers to the activation type, its weight
+quantizers to the parameter type. A tensor another node produces belongs to that node; a Conv whose output
+grid sits after its Relu (one fused output quantizer) leaves that grid to the Relu node, which the sensitivity
+dict scores on its own. Disabled quantizers, biases (added in 32-bit arithmetic on integer hardware) and
+frozen quantizers keep their spec. Changed quantizers drop their encodings: calibrate afterwards.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from mixed_precision.analysis import GroupScore
+from mixed_precision.layer_sensitivity import node_quantizers
 from mixed_precision.presets import PRESETS, Precision, preset
 from quantsim import InvalidArgumentError, QuantizationSimModel, qtype
 
@@ -52,32 +56,17 @@ def flip_layers_to_higher_precision(sim: QuantizationSimModel,
     if activation_type.bits < 16:
         raise InvalidArgumentError(f"override_precision {override_precision!r}: the activation type {activation_type} "
                                    "is not a higher precision (use int16 or float16)")
-    nodes = {n.name: n for n in sim.model.graph.node}
-    unknown = sorted(set(scores) - set(nodes))
+    owned = node_quantizers(sim)
+    unknown = sorted(set(scores) - set(owned))
     if unknown:
         raise InvalidArgumentError(f"layer_sensitivity_dict names node(s) {unknown[:5]} not in the prepared model")
-    ordered = sorted(scores, key=lambda name: (scores[name], name))
+    ordered = sorted(scores, key=lambda name: scores[name])  # ties keep the dict's order, as in AIMET
     chosen = ordered[:math.ceil(len(ordered) * percent_to_flip / 100)]
-    following = {layer.node: layer.activation.output for layer in sim.weighted_layers() if layer.activation}
     with sim.transaction():
         for name in chosen:
-            node = nodes[name]
-            activations = []
-            for tensor in node.input:
-                q = sim.qc_quantize_op_dict.get(tensor)
-                if q is not None and q.role == "param":
-                    if q.enabled and q.param_type != "bias" and not q.is_encoding_frozen() \
-                            and q.precision() != param_type:
-                        q.set_precision(param_type)
-                elif tensor:
-                    activations.append(tensor)
-            outputs = list(node.output)
-            q = sim.qc_quantize_op_dict.get(outputs[0]) if outputs else None
-            if name in following and (q is None or not q.enabled):
-                outputs = [following[name]]  # a Relu after the layer carries its output grid
-            for tensor in activations + outputs:
-                try:
-                    sim.set_tensor_precision(tensor, activation_type)
-                except InvalidArgumentError:
-                    continue  # nothing quantizes this tensor (a float value, or shape arithmetic)
+            node = owned[name]
+            for q, dtype in [*((q, activation_type) for q in (*node.inputs, *node.outputs)),
+                             *((q, param_type) for q in node.params if q.param_type != "bias")]:
+                if not q.is_encoding_frozen() and q.precision() != dtype:
+                    q.set_precision(dtype)
     return chosen

@@ -7,23 +7,28 @@ first reader). A quantizer tied across nodes (a Concat's inputs and output, a Re
 takes the precision of the most specific rule among those nodes (a BatchNormalization set to FP16 by op
 type keeps FP16 although the Relu after it falls under the default); two rules of the same rank asking it
 for different precisions raise `OverrideConflictError` naming both nodes, and nothing changes. Frozen
-quantizers keep their spec. JSON form::
+quantizers keep their spec.
+
+A rule acts on the quantizer that decides each tensor in the sim (`quantsim.deciding_quantizer`): a node's
+output fused with the activation after it (Conv -> Relu, MatMul -> bias Add) is decided by the fused
+output's grid, a Reshape's output by its input's. A file naming a key twice (a node, a section, "default")
+is refused; a regular expression that matches no node is reported with a warning. JSON form::
 
     {"default": "W8A8", "op_type": {"Gemm": "W8A16"}, "regex": {"^encoder/.*attn": "W16A16"},
      "node": {"conv1": "W4A8", "bn1": "FP16"}}
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from mixed_precision.files import read_json_strict
 from mixed_precision.presets import Precision, preset
-from quantsim import ConfigError, QuantizationSimModel
+from quantsim import ConfigError, QuantizationSimModel, deciding_quantizer
+from quantsim.errors import warn_at_caller
 
 __all__ = ["PrecisionOverrides", "OverrideConflictError", "load_overrides", "apply_precision_overrides"]
 
@@ -60,12 +65,7 @@ def load_overrides(source: str | os.PathLike | Mapping[str, Any]) -> PrecisionOv
     label = "<dict>"
     if not isinstance(source, Mapping):
         label = str(source)
-        try:
-            source = json.loads(Path(source).read_text(encoding="utf-8"))
-        except RecursionError:
-            raise ConfigError(f"{label}: JSON nested too deeply to be precision overrides") from None
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"{label}: cannot read precision overrides: {error}") from None
+        source = read_json_strict(source, "precision overrides")
     if not isinstance(source, Mapping):
         raise ConfigError(f"{label}: precision overrides must be a JSON object")
     unknown = sorted(set(source) - set(_KEYS))
@@ -83,9 +83,15 @@ def load_overrides(source: str | os.PathLike | Mapping[str, Any]) -> PrecisionOv
 
     try:
         default = preset(source["default"]) if source.get("default") is not None else None
-        patterns = [(re.compile(p), precision) for p, precision in table("regex").items()]
-    except (ValueError, re.error) as error:
-        raise ConfigError(f"{label}: {error}") from None
+    except ValueError as error:
+        raise ConfigError(f"{label}: 'default': {error}") from None
+    patterns = []
+    for pattern, precision in table("regex").items():
+        try:
+            patterns.append((re.compile(pattern), precision))
+        except (re.error, RecursionError, OverflowError) as error:
+            raise ConfigError(f"{label}: 'regex': pattern {pattern!r} is not a valid regular expression: "
+                              f"{error}") from None
     return PrecisionOverrides(default, table("op_type"), patterns, table("node"))
 
 
@@ -104,6 +110,10 @@ def apply_precision_overrides(sim: QuantizationSimModel, overrides: PrecisionOve
     if absent:
         raise ConfigError(f"precision overrides name op type(s) {absent} the model does not have "
                           f"(it has {sorted(op_types)})")
+    unmatched = [p.pattern for p, _ in rules.regex if not any(p.search(name) for name in names)]
+    if unmatched:
+        warn_at_caller(f"precision overrides: regex pattern(s) {unmatched[:5]} match no node of the prepared model; "
+                       "they have no effect")
     wanted: dict[int, tuple[Any, Any, str, int]] = {}  # id(quantizer) -> (quantizer, qtype, node, rule rank)
     chosen = []
     graph_inputs = {i.name for i in sim.model.graph.input}
@@ -116,10 +126,11 @@ def apply_precision_overrides(sim: QuantizationSimModel, overrides: PrecisionOve
             q = sim.qc_quantize_op_dict.get(tensor)
             if q is not None and q.role == "param":
                 _want(wanted, q, precision.param_type, node.name, rank)
-            elif q is not None and tensor in graph_inputs and id(q) not in wanted:
+            elif tensor in graph_inputs and (q := deciding_quantizer(sim, tensor)) is not None \
+                    and id(q) not in wanted:
                 _want(wanted, q, precision.activation_type, node.name, rank)  # a model input: its first reader
         for tensor in node.output:
-            q = sim.qc_quantize_op_dict.get(tensor)
+            q = deciding_quantizer(sim, tensor) if tensor else None
             if q is not None:
                 _want(wanted, q, precision.activation_type, node.name, rank)
     with sim.transaction():

@@ -38,14 +38,16 @@ def preset(name: str | Precision) -> Precision:
 
 
 def _type_name(dtype: qtype) -> str:
+    if dtype.is_float and dtype.bits == 8:
+        return "F8" if "e4m3" in str(dtype) else "F8" + str(dtype).removeprefix("float8").upper()
     return f"F{dtype.bits}" if dtype.is_float else str(dtype.bits)
 
 
 def candidate(value: str | Precision | tuple) -> Precision:
     """An AMP candidate: a preset (name or `Precision`) or AIMET's ``((act_bw, act_dtype), (param_bw,
     param_dtype))`` with ``QuantizationDataType`` (or "int"/"float") dtypes; a tuple matching a preset takes
-    its name, others are named ``W<param>A<act>`` (``F16`` for float16). A type with no simulation (float32,
-    float8, int1, ...) is an error."""
+    its name, others are named ``W<param>A<act>`` (``F16`` for float16, ``F8`` for float8e4m3fn, ``F8E5M2``).
+    A type with no simulation (float32, int1, ...) is an error."""
     if isinstance(value, (str, Precision)):
         return preset(value)
     try:
@@ -60,7 +62,7 @@ def candidate(value: str | Precision | tuple) -> Precision:
         raise InvalidArgumentError(f"AMP candidate {value!r} is neither a preset ({', '.join(PRESETS)}) nor "
                                    f"((act_bw, act_dtype), (param_bw, param_dtype)): {error}") from None
     for dtype in (activation, param):
-        if dtype.is_float and dtype.bits != 16:
+        if dtype.is_float and dtype.bits not in (8, 16):
             raise InvalidArgumentError(f"AMP candidate {value!r}: {dtype} has no simulation (a float32 tensor is "
                                        "an unquantized one; leave those quantizers disabled instead)")
     for known in PRESETS.values():

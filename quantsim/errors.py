@@ -15,6 +15,8 @@ __all__ = [
     "warn_at_caller",
     "QuantsimError",
     "QuantsimWarning",
+    "AimetDifferenceWarning",
+    "NotSupportedError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "InvalidStateError",
@@ -69,6 +71,11 @@ class PrepareError(QuantsimError, ValueError):
 
 class PrepareWarning(QuantsimWarning):
     """Preparation went on with less than it wanted (no shapes, a refused fold, a cache entry dropped)."""
+
+
+class AimetDifferenceWarning(QuantsimWarning):
+    """The sim does something aimet-onnx would not, by default and on purpose (`quantsim.sim.aimet_differences`);
+    the message names the switch that gives AIMET's behaviour."""
 
 
 class EncodingFormatError(QuantsimError, ValueError):
@@ -128,6 +135,11 @@ class ExportLegalityError(QuantsimError, ValueError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.findings))
+
+
+class NotSupportedError(QuantsimError, NotImplementedError):
+    """An aimet-onnx API that quantsim does not provide (it has no meaning in a plain-ONNX sim); the message
+    names what to use instead."""
 
 
 #: packages whose frames a warning skips, so it points at the user's own line

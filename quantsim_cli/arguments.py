@@ -54,6 +54,25 @@ def _percentile(text: str) -> float:
     return value
 
 
+def _duration(text: str) -> float:
+    from quantsim.prepare import parse_duration
+
+    try:
+        return parse_duration(text)
+    except quantsim.QuantsimError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _size(text: str) -> str:
+    from quantsim.prepare import parse_size
+
+    try:
+        parse_size(text, "--max-size")
+    except quantsim.QuantsimError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def artefact_list(text: str) -> list[str]:
     """argparse type: a comma-separated subset of `ARTEFACTS` (``all`` for every one)."""
     items = [item.strip() for item in text.split(",") if item.strip()]
@@ -149,7 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    description="Calibrate MODEL on --data, optionally improve it (Sequential MSE, "
                                                "AdaRound, precision overrides), write the artefacts and report.md.")
     quantize.add_argument("model", metavar="MODEL", help="float ONNX model file")
-    quantize.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    quantize.add_argument("--out", required=True, metavar="DIR",
+                          help="output folder (created if missing). An earlier run's artefacts with the same prefix "
+                               "(and its analysis.html) are removed before this run writes, so the folder holds only "
+                               "this run's files; report.md lists them and what was removed")
     _add_data(quantize)
     _add_sim(quantize)
     improve = quantize.add_argument_group("improvements (adaround package)")
@@ -208,8 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows to print per table")
 
     cache = commands.add_parser("cache", parents=[common], help="the preparation cache",
-                                description="List or clear the on-disk cache of prepared models "
-                                            "($QUANTSIM_CACHE_DIR, default ~/.cache/quantsim).")
-    cache.add_argument("action", choices=("list", "clear"))
+                                description="List, clear or trim the on-disk cache of prepared models "
+                                            "($QUANTSIM_CACHE_DIR, default ~/.cache/quantsim). Each new entry trims "
+                                            "it to its size limit ($QUANTSIM_CACHE_MAX_SIZE, default 5G) by removing "
+                                            "the least recently used entries; entries a process is reading are "
+                                            "never removed.")
+    cache.add_argument("action", choices=("list", "clear", "trim"),
+                       help="list: entries with size, last use and whether in use; clear: remove entries (all, or "
+                            "with --older-than those unused for that long); trim: evict least recently used entries "
+                            "down to --max-size")
     cache.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: $QUANTSIM_CACHE_DIR or ~/.cache/quantsim)")
+    cache.add_argument("--older-than", type=_duration, metavar="DURATION",
+                       help="clear: only entries last used longer ago than this (e.g. 30d, 12h, 90m, 45s)")
+    cache.add_argument("--max-size", type=_size, metavar="SIZE",
+                       help="trim: the size to trim to (e.g. 2G, 500M; default $QUANTSIM_CACHE_MAX_SIZE or 5G)")
     return parser

@@ -75,7 +75,7 @@ class _Origins:
 
 def quantizer_rows(sim: Any, original: onnx.ModelProto) -> list[dict[str, str]]:
     """One row per quantized tensor of ``sim``: tensor, role, spec, enabled, tied quantizer, origin."""
-    origins = _Origins(original, sim.model)
+    origins = _Origins(original, sim.model.model)
     rows = []
     for q in sim.quantizers:
         for tensor in q.tensors:

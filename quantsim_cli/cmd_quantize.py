@@ -5,13 +5,24 @@ apply precision overrides, calibrate, Sequential MSE and/or AdaRound (then calib
 against the new weights), write the artefacts, measure the outputs and per-layer SQNR on the first
 ``--analysis-batches`` batches (with ``analysis.html``, the per-tensor charts of
 `mixed_precision.write_analysis_html`), write ``report.md`` and print a short summary.
+
+Re-running into the same ``--out`` with the same prefix replaces the earlier run: once calibration has
+succeeded, every artefact an earlier run may have written under the prefix (``<prefix>.encodings``,
+``.onnx``, ``.qdq.onnx``, ``.integer.onnx``, ``.integer.requant.json`` and their ``.data`` files), its
+``analysis.html`` and ``report.md`` are removed before this run writes its own, so the folder never mixes,
+say, an int8 QDQ model from one run with 4-bit encodings from another; each removal is logged and listed in
+the new ``report.md``, whose file list is read back from the folder (the files of this run that are there).
+The input model and its external data are never removed.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import math
+import time
 from pathlib import Path
+
+import onnx
 
 from quantsim import InvalidArgumentError
 from quantsim_cli.data import model_inputs, open_data
@@ -19,7 +30,7 @@ from quantsim_cli.metrics import AgreementAccumulator, format_db
 from quantsim_cli.report import QuantizeResult, json_ready, percent, stayed_float, write_quantize_report
 from quantsim_cli.simbuild import apply_overrides, config_from_args, load_overrides_from_args, sim_from_args
 
-__all__ = ["run_quantize", "artefact_paths"]
+__all__ = ["run_quantize", "artefact_paths", "remove_earlier_run", "files_of_this_run"]
 
 _log = logging.getLogger(__name__)
 
@@ -40,6 +51,52 @@ def artefact_paths(out: Path, prefix: str, write: list[str]) -> list[Path]:
 
 def _model_files(path: Path) -> list[Path]:
     return [path, path.with_name(path.name + ".data")]
+
+
+def _input_files(model_path: str) -> set[Path]:
+    """The input model file and the external-data files it names (resolved): never removed as stale."""
+    model = Path(model_path).resolve()
+    files = {model, model.with_name(model.name + ".data")}
+    try:
+        skeleton = onnx.load(str(model), load_external_data=False)
+    except Exception:  # noqa: BLE001 - an unreadable model fails later with its own error
+        return files
+    for tensor in skeleton.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                files.add((model.parent / entry.value).resolve())
+    return files
+
+
+def remove_earlier_run(out: Path, prefix: str, model_path: str) -> list[Path]:
+    """Remove what an earlier ``quantize`` may have left in ``out`` under ``prefix`` (every artefact of
+    `artefact_paths` for all of ``--write``, ``analysis.html`` and ``report.md``), except the input model's own
+    files; returns the artefacts removed (logged; the old report is not counted)."""
+    keep = _input_files(model_path)
+    removed = []
+    for path in [*artefact_paths(out, prefix, ["encodings", "float", "qdq", "integer"]), out / "analysis.html",
+                 out / "report.md"]:  # the earlier run's report: a failed export must not leave it describing the folder
+        if path.is_file() and path.resolve() not in keep:
+            path.unlink()
+            removed.append(path)
+    stale = [p for p in removed if p.name != "report.md"]
+    if stale:
+        _log.warning("removed %s of an earlier run in %s (this run writes its own artefacts)",
+                     ", ".join(p.name for p in stale), out)
+    return stale
+
+
+def files_of_this_run(out: Path, prefix: str, write: list[str], since: float) -> list[Path]:
+    """The artefacts of ``write`` that are in ``out`` now and were written at or after ``since`` (read from the
+    folder, not from what the export meant to write)."""
+    found = []
+    for path in artefact_paths(out, prefix, write):
+        try:
+            if path.stat().st_mtime >= since:
+                found.append(path)
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def _check_output(args: argparse.Namespace) -> tuple[Path, str]:
@@ -86,7 +143,9 @@ def _improve(args: argparse.Namespace, sim, data, result: QuantizeResult) -> Non
 
 def _export(args: argparse.Namespace, sim, out: Path, prefix: str, result: QuantizeResult) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    since = time.time() - 2  # coarse file-system clocks
     with result.timings("export"):
+        result.removed = remove_earlier_run(out, prefix, args.model)
         if "encodings" in args.write or "float" in args.write:
             sim.export(out, prefix, export_model="float" in args.write, encoding_version=args.encoding_version,
                        qdq="qdq" in args.write, weight_codes=args.weight_codes)
@@ -97,7 +156,7 @@ def _export(args: argparse.Namespace, sim, out: Path, prefix: str, result: Quant
             integer = sim.export_integer(weight_codes=args.weight_codes)
             integer.save(out / f"{prefix}.integer")
             result.integer_report = list(integer.report)
-    result.files += [p for p in artefact_paths(out, prefix, args.write) if p.exists()]
+    result.files += files_of_this_run(out, prefix, args.write, since)
 
 
 def _analyse(args: argparse.Namespace, sim, data, out: Path, result: QuantizeResult) -> None:

@@ -23,7 +23,6 @@ import itertools
 import logging
 import re
 import sys
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,21 +125,57 @@ def check_feed(feed: object, inputs: list[InputSpec], where: str, *, any_rows: b
     return result
 
 
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
+_NPY_MAGIC, _ZIP_MAGICS = b"\x93NUMPY", (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def _signature(path: Path, wanted: tuple[bytes, ...], what: str) -> None:
+    """Refuse a file that does not start like ``what`` before numpy reads it (numpy would try to unpickle it
+    and say so, which names neither the file nor the problem)."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError as error:
+        raise InvalidArgumentError(f"{path}: cannot read ({error.strerror or error})") from None
+    if not head:
+        raise InvalidArgumentError(f"{path}: empty file, not {what}")
+    if not head.startswith(wanted):
+        raise InvalidArgumentError(f"{path}: not {what} (corrupted, or another format under that name)")
+
+
+def _reason(error: BaseException) -> str:
+    """A one-line reason for a numpy / zipfile failure."""
+    text = " ".join(str(error).split())
+    if "pickle" in text:
+        return "it holds Python objects (an object array), which are not read; save plain numeric arrays"
+    return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    _signature(path, _ZIP_MAGICS, "an .npz archive (numpy.savez writes a zip file)")
+    try:  # our own handle: numpy leaks the one it opens when the zip directory is unreadable
+        with open(path, "rb") as handle, np.load(handle, allow_pickle=False) as archive:
             if not isinstance(archive, np.lib.npyio.NpzFile):
                 raise InvalidArgumentError(f"{path}: expected an .npz archive of named arrays")
-            return {name: archive[name] for name in archive.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
-        raise InvalidArgumentError(f"{path}: cannot read arrays ({error})") from None
+            arrays = {}
+            for name in archive.files:
+                try:
+                    arrays[name] = archive[name]
+                except Exception as error:  # noqa: BLE001 - any failure of one member: name it
+                    raise InvalidArgumentError(f"{path}: cannot read array {name!r} ({_reason(error)})") from None
+            return arrays
+    except InvalidArgumentError:
+        raise
+    except Exception as error:  # noqa: BLE001 - zipfile/zlib/numpy header errors of a corrupted archive
+        raise InvalidArgumentError(f"{path}: cannot read arrays ({_reason(error)})") from None
 
 
 def _read_npy(path: Path) -> np.ndarray:
+    _signature(path, (_NPY_MAGIC,), "a .npy file (numpy.save writes one)")
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as error:
-        raise InvalidArgumentError(f"{path}: cannot read array ({error})") from None
+        with open(path, "rb") as handle:
+            return np.load(handle, allow_pickle=False)
+    except Exception as error:  # noqa: BLE001 - a corrupted header or truncated data
+        raise InvalidArgumentError(f"{path}: cannot read array ({_reason(error)})") from None
 
 
 def _named(arrays: dict[str, np.ndarray], inputs: list[InputSpec], path: Path) -> dict[str, np.ndarray]:
@@ -256,19 +291,21 @@ def _fixed_batch(inputs: list[InputSpec]) -> int | None:
     return first if isinstance(first, int) and first > 0 else None
 
 
-def _function(spec: str) -> Callable[[], object]:
+def load_function(spec: str, option: str = "--data") -> Callable[..., object]:
+    """The function ``module:function`` (or ``path/to/file.py:function``) names; errors name ``option``."""
     match = _FUNCTION_SPEC.match(spec)
     if match is None:
-        raise InvalidArgumentError(f"--data {spec}: no such file or folder, and not module:function")
+        raise InvalidArgumentError(f"{option} {spec}: " + ("no such file or folder, and not module:function"
+                                                          if option == "--data" else "not module:function"))
     module_name, function_name = match["module"], match["function"]
     try:
         if module_name.endswith(".py"):
             file = Path(module_name)
             if not file.is_file():
-                raise InvalidArgumentError(f"--data {spec}: no such file {file}")
+                raise InvalidArgumentError(f"{option} {spec}: no such file {file}")
             loader = importlib.util.spec_from_file_location(file.stem, file)
             if loader is None or loader.loader is None:
-                raise InvalidArgumentError(f"--data {spec}: cannot load {file}")
+                raise InvalidArgumentError(f"{option} {spec}: cannot load {file}")
             module = importlib.util.module_from_spec(loader)
             loader.loader.exec_module(module)
         else:
@@ -278,15 +315,15 @@ def _function(spec: str) -> Callable[[], object]:
     except InvalidArgumentError:
         raise
     except ModuleNotFoundError as error:
-        raise InvalidArgumentError(f"--data {spec}: cannot import module {module_name!r} ({error})") from None
+        raise InvalidArgumentError(f"{option} {spec}: cannot import module {module_name!r} ({error})") from None
     except Exception as error:  # noqa: BLE001 - the user's module failed while importing
-        raise InvalidArgumentError(f"--data {spec}: importing {module_name!r} failed: "
+        raise InvalidArgumentError(f"{option} {spec}: importing {module_name!r} failed: "
                                    f"{type(error).__name__}: {error}") from None
     function = getattr(module, function_name, None)
     if function is None:
-        raise InvalidArgumentError(f"--data {spec}: module {module_name!r} has no function {function_name!r}")
+        raise InvalidArgumentError(f"{option} {spec}: module {module_name!r} has no function {function_name!r}")
     if not callable(function):
-        raise InvalidArgumentError(f"--data {spec}: {function_name!r} is not callable")
+        raise InvalidArgumentError(f"{option} {spec}: {function_name!r} is not callable")
     return function
 
 
@@ -322,7 +359,7 @@ def open_data(text: str, inputs: list[InputSpec], batch_size: int | None = None,
         description, produce = _split(path, _read_file(path, inputs), inputs, batch_size)
         regroup = False
     elif _FUNCTION_SPEC.match(text) and not text.endswith((".npz", ".npy")):
-        function = _function(text)
+        function = load_function(text)
         description, produce = text, (lambda: _call(text, function))
     else:
         raise InvalidArgumentError(f"--data {text}: no such file or folder")

@@ -69,6 +69,7 @@ class QuantizeResult:
     integer_report: list[Any] = field(default_factory=list)
     analysis_page: Path | None = None  # analysis.html, when the analysis ran
     files: list[Path] = field(default_factory=list)
+    removed: list[Path] = field(default_factory=list)  # an earlier run's artefacts this run removed
     timings: Timings = field(default_factory=Timings)
 
 
@@ -154,7 +155,10 @@ def write_quantize_report(path: Path, result: QuantizeResult) -> Path:
     if result.integer_report:
         parts += ["Integer export: nodes left in float", "",
                   markdown_table(("node", "op type", "why"), [tuple(e) for e in result.integer_report]), ""]
-    parts += ["## Files", ""] + [f"- `{f.name}`" for f in result.files] + [""]
+    parts += ["## Files", "", "Written by this run (and `report.md`):", ""] + [f"- `{f.name}`" for f in result.files] + [""]
+    if result.removed:
+        parts += ["Removed (left in this folder by an earlier run with the same prefix): "
+                  + ", ".join(f"`{f.name}`" for f in result.removed) + ".", ""]
     parts += ["## Timings", "", markdown_table(("step", "seconds"),
                                                 [(s, f"{t:.2f}") for s, t in result.timings.steps]
                                                 + [("total", f"{result.timings.total:.2f}")]), ""]

@@ -63,3 +63,42 @@ def score(session) -> float:
 def misleading_score(session) -> float:
     """`score` upside down: a phase-1 callback that ranks the most harmful flips as the least harmful."""
     return -score(session)
+
+
+def masked_matmuls(fill: float = -1e4) -> onnx.ModelProto:
+    """x[4,8] -> MatMul(w1) -> Add(mask: 0 or ``fill`` per column) -> MatMul(w2) -> y[4,8]: the masked tensor's
+    8-bit grid collapses, so calibration's range health gives it 16 bits whatever AMP asks (with a fill of
+    -1e9 16 bits collapse too: an 8-bit request leaves it float)."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((WIDTH, WIDTH)).astype(np.float32) / 3 for _ in range(2))
+    mask = np.zeros((1, WIDTH), np.float32)
+    mask[0, 6:] = fill
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+         helper.make_node("Add", ["a", "mask"], ["m"], name="add"),
+         helper.make_node("MatMul", ["m", "w2"], ["y"], name="mm2")], "masked",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, WIDTH])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(mask, "mask")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def masked_feeds(count: int = 3, seed: int = 1) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((4, WIDTH)).astype(np.float32)} for _ in range(count)]
+
+
+def output_score(model: onnx.ModelProto, data: list[dict]):
+    """A callback scoring a sim of ``model``: minus the mean squared error of its output against the float
+    model's on ``data`` (higher is better)."""
+    reference = QuantizationSimModel(model, progress=False)
+    for q in reference.quantizers:
+        q.enabled = False
+    expected = [reference.session.run(None, f)[0] for f in data]
+
+    def scored(session) -> float:
+        return -float(np.mean([np.mean((e - session.run(None, f)[0]) ** 2) for e, f in zip(expected, data)]))
+
+    return scored

@@ -258,12 +258,14 @@ def test_candidates_in_aimet_form_and_by_name():
     assert candidate(((16, QuantizationDataType.float), (16, QuantizationDataType.float))).name == "FP16"
     mixed = candidate(((16, QuantizationDataType.float), (8, QuantizationDataType.int)))
     assert (mixed.name, mixed.param_type, mixed.activation_type) == ("W8AF16", int8, float16)
+    fp8 = candidate(((8, QuantizationDataType.float), (8, QuantizationDataType.int)))  # simulated since FP8 landed
+    assert (fp8.name, str(fp8.activation_type)) == ("W8AF8", "float8e4m3fn")
 
 
 @pytest.mark.parametrize("candidates, message", [
     ([W8, "W3A8"], "unknown precision 'W3A8'"),
     ([W8, ((32, QuantizationDataType.float), (8, QuantizationDataType.int))], "float32 has no simulation"),
-    ([W8, ((8, QuantizationDataType.float), (8, QuantizationDataType.int))], "float bitwidth 8"),
+    ([W8, ((12, QuantizationDataType.float), (8, QuantizationDataType.int))], "float bitwidth 12"),
     ([W8, W8], "at least two distinct candidates"),
     ("W8A8", "must be a list"),
 ])
@@ -320,8 +322,9 @@ def test_lite_flip_promotes_the_least_scoring_layers():
     flipped = flip_layers_to_higher_precision(sim, {"fc0": 0.1, "fc1": 0.9, "fc2": 0.5}, 50.0, (int16, int16))
     assert flipped == ["fc0", "fc2"]  # ceil(3 * 50%) = 2, lowest scores first
     q = sim.qc_quantize_op_dict
-    assert [q[n].precision() for n in ("W0", "W2", "x", "h0", "h1", "y")] == [int16] * 6
-    assert q["W1"].precision() == int8 and not q["B0"].enabled
+    assert [q[n].precision() for n in ("W0", "W2", "x", "y")] == [int16] * 4
+    # as in aimet-onnx: fc0's output grid sits after relu0 (fused), so it belongs to the relu0 node
+    assert [q[n].precision() for n in ("W1", "h0", "h1")] == [int8] * 3 and not q["B0"].enabled
     sim.compute_encodings(feeds())  # the flipped quantizers recalibrate
     assert flip_layers_to_higher_precision(new_sim(), {"fc0": 1.0}, 0.0) == []
     with pytest.raises(InvalidArgumentError, match="not in the prepared model"):

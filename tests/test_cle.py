@@ -66,16 +66,24 @@ def _weights(model):
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
 
 
+def _copy(model):
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
 @pytest.mark.parametrize("build,x_shape", [(conv_bn_relu_chain, (2, 3, 12, 12)), (gemm_chain, (5, 10))])
-def test_equalized_model_is_equivalent_and_the_input_untouched(build, x_shape):
+def test_equalized_model_is_equivalent_and_equalized_in_place(build, x_shape):
     rng = np.random.default_rng(0)
     model = build(rng)
-    before = model.SerializeToString()
+    original = _copy(model)
     x = rng.standard_normal(x_shape).astype(np.float32)
     equalized = equalize_model(model, high_bias_fold=False)
-    onnx.checker.check_model(equalized)
-    np.testing.assert_allclose(_run(equalized, x), _run(model, x), rtol=1e-4, atol=1e-4)
-    assert model.SerializeToString() == before
+    assert equalized is model  # AIMET's equalize_model changes the caller's model; ours also returns it
+    onnx.checker.check_model(model)
+    assert "BatchNormalization" not in [n.op_type for n in model.graph.node]
+    assert model.SerializeToString() != original.SerializeToString()
+    np.testing.assert_allclose(_run(model, x), _run(original, x), rtol=1e-4, atol=1e-4)
 
 
 def test_ranges_are_equalized_across_each_pair():
@@ -101,9 +109,9 @@ def test_high_bias_absorption_by_hand_and_exact_without_padding():
     fc1.output[0] = "pre"
     model.graph.node.insert(1, helper.make_node("BatchNormalization", ["pre", "g", "b", "m", "v"], ["h"], name="bn",
                                                 epsilon=0.0))
-    equalized = equalize_model(model, passes=1)
+    equalized = equalize_model(_copy(model), passes=1)
     np.testing.assert_allclose(_run(equalized, x), _run(model, x), rtol=1e-4, atol=1e-3)
-    without = equalize_model(model, passes=1, high_bias_fold=False)
+    without = equalize_model(_copy(model), passes=1, high_bias_fold=False)
     w, w_plain = _weights(equalized), _weights(without)
     # fc1's bias lost max(0, beta - 3 gamma) = 4.7 (scaled like the channel), fc2's bias gained W2 c
     moved = w_plain["b1"] - w["b1"]
@@ -111,7 +119,7 @@ def test_high_bias_absorption_by_hand_and_exact_without_padding():
     np.testing.assert_allclose(w["b2"] - w_plain["b2"], (0.5 / 2.0) * (w_plain["w2"].T @ moved), rtol=1e-4)
 
 
-def test_relu6_becomes_relu_between_pairs_and_branches_are_left_alone():
+def test_relu6_becomes_relu_only_when_asked_and_branches_are_left_alone():
     rng = np.random.default_rng(3)
     inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "w1"),
              numpy_helper.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32), "w2"),
@@ -125,11 +133,14 @@ def test_relu6_becomes_relu_between_pairs_and_branches_are_left_alone():
     model = _model(nodes, inits, [1, 3, 4, 4])
     model.graph.output.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, None))
     assert find_equalization_pairs(model) == [("conv1", "relu6", "conv2")]
-    equalized = equalize_model(model)
-    ops = [n.op_type for n in equalized.graph.node]
-    assert "Clip" not in ops and ops.count("Relu") == 2
-    kept = equalize_model(model, relu6_to_relu=False)
-    assert "Clip" in [n.op_type for n in kept.graph.node]
+    as_aimet = equalize_model(_copy(model), clip_pairs="relu")
+    ops = [n.op_type for n in as_aimet.graph.node]
+    assert "Clip" not in ops and "Min" not in ops and ops.count("Relu") == 2
+    skipped = equalize_model(_copy(model), clip_pairs="skip")
+    assert [n.op_type for n in skipped.graph.node].count("Clip") == 1
+    rescaled = equalize_model(_copy(model))
+    ops = [n.op_type for n in rescaled.graph.node]
+    assert "Clip" not in ops and ops.count("Min") == 1 and ops.count("Relu") == 2
 
 
 def test_cle_lowers_per_tensor_weight_quantization_error():
@@ -148,4 +159,4 @@ def test_cle_lowers_per_tensor_weight_quantization_error():
                                                    t.name))
         return float(np.mean((_run(q, x) - _run(m, x)) ** 2))
 
-    assert quantized_error(equalize_model(model)) < 0.5 * quantized_error(model)
+    assert quantized_error(equalize_model(_copy(model))) < 0.5 * quantized_error(model)

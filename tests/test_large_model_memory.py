@@ -193,7 +193,7 @@ def test_cache_entries_of_big_models_keep_weights_in_external_data(monkeypatch, 
     first = prepare(model, cache_dir=tmp_path)
     (entry,) = (tmp_path / "prepared").iterdir()
     wait_for_background()  # the data file's stamp follows its fsync, on a thread
-    assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
+    assert sorted(p.name for p in entry.iterdir()) == [".lock", ".verified", "KEY", "SHA256SUMS", "model.onnx",
                                                        "model.onnx.data"]
     again = prepare(model, cache_dir=tmp_path)  # a hit, read from the two files
     for result in (first, again):

@@ -123,7 +123,8 @@ def test_clear_and_info(tmp_path):
     prepare(model_with_bn(seed=1), cache_dir=tmp_path / "c")
     info = cache_info(tmp_path / "c")
     assert len(info) == 2 and all(len(e.key) == 64 and e.size_bytes > 0 and e.mtime > 0 for e in info)
-    key, size, mtime = info[0]
+    key, size, mtime, used, busy = info[0]
+    assert used >= mtime - 1 and not busy  # written counts as used; no reader holds it after prepare returned
     assert cache_size(tmp_path / "c") == sum(e.size_bytes for e in info)
     assert clear_cache(tmp_path / "c") == 2
     assert cache_info(tmp_path / "c") == [] and cache_size(tmp_path / "c") == 0
@@ -158,7 +159,7 @@ def test_large_model_is_stored_with_external_data(tmp_path, monkeypatch):
     assert first.graph.initializer[0].HasField("raw_data")  # storing did not take the weights away
     entry = entry_dir(tmp_path)
     wait_for_background()  # the data file's fsync, then its stamp, run on a thread
-    assert sorted(p.name for p in entry.iterdir()) == [".verified", "KEY", "SHA256SUMS", "model.onnx",
+    assert sorted(p.name for p in entry.iterdir()) == [".lock", ".verified", "KEY", "SHA256SUMS", "model.onnx",
                                                        "model.onnx.data"]
     assert (entry / "model.onnx.data").stat().st_size > (entry / "model.onnx").stat().st_size
     second = prepare(model, passes=[counting_pass], cache_dir=tmp_path / "c")

@@ -231,7 +231,7 @@ def test_untied_concat_output_gets_16_bits_where_the_target_cannot_leave_it_floa
     assert out.enabled and out.bitwidth == 16 and out.encoding is not None
     assert npu.qc_quantize_op_dict["boxes"] is not npu.qc_quantize_op_dict["scores"]
     [decision] = [d for d in npu.decisions if d.rule == "untied concat"]
-    assert "output on int16" in decision.action
+    assert "output on int16" in decision.action and "8-bit grid" in decision.reason
     assert analyze_sim(npu).legal
     npu.to_onnx_qdq()  # exports
 

@@ -24,7 +24,14 @@ from quantsim.encodings import (
     read_encodings_file,
 )
 from quantsim.encodings.derived import derived_names, derived_records
-from quantsim.errors import EncodingMismatchError, InvalidArgumentError, InvalidStateError, warn_at_caller
+from quantsim.encodings.fit import MSE_RATIO_LIMIT, weight_fit
+from quantsim.errors import (
+    EncodingMismatchError,
+    InvalidArgumentError,
+    InvalidStateError,
+    QuantsimWarning,
+    warn_at_caller,
+)
 from quantsim.graph.file_set import FileSet, check_file_name
 from quantsim.graph.op_facts import BIAS_SLOT
 from quantsim.sim.quantizer import QcQuantizeOp
@@ -280,9 +287,21 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
     derived = derived_names(sim._index, records)
     records = [r for r in records if r.name not in derived or _enabled(sim, r.name)]
     unknown = set(_check_for_model(sim, records, source))
-    mismatches, plan = [], []
-    problems = [f"{r.name}: a {r.bits}-bit encoding, which the sim cannot simulate (not loaded)"
-                for r in wide]
+    mismatches, plan, to_float = [], [], []
+    problems = []
+    for record in wide:  # aimet-onnx loads an int32 activation grid (practically float): the sim runs it in float
+        q = sim.qc_quantize_op_dict.get(record.name)
+        if q is None:
+            problems.append(f"{record.name}: a {record.bits}-bit encoding for a tensor the sim does not quantize "
+                            "(not loaded; it stays float)")
+        elif q.is_encoding_frozen():
+            problems.append(f"{record.name}: a {record.bits}-bit encoding, but the sim's quantizer is frozen "
+                            "(kept as it is)")
+        else:
+            problems.append(f"{record.name}: a {record.bits}-bit encoding, which the sim cannot simulate: its "
+                            "quantizer is disabled, so the tensor runs in float")
+            mismatches.append(EncodingMismatch(record.name, "bitwidth", q.bitwidth, record.bits))
+            to_float.append(q)
     for record in records:
         q = sim.qc_quantize_op_dict.get(record.name)
         if q is None:
@@ -308,6 +327,9 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
         q.enabled = True
         if not allow_overwrite:
             q.freeze_encodings()
+    _warn_unfitting(sim, plan, source)
+    for q in to_float:
+        q.enabled = False
     if disable_missing_quantizers:
         loaded = {id(q) for q, _, _ in plan}
         for q in sim.quantizers:
@@ -316,6 +338,32 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
     for m in mismatches:
         warn_at_caller(f"{source}: {m}")
     return mismatches
+
+
+def _warn_unfitting(sim, plan: list, source: str) -> None:
+    """One warning naming the weights whose loaded encodings do not fit their values (`fit.weight_fit`)."""
+    bad = []
+    for q, _, enc in plan:
+        if enc is None or q.role != "param" or not sim._index.is_constant(q.tensors[0]):
+            continue
+        fit = weight_fit(q.tensors[0], sim.get_weight(q.tensors[0]), enc)
+        if not fit.fits:
+            bad.append(fit)
+    if not bad:
+        return
+    bad.sort(key=lambda f: -f.mse_ratio)
+    unfolded = any(node.op_type == "BatchNormalization" for node in sim._index.nodes)
+    cause = ("this sim keeps BatchNormalization unfolded, so encodings computed on a sim that folded it (the "
+             "default) do not fit its weights" if unfolded else
+             "encodings computed with BatchNormalization unfolded (fold_batchnorm=False) do not fit a sim that "
+             "folds it")
+    shown = "\n  ".join(f.describe() for f in bad[:_PROBLEMS_SHOWN])
+    more = f"\n  ... and {len(bad) - _PROBLEMS_SHOWN} more" if len(bad) > _PROBLEMS_SHOWN else ""
+    warn_at_caller(f"{source}: the encodings of {len(bad)} weight(s) do not fit the weights they are loaded onto "
+                   f"(more than {10 * np.log10(MSE_RATIO_LIMIT):.0f} dB worse than a min-max grid on them, with grids over "
+                   f"twice too wide for some channels). Likely "
+                   f"cause: {cause}; or the file is another model's. Compute the encodings on this sim instead:"
+                   f"\n  {shown}{more}", QuantsimWarning)
 
 
 def set_and_freeze_param_encodings(sim, encoding_path) -> None:

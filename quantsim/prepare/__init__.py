@@ -44,10 +44,11 @@ from collections.abc import Callable
 
 import onnx
 
-from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning
+from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning, warn_at_caller
 from quantsim.graph.large_models import hash_model, save_model, skeleton
 from quantsim.graph.loading import file_signature
 from quantsim.graph.mapped import MappedWeights, reading_from
+from quantsim.graph.wrapped import as_model_proto
 from quantsim.prepare.cache import (
     cache_info,
     cache_key,
@@ -59,8 +60,10 @@ from quantsim.prepare.cache import (
     load_cached_mapped,
     pass_identities,
     store_cached,
+    trim_cache,
 )
 from quantsim.prepare.digest import content_digest
+from quantsim.prepare.eviction import DEFAULT_MAX_BYTES, LIMIT_ENV_VAR, cache_limit, parse_duration, parse_size
 from quantsim.prepare.inputs import remember_digest, remembered_digest
 from quantsim.prepare.passes import (
     canonicalize_ops,
@@ -90,6 +93,12 @@ __all__ = [
     "clear_cache",
     "cache_info",
     "cache_size",
+    "trim_cache",
+    "cache_limit",
+    "parse_size",
+    "parse_duration",
+    "DEFAULT_MAX_BYTES",
+    "LIMIT_ENV_VAR",
     "cache_root",
     "check_graph",
     "name_nodes",
@@ -130,14 +139,18 @@ DEFAULT_PASSES = default_passes()
 
 def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True, fold_constants: bool = True,
             optimize: bool = False, cache: bool = True,
-            cache_dir: str | os.PathLike | None = None) -> onnx.ModelProto:
+            cache_dir: str | os.PathLike | None = None,
+            cache_max_size: int | str | None = None) -> onnx.ModelProto:
     """Return a prepared copy of ``model``; the caller's ModelProto is not modified.
 
     ``passes`` replaces the default list (then the three folding/optimising flags must keep their
     defaults). With ``cache`` the result is looked up in and stored to the on-disk cache under
-    ``cache_dir`` (default: ``$QUANTSIM_CACHE_DIR`` or ``~/.cache/quantsim``). Raises ``PrepareError``
+    ``cache_dir`` (default: ``$QUANTSIM_CACHE_DIR`` or ``~/.cache/quantsim``), which a new entry then trims to
+    ``cache_max_size`` (bytes or ``"5G"``-style; default ``$QUANTSIM_CACHE_MAX_SIZE``, else 5 GiB) by evicting
+    the least recently used entries (`cache.trim_cache`). Raises ``PrepareError``
     for models that cannot be prepared (cycles, dangling inputs, unsupported opset, ...).
     """
+    model = as_model_proto(model)  # sim.model (a view) too
     options = {"fold_batchnorm": fold_batchnorm, "fold_constants": fold_constants, "optimize": optimize}
     if passes is None:
         chosen = default_passes(**options)
@@ -145,6 +158,11 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
         raise InvalidArgumentError("pass either `passes` or the fold_batchnorm/fold_constants/optimize flags, not both")
     else:
         chosen = tuple(passes)
+    if cache_max_size is not None:
+        cache_limit(cache_max_size)  # a bad value fails on a hit too
+        if not cache:
+            warn_at_caller("prepare: cache_max_size has no effect with cache=False (nothing is stored)",
+                           PrepareWarning)
     key = cache_key(model, chosen, options) if cache else None
     if key is not None:
         cached = load_cached(key, cache_dir)
@@ -153,7 +171,7 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
             return cached
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    return _prepare_work(work, chosen, key, cache_dir)
+    return _prepare_work(work, chosen, key, cache_dir, cache_max_size)
 
 
 def prepare_loaded(load: Callable[[], onnx.ModelProto], *, fold_batchnorm: bool = True,
@@ -253,13 +271,13 @@ def _file_options(fold_batchnorm: bool) -> dict:
 
 
 def _prepare_work(work: onnx.ModelProto, chosen: tuple, key: str | None,
-                  cache_dir: str | os.PathLike | None) -> onnx.ModelProto:
+                  cache_dir: str | os.PathLike | None, max_size: int | str | None = None) -> onnx.ModelProto:
     """Run the passes on ``work`` (modified) and store the result under ``key``."""
     if key is not None:
         _log.info("prepare: cache miss %s, running %d passes", key[:16], len(chosen))
     work = _run_passes(work, chosen)
     if key is not None:
-        store_cached(key, work, cache_dir)
+        store_cached(key, work, cache_dir, max_size=max_size)
     return work
 
 

@@ -24,6 +24,9 @@ data file on a thread, after publishing: `entry_sync`), and the
 folder is renamed into place in one atomic step (``os.replace``); when another process published the
 same key first, its entry is kept and ours dropped, so concurrent preparations both succeed. Removal
 renames to ``.trash-*`` first, so a reader sees a whole entry or none.
+Size limit: ``.lock`` in each entry records its last use (mtime) and carries the readers' shared locks; after
+each write the cache is trimmed to its limit (default 5 GiB, ``$QUANTSIM_CACHE_MAX_SIZE``) by removing the
+least recently used entries no reader holds (`eviction`).
 Reading: every file is checked against ``SHA256SUMS`` and ``KEY`` against the key asked for; the files of
 an entry with external data are hashed only when their stat signature (size, inode, device, mtime, ctime) differs
 from the one recorded in ``.verified`` when they were last hashed (as written, or on an earlier read), so a
@@ -41,6 +44,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -59,11 +63,23 @@ from quantsim.graph.mapped import MappedWeights, is_mapped
 from quantsim.graph.model_io import write_text_atomic
 from quantsim.prepare.digest import ContentDigest, content_digest, mapped_layout
 from quantsim.prepare.entry_sync import fresh_signatures, stamp_when_synced
+from quantsim.prepare.eviction import (
+    LOCK_FILE,
+    cache_limit,
+    entry_size,
+    evict_to_limit,
+    hold_while_alive,
+    in_use,
+    last_used,
+    open_for_reading,
+    release,
+    try_remove,
+)
 from quantsim.prepare.inputs import INPUTS_FOLDER
 
 __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_key", "model_digest", "key_for_digest",
            "pass_identities", "pass_identity", "load_cached", "load_cached_mapped",
-           "store_cached", "clear_cache", "cache_info", "cache_size"]
+           "store_cached", "clear_cache", "trim_cache", "cache_info", "cache_size"]
 
 ENV_VAR = "QUANTSIM_CACHE_DIR"
 EXTERNAL_DATA_BYTES = 64 << 20
@@ -77,9 +93,14 @@ _log = logging.getLogger(__name__)
 
 
 class CacheEntry(NamedTuple):
+    """One entry of the cache: its key, its bytes (with its ``fakequant/`` store), when it was written and
+    last used (seconds since the epoch) and whether a reader holds it now."""
+
     key: str
     size_bytes: int
     mtime: float
+    last_used: float = 0.0
+    in_use: bool = False
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -154,10 +175,27 @@ def load_cached_mapped(key: str, cache_dir: str | os.PathLike | None = None
 def _load_entry(key: str, cache_dir: str | os.PathLike | None, mapped: bool
                 ) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
     entry = cache_root(cache_dir) / key
-    if not entry.exists():
+    try:
+        mode = entry.stat().st_mode  # one look: an entry evicted between two would read as "not a folder"
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    if not entry.is_dir():
+    if not stat.S_ISDIR(mode):
         return _discard(entry, "not a folder")
+    lock = open_for_reading(entry)  # eviction leaves the entry alone while we read it (`eviction`)
+    if lock is None:  # removed meanwhile
+        return None
+    loaded = None
+    try:
+        loaded = _read_entry(entry, key, mapped)
+    finally:
+        if loaded is not None and loaded[1] is not None:
+            hold_while_alive(loaded[1], lock)  # its fakequant store and files are used while it lives
+        else:
+            release(lock)
+    return loaded
+
+
+def _read_entry(entry: Path, key: str, mapped: bool) -> tuple[onnx.ModelProto, MappedWeights | None] | None:
     try:
         expected = _read_manifest(entry / _MANIFEST)
     except FileNotFoundError:
@@ -199,7 +237,7 @@ def _load_entry(key: str, cache_dir: str | os.PathLike | None, mapped: bool
 
 def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike | None = None,
                  weights: MappedWeights | None = None, content: ContentDigest | None = None,
-                 unchanged: Callable[[], bool] | None = None) -> Path | None:
+                 unchanged: Callable[[], bool] | None = None, max_size: int | str | None = None) -> Path | None:
     """Publish ``model`` under ``key`` atomically; returns the entry folder (None if it could not be written).
 
     ``weights`` reads the initializers of ``model`` left in the input's files (`graph.source_weights`): their
@@ -207,7 +245,12 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
     `digest.ContentDigest`) hashed them, the data file's digest is ``content.payload`` and nothing is hashed
     again; ``unchanged`` then tells whether the input's files are still as they were hashed, checked once the
     entry is written: if not, nothing is published (what the passes read or the entry copied may not be the
-    bytes the key promises)."""
+    bytes the key promises).
+
+    Then the cache is trimmed to ``max_size`` (`eviction.cache_limit`: the argument, else
+    ``$QUANTSIM_CACHE_MAX_SIZE``, else 5 GiB) by removing the least recently used entries other than this one.
+    """
+    limit = cache_limit(max_size)  # a bad limit fails before the work
     root = cache_root(cache_dir)
     entry = root / key
     mapped = [tensor for tensor in model.graph.initializer if is_mapped(tensor)] if weights is not None else []
@@ -234,6 +277,7 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
             lines = [f"{digests[path.name]}  {path.name}\n" for path in files]
             (staging / _MANIFEST).write_text("".join(lines))
             _file_digest(staging / _MANIFEST, sync=True)
+            (staging / LOCK_FILE).touch()  # its mtime: the entry's last use (`eviction`)
             fsync_directory(staging)
             try:
                 os.replace(staging, entry)
@@ -253,35 +297,59 @@ def store_cached(key: str, model: onnx.ModelProto, cache_dir: str | os.PathLike 
     except OSError as exc:
         warn_at_caller(f"could not write the prepared-model cache entry {entry}: {exc}", PrepareWarning)
         return None
+    if limit is not None:
+        trim_cache(limit, cache_dir, keep=(key,))
     return entry
 
 
-def clear_cache(cache_dir: str | os.PathLike | None = None) -> int:
-    """Remove every cache entry (and leftovers of interrupted writes); returns the number of entries removed."""
+def clear_cache(cache_dir: str | os.PathLike | None = None, older_than: float | None = None) -> int:
+    """Remove every cache entry not in use by a reader now (`eviction`), or with ``older_than`` (seconds) only
+    those last used longer ago than that; returns the number of entries removed. Without ``older_than`` it
+    also removes the leftovers of interrupted writes and the input-file memos (`inputs`)."""
     root = cache_root(cache_dir)
+    keep_after = None if older_than is None else time.time() - older_than
     removed = 0
     for child in _children(root):
         if _KEY.fullmatch(child.name):
-            removed += _remove(child)
-        elif child.name == INPUTS_FOLDER:  # digests of model files (`inputs`), useless without the entries
+            removed += try_remove(child, keep_after) if child.is_dir() and not child.is_symlink() else _remove(child)
+        elif child.name == INPUTS_FOLDER and older_than is None:  # digests of model files, useless without entries
             shutil.rmtree(child, ignore_errors=True)
-        elif child.name.startswith(".trash-") or (child.name.startswith(".tmp-") and _age(child) > _STALE_SECONDS):
-            shutil.rmtree(child, ignore_errors=True)
+        else:
+            _drop_leftover(child)
     return removed
 
 
+def trim_cache(max_size: int | str | None = None, cache_dir: str | os.PathLike | None = None,
+               keep: tuple[str, ...] = ()) -> list[str]:
+    """Remove least recently used entries until the cache holds at most ``max_size`` bytes
+    (`eviction.cache_limit`: default ``$QUANTSIM_CACHE_MAX_SIZE``, else 5 GiB). Entries in use, used in the
+    last `eviction.RECENT_SECONDS`, or named in ``keep`` stay. Returns the keys removed."""
+    limit = cache_limit(max_size)
+    if limit is None:
+        return []
+    root = cache_root(cache_dir)
+    entries = []
+    for child in _children(root):
+        if _KEY.fullmatch(child.name) and child.is_dir():
+            entries.append((child, entry_size(child), last_used(child)))
+        else:
+            _drop_leftover(child)
+    return [folder.name for folder in evict_to_limit(entries, limit, keep)]
+
+
 def cache_info(cache_dir: str | os.PathLike | None = None) -> list[CacheEntry]:
-    """``(key, size_bytes, mtime)`` of every complete entry, oldest first."""
+    """`CacheEntry` (key, bytes with its ``fakequant/`` store, written, last used, in use) of every complete
+    entry, least recently used first."""
     entries = []
     for child in _children(cache_root(cache_dir)):
         if not _KEY.fullmatch(child.name):
             continue
         try:
-            size = sum(_size_if_present(path) for path in child.iterdir())
-            entries.append(CacheEntry(child.name, size, (child / _MANIFEST).stat().st_mtime))
+            written = (child / _MANIFEST).stat().st_mtime
         except OSError:  # incomplete or being removed
             continue
-    return sorted(entries, key=lambda e: (e.mtime, e.key))
+        entries.append(CacheEntry(child.name, entry_size(child), written, last_used(child), in_use(child)))
+    return sorted(entries, key=lambda e: (e.last_used, e.key))
 
 
 def cache_size(cache_dir: str | os.PathLike | None = None) -> int:
@@ -312,10 +380,10 @@ def _code_digest() -> str:
 
 def _source_digest(path: str) -> str:
     try:
-        stat = os.stat(path)
+        info = os.stat(path)
     except OSError:
         return ""
-    return _source_digest_cached(path, stat.st_mtime_ns, stat.st_size)
+    return _source_digest_cached(path, info.st_mtime_ns, info.st_size)
 
 
 def _file_digest(path: Path, sync: bool = False) -> str:
@@ -378,6 +446,12 @@ def _remove(entry: Path) -> int:
     else:
         trash.unlink(missing_ok=True)
     return 1
+
+
+def _drop_leftover(child: Path) -> None:
+    """Delete an interrupted removal (``.trash-*``) or an interrupted write (``.tmp-*``) older than an hour."""
+    if child.name.startswith(".trash-") or (child.name.startswith(".tmp-") and _age(child) > _STALE_SECONDS):
+        shutil.rmtree(child, ignore_errors=True)
 
 
 def _children(root: Path) -> list[Path]:

@@ -84,7 +84,7 @@ def _new_quantizer(sim: QuantizationSimModel, like: QcQuantizeOp, tensor: str) -
 
 
 def _concat_outputs(sim: QuantizationSimModel) -> set[str]:
-    return {n.output[0] for n in sim._index.nodes if n.op_type == "Concat" and n.output}
+    return {n.output[0] for n in sim.graph_index.nodes if n.op_type == "Concat" and n.output}
 
 
 def _may_untie(q: QcQuantizeOp, concat_outputs: set[str]) -> bool:
@@ -118,7 +118,7 @@ def _untie_concats(sim: QuantizationSimModel, session: CalibrationSession,
             continue
         if not _output_may_stay_float(sim, q):
             continue
-        combined = session.stats.get(q.name)
+        combined, bits = session.stats.get(q.name), q.spec.dtype.bits
         position = sim._quantizers.index(q)
         kept = q.name if q.name in outputs else outputs[0]
         fresh = [_new_quantizer(sim, q, t) for t in q.tensors if t != kept]
@@ -139,8 +139,8 @@ def _untie_concats(sim: QuantizationSimModel, session: CalibrationSession,
         created += [p for p in fresh if p.enabled]
         decisions.append(Decision(
             "untied concat", tuple([*outputs, *parts]), "inputs untied, each on its own grid; " + _settle(sim, q, combined),
-            f"input ranges differ {ratio:.3g}x (>= {untie_ratio(q.spec.dtype.bits):.3g}x): on one "
-            f"{q.spec.dtype.bits}-bit grid the narrowest input would use fewer than {FEW_CODES} codes"))
+            f"input ranges differ {ratio:.3g}x (>= {untie_ratio(bits):.3g}x): on one "
+            f"{bits}-bit grid the narrowest input would use fewer than {FEW_CODES} codes"))
     return decisions, created
 
 
@@ -233,7 +233,7 @@ def apply_calibrated_rules(sim: QuantizationSimModel, session: CalibrationSessio
 
     ``observed`` are the quantizers this calibration computed encodings for (already set)."""
     decisions, created = _untie_concats(sim, session, observed)
-    index = sim._index
+    index = sim.graph_index
 
     def bounded(q: QcQuantizeOp) -> bool:
         producers = [index.producer_of(t) for t in q.tensors]

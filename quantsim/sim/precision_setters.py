@@ -4,6 +4,11 @@
 * `set_tensor_precision`: the quantizer that decides a tensor's values is the tensor's own, or, where the
   tensor has none (the output of a Reshape, a MaxPool, a Relu sharing its input's grid ...), the closest
   enabled one found by walking up through grid-preserving ops (`quantsim.graph.op_facts`), as AIMET does.
+* `deciding_quantizer` (what precision overrides set): the same walk, and further: a tensor whose own
+  quantizer placement disabled because its only reader is fused with its producer (Conv -> Relu, MatMul ->
+  bias Add, a config supergroup: the reader is not a weighted op and its other inputs are constants or its
+  producer's inputs) is decided by that reader's output grid, the one the fused op writes. AIMET's
+  ``set_tensor_precision`` refuses such a tensor (no enabled quantizer upstream), and so does ours.
 * `set_param_type`: the parameter quantizers (biases excepted) of the chosen nodes.
 * `set_blockwise_quantization_for_weights`: the weight quantizers of the chosen op types become symmetric
   blockwise grids: one scale per output channel and block of ``block_size`` input channels.
@@ -25,12 +30,12 @@ if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
     from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["set_tensor_precision", "set_param_type", "set_blockwise_quantization_for_weights"]
+__all__ = ["deciding_quantizer", "set_tensor_precision", "set_param_type", "set_blockwise_quantization_for_weights"]
 
 
 def _closest_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp | None:
     """``tensor``'s enabled quantizer, or the closest one upstream through grid-preserving ops."""
-    index, seen = sim._index, set()
+    index, seen = sim.graph_index, set()
     while tensor not in seen:
         seen.add(tensor)
         q = sim.qc_quantize_op_dict.get(tensor)
@@ -40,6 +45,40 @@ def _closest_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp |
         if producer is None or not facts_of(producer[0].op_type).grid_preserving or not producer[0].input:
             return None
         tensor = producer[0].input[0]
+    return None
+
+
+def _fused_reader(sim: QuantizationSimModel, tensor: str) -> str | None:
+    """The output of the op fused after ``tensor``'s producer, when placement disabled ``tensor``'s own
+    quantizer for it: ``tensor``'s only reader, not a weighted op, whose other inputs are constants or inputs
+    of the producer (a tensor an automatic decision left float is not fused)."""
+    index = sim._index
+    own = sim.qc_quantize_op_dict.get(tensor)
+    producer, reader = index.producer_of(tensor), index.single_consumer(tensor)
+    if own is None or own.enabled or producer is None or reader is None or not reader.output \
+            or reader.op_type in WEIGHTED_OPS or any(tensor in d.tensors for d in sim.decisions):
+        return None
+    if not all(name == tensor or index.is_constant(name) or name in producer.input for name in reader.input if name):
+        return None
+    return reader.output[0]
+
+
+def deciding_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp | None:
+    """The enabled quantizer that decides ``tensor``'s values in the sim (module docstring): its own, the
+    closest upstream through grid-preserving ops, or, for the output of an op fused with its reader, the
+    fused output's; None when the tensor stays float. An unknown tensor name is an error."""
+    if tensor not in sim._index.elem_type and tensor not in sim._index.producer:
+        raise InvalidArgumentError(f"{tensor!r} is not a tensor of {sim._label}")
+    seen = set()
+    while tensor not in seen:
+        seen.add(tensor)
+        q = _closest_quantizer(sim, tensor)
+        if q is not None:
+            return q
+        fused = _fused_reader(sim, tensor)
+        if fused is None:
+            return None
+        tensor = fused
     return None
 
 
@@ -54,9 +93,9 @@ def set_tensor_precision(sim: QuantizationSimModel, names: str | Iterable[str], 
     chosen: dict[int, QcQuantizeOp] = {}
     missing = []
     for name in names:
-        if name not in sim._index.elem_type and name not in sim._index.producer:
+        if name not in sim.graph_index.elem_type and name not in sim.graph_index.producer:
             raise InvalidArgumentError(f"set_tensor_precision: {name!r} is not a tensor of {sim._label}")
-        q = _closest_quantizer(sim, name)
+        q = _closest_quantizer(sim, name)  # AIMET's walk: a fused output (deciding_quantizer's extra) is refused
         if q is None:
             missing.append(name)
         else:
@@ -74,7 +113,7 @@ def set_tensor_precision(sim: QuantizationSimModel, names: str | Iterable[str], 
 
 def _nodes(sim: QuantizationSimModel, op_types: Iterable[str] | None, nodes_to_include: Iterable[str] | None,
            nodes_to_exclude: Iterable[str] | None, where: str) -> list:
-    graph_nodes = {node.name: node for node in sim._index.nodes}  # not sim.model: that copies mapped weights in
+    graph_nodes = {node.name: node for node in sim.graph_index.nodes}  # not sim.model: that copies mapped weights in
     exclude = set(nodes_to_exclude or ())
     unknown = sorted((set(nodes_to_include or ()) | exclude) - set(graph_nodes))
     if unknown:

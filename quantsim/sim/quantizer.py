@@ -17,6 +17,7 @@ from quantsim.core.fp8_encodings import fp8_encoding_from_scale
 from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError, InvalidStateError, warn_at_caller
+from quantsim.sim.quantizer_aimet import QuantizerAimetSurface
 
 __all__ = ["QcQuantizeOp", "TfEncoding"]
 
@@ -32,10 +33,12 @@ class TfEncoding:
     bw: int
 
 
-class QcQuantizeOp:
+class QcQuantizeOp(QuantizerAimetSurface):
     """One quantizer, shared by all tensors tied to it (``tensors``).
 
-    ``role`` is "param" (weights, biases and other initializers) or "activation".
+    ``role`` is "param" (weights, biases and other initializers) or "activation". The rest of AIMET's
+    surface (``op_mode``, ``reset_encoding_stats``, ``quantize_dequantize``, ...) is in
+    `quantsim.sim.quantizer_aimet`.
     """
 
     def __init__(

@@ -241,7 +241,7 @@ def legal_option(sim: QuantizationSimModel, q: QcQuantizeOp, options: list[QSpec
     return [o for o, found in zip(options, errors[1:]) if found <= shared]
 
 
-def sim_report(sim: QuantizationSimModel, target=None) -> LegalityReport | None:
+def sim_report(sim, target=None) -> LegalityReport | None:
     """The legality report of ``sim`` on ``target`` (default: the sim's own target; None without one)."""
     profile = getattr(sim, "target", None) if target is None else load_target(target)
     if profile is None:
@@ -249,7 +249,7 @@ def sim_report(sim: QuantizationSimModel, target=None) -> LegalityReport | None:
     return analyze(SimView(sim), profile)
 
 
-def check_export(sim: QuantizationSimModel, target, what: str) -> None:
+def check_export(sim, target, what: str) -> None:
     """Refuse an export the target cannot run (``target``: a profile, name or path; None: the sim's own;
     False: no check)."""
     if target is False:

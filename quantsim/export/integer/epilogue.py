@@ -11,8 +11,10 @@ A chain of clamps composes into one clamp ``clip(c, L, H)`` with ``L = f(0)``, `
 chain applied to codes), intersected with the output grid's own code range (``[0, 255]``, narrower for
 sub-8-bit grids). When ``L == 0`` and ``H == 255`` the grid already implies the clamp (e.g. a Relu
 output grid with zero point 0, a Relu6 grid whose max is <= 6) and nothing is emitted; otherwise one
-uint8 ``Clip`` follows the op. ``Add(MatMul(x, W), b)`` (the MatmulAdd pattern, the MatMul output has
-no quantizer) is absorbed as the bias of the integer MatMul.
+uint8 ``Clip`` follows the op. A ``Min``/``Max`` with a constant bound is a clamp too: a scalar bound joins the
+``Clip``; a per-channel one (a ReLU6 whose bounds cross-layer equalization rescaled, ``adaround.equalize_model``)
+becomes one uint8 ``Min``/``Max`` with the bound's codes, after it. ``Add(MatMul(x, W), b)`` (the MatmulAdd
+pattern, the MatMul output has no quantizer) is absorbed as the bias of the integer MatMul.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ class Epilogue:
     high: int
     nodes: tuple
     bias: np.ndarray | None = None
+    #: per-element (per-channel) clamps after ``[low, high]``: ``("Min" | "Max", bound's float values)``
+    bounds: tuple = ()
 
 
 def clip_bounds(ctx: LoweringContext, node: onnx.NodeProto) -> tuple[float, float]:
@@ -69,6 +73,7 @@ def epilogue(ctx: LoweringContext, node: onnx.NodeProto, *, allow_bias: bool = F
     tensor = node.output[0]
     absorbed: list[onnx.NodeProto] = []
     activations: list[tuple[float, float]] = []
+    per_element: list[tuple[str, np.ndarray]] = []
     bias = None
     index = ctx.index
     while not ctx.has_quantizer(tensor):
@@ -82,6 +87,12 @@ def epilogue(ctx: LoweringContext, node: onnx.NodeProto, *, allow_bias: bool = F
             bias = np.asarray(ctx.constant(pair[1]), dtype=np.float32).reshape(-1)  # per column (`bias_add`)
         elif consumer.op_type in ACTIVATIONS and consumer.input[0] == tensor:
             activations.append(clip_bounds(ctx, consumer))
+        elif (bound := _constant_bound(ctx, consumer, tensor)) is not None:
+            if np.size(bound) == 1:
+                value = float(np.asarray(bound).reshape(-1)[0])
+                activations.append((-np.inf, value) if consumer.op_type == "Min" else (value, np.inf))
+            else:
+                per_element.append((consumer.op_type, np.asarray(bound, dtype=np.float32)))
         else:
             raise Unsupported(f"output {tensor!r} has no quantizer (it feeds {consumer.op_type} {consumer.name!r})")
         absorbed.append(consumer)
@@ -91,7 +102,17 @@ def epilogue(ctx: LoweringContext, node: onnx.NodeProto, *, allow_bias: bool = F
     for bounds in activations:
         lo, hi = code_clamp(grid, *bounds)
         low, high = int(np.clip(low, lo, hi)), int(np.clip(high, lo, hi))
-    return Epilogue(tensor, grid, low, high, tuple(absorbed), bias)
+    return Epilogue(tensor, grid, low, high, tuple(absorbed), bias, tuple(per_element))
+
+
+def _constant_bound(ctx: LoweringContext, node: onnx.NodeProto, tensor: str) -> np.ndarray | None:
+    """The constant operand of ``Min(tensor, c)`` / ``Max(tensor, c)`` (either order), else None."""
+    if node.op_type not in ("Min", "Max") or len(node.input) != 2 or tensor not in node.input:
+        return None
+    other = node.input[1] if node.input[0] == tensor else node.input[0]
+    if other == tensor or not ctx.index.is_constant(other):
+        return None
+    return np.asarray(ctx.constant(other))
 
 
 def clamp_codes(ctx: LoweringContext, codes: str, low: int, high: int, base: str) -> str:
@@ -109,5 +130,11 @@ def clamp_codes(ctx: LoweringContext, codes: str, low: int, high: int, base: str
 def finish(ctx: LoweringContext, ep: Epilogue, codes: str) -> QTensor:
     """Apply the epilogue's clamp to ``codes`` and register them as ``ep.tensor``; mark absorbed nodes."""
     codes = clamp_codes(ctx, codes, ep.low, ep.high, ep.tensor)
+    for k, (op, bound) in enumerate(ep.bounds):
+        bound_codes = np.clip(ep.grid.quantize(bound), 0, 255).astype(np.uint8)
+        out = ctx.fresh(f"{ep.tensor}/bound{k}")
+        ctx.emit(op, [codes, ctx.add_initializer(bound_codes, f"{ep.tensor}/bound{k}/codes")], [out],
+                 name=f"{ep.tensor}/bound{k}")
+        codes = out
     ctx.absorbed.update(n.name for n in ep.nodes)
     return ctx.set_int(ep.tensor, codes, ep.grid)

@@ -1,0 +1,82 @@
+"""Sequential MSE's loss table: the output error of every candidate weight, per output channel.
+
+PURE numpy. For a layer in column form (`adaround.linear_form`) with sim-side columns ``c_q`` and
+float-side columns ``c_f`` (the same ones for "symqt"/"symfp"), candidate ``W_c`` and float weight ``W``,
+the error of output channel ``m`` at column ``p`` is ``e = (W_c c_q - W c_f)[m, p]``. The loss functions
+are AIMET's (``SeqMseParams.loss_fn``), each reduced to one number per channel:
+
+* ``"mse"``: mean over all columns of ``e^2``. Quadratic in ``W_c``: one pass builds the second moments
+  and every candidate is scored exactly from them (`adaround.layer_data.SecondMoments`).
+* ``"l1"``: mean over all columns of ``|e|``; no moment form, each batch's columns are multiplied out
+  for every candidate (what AIMET does, one candidate pass at a time).
+* ``"sqnr"``: AIMET's negative SQNR in dB, **per batch** and summed over batches:
+  ``sum_b -10 log10(mean_p (W c_f)^2 / (mean_p e^2 + 1e-10))`` with ``p`` over batch ``b``'s columns
+  (the signal is the product without the bias, which does not move the argmin: it is the same for every
+  candidate). With one batch it picks what ``"mse"`` picks; over several, batches with little signal
+  weigh more.
+
+AIMET's losses sum over columns where these take means; the argmin over candidates is the same.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from adaround.layer_data import SecondMoments, second_moments
+from adaround.linear_form import LinearForm
+from quantsim import InvalidArgumentError
+
+__all__ = ["LOSS_FUNCTIONS", "SQNR_EPS", "row_errors", "candidate_losses"]
+
+LOSS_FUNCTIONS = ("mse", "l1", "sqnr")
+SQNR_EPS = 1e-10  # AIMET's, added to the mean squared error of each channel before the ratio
+
+
+def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Mean over columns of the squared output error per output channel (rows of ``W_mat``, all groups)."""
+    candidate, reference = candidate.astype(np.float64), reference.astype(np.float64)
+    quad = np.einsum("gmk,gkl,gml->gm", candidate, data.s_qq, candidate, optimize=True)
+    cross = np.einsum("gmk,gkl,gml->gm", candidate, data.s_qf, reference, optimize=True)
+    const = np.einsum("gmk,gkl,gml->gm", reference, data.s_ff, reference, optimize=True)
+    return np.maximum((quad - 2 * cross + const) / data.columns, 0.0).reshape(-1)
+
+
+def _pairs(quantized, floating):
+    return zip(quantized, floating) if floating is not None else ((batch, None) for batch in quantized)
+
+
+def candidate_losses(form: LinearForm, tensor: str, quantized: Iterator[Mapping[str, np.ndarray]],
+                     floating: Iterator[Mapping[str, np.ndarray]] | None, candidates: list[np.ndarray],
+                     reference: np.ndarray, loss_fn: str) -> np.ndarray:
+    """``[len(candidates), rows]`` losses of each candidate ``W_mat`` against ``reference`` (``W_mat`` of the
+    float weight), the layer input ``tensor`` read batch by batch from ``quantized`` (sim side) and
+    ``floating`` (float side; None: both sides read ``quantized``)."""
+    if loss_fn not in LOSS_FUNCTIONS:
+        raise InvalidArgumentError(f"loss_fn must be one of {LOSS_FUNCTIONS}, got {loss_fn!r}")
+    if loss_fn == "mse":
+        data = second_moments(form, quantized, floating, tensor)
+        return np.stack([row_errors(data, c, reference) for c in candidates])
+    table = np.zeros((len(candidates), form.rows), dtype=np.float64)
+    columns = 0
+    reference32 = reference.astype(np.float32)
+    for q_batch, f_batch in _pairs(quantized, floating):
+        if loss_fn == "sqnr":
+            data = second_moments(form, iter([q_batch]), None if f_batch is None else iter([f_batch]), tensor)
+            ref64 = reference.astype(np.float64)
+            signal = np.einsum("gmk,gkl,gml->gm", ref64, data.s_ff, ref64, optimize=True).reshape(-1) / data.columns
+            with np.errstate(divide="ignore"):
+                for i, candidate in enumerate(candidates):
+                    table[i] -= 10 * np.log10(signal / (row_errors(data, candidate, reference) + SQNR_EPS))
+            columns += data.columns
+            continue
+        cq = form.columns(q_batch[tensor])[0]
+        cf = cq if f_batch is None else form.columns(f_batch[tensor])[0]
+        target = np.matmul(reference32, cf)  # [groups, M/g, P]
+        for i, candidate in enumerate(candidates):
+            table[i] += np.abs(np.matmul(candidate.astype(np.float32), cq) - target).sum(axis=2, dtype=np.float64
+                                                                                          ).reshape(-1)
+        columns += cq.shape[2]
+    if columns == 0:
+        raise InvalidArgumentError("the calibration data is empty: no batch reached the layer")
+    return table if loss_fn == "sqnr" else table / columns
