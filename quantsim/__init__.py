@@ -36,6 +36,7 @@ from quantsim.errors import (
     ConfigError,
     EncodingFormatError,
     EncodingMismatchError,
+    ExportLegalityError,
     IntegerExportError,
     InvalidArgumentError,
     InvalidStateError,
@@ -46,9 +47,11 @@ from quantsim.errors import (
     QuantsimError,
     QuantsimWarning,
     SessionError,
+    TargetError,
     UnknownQuantizerError,
 )
 from quantsim.export.from_encodings import encodings_to_onnx_qdq
+from quantsim.export.legality import legality_report
 from quantsim.prepare import prepare
 from quantsim.sim.aimet_surface import clamp_activation_encodings
 from quantsim.sim.calibrate import compute_encodings
@@ -62,6 +65,7 @@ from quantsim.sim.precision_setters import deciding_quantizer, set_blockwise_qua
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
 from quantsim.sim.quantizer_aimet import OpMode
 from quantsim.sim.state import SimState
+from quantsim.target import LegalityReport, TargetProfile, load_target
 
 __version__ = "0.1.0"
 
@@ -128,5 +132,11 @@ __all__ = [
     "CalibrationError",
     "SessionError",
     "UnknownQuantizerError",
+    "TargetError",
+    "ExportLegalityError",
+    "TargetProfile",
+    "load_target",
+    "legality_report",
+    "LegalityReport",
     "__version__",
 ]

@@ -29,6 +29,8 @@ __all__ = [
     "CalibrationError",
     "SessionError",
     "UnknownQuantizerError",
+    "TargetError",
+    "ExportLegalityError",
 ]
 
 
@@ -116,6 +118,23 @@ class CalibrationError(QuantsimError, ValueError):
 
 class SessionError(QuantsimError, RuntimeError):
     """onnxruntime refused a model the sim built (e.g. the float model itself does not load there)."""
+
+
+class TargetError(QuantsimError, ValueError):
+    """A target profile cannot be read, or a precision change is illegal on the sim's target; the message
+    names the node, the tensors and the rule."""
+
+
+class ExportLegalityError(QuantsimError, ValueError):
+    """An export would hand the target a precision mix it cannot run; ``findings`` lists every violation
+    (node, tensors, rule, message)."""
+
+    def __init__(self, message: str, findings: tuple = ()):
+        super().__init__(message)
+        self.findings = tuple(findings)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.findings))
 
 
 class NotSupportedError(QuantsimError, NotImplementedError):

@@ -237,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("target", metavar="MODEL_OR_DIR", help="float ONNX model, export folder or export file")
     _add_sim(inspect)
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument("--target", dest="target_profile", metavar="NAME_OR_FILE",
+                         help="also show where each node would run on this target (onnxruntime-cpu, generic-npu, "
+                              "gpu-qdq, a target profile or an AIMET config with supported_kernels): integer kernel, "
+                              "float16, float, or illegal with the rule")
 
     compare = commands.add_parser("compare", parents=[common], help="output agreement and latency of two models",
                                   description="Run FLOAT_MODEL and QUANTIZED_MODEL (QDQ or integer export) on --data: "

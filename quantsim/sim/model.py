@@ -51,6 +51,7 @@ from quantsim.sim.placement import checked_norm_block_option, place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.quantizer_dict import QuantizerDict
 from quantsim.sim.state import SimState
+from quantsim.sim.target_rules import TargetProfile, attach_target
 
 _log = logging.getLogger(__name__)
 
@@ -96,8 +97,11 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
     Exports are in `quantsim.sim.model_exports`, the extension hooks in `quantsim.sim.model_hooks`, the rest
-    of AIMET's surface in `quantsim.sim.aimet_surface`.
+    of AIMET's surface in `quantsim.sim.aimet_surface`. ``target`` (a `quantsim.TargetProfile`, shipped name or
+    file) keeps every precision legal on that hardware (`quantsim.sim.target_rules`).
     """
+
+    target: TargetProfile | None
 
     def __init__(
         self,
@@ -119,6 +123,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
         range_health: bool | None = None,
         linear_ops_in_norm_blocks: bool | str = False,
         depthwise_supergroups: bool | None = None,
+        target=None,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -172,6 +177,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
         self._record_decisions(folds)
         watch_calibrated_decisions(self, range_health)
         announce_depthwise_supergroups(self._decisions, depthwise_supergroups)
+        attach_target(self, target)
 
     # construction ------------------------------------------------------------------------------
     def _build_quantizers(self, percentile: float) -> None:
@@ -391,7 +397,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
             with self._index.cached_constants():
                 self._ensure_param_encodings()
                 if self.use_integer_kernels:
-                    model = self.to_onnx_qdq(weight_codes="auto")  # in-process: exact kernels on this CPU
+                    model = self.to_onnx_qdq(weight_codes="auto", target=False)  # in-process: exact kernels here
                 else:
                     model = build_sim_model(self._model, self._quantizers, source=self._index, external=weights,
                                             memo=self._session_memo(), integer_weights=self._integer_weights())

@@ -14,6 +14,7 @@ from quantsim.errors import InvalidArgumentError
 from quantsim.export.qdq_forms import check_activation_signedness
 from quantsim.graph.file_set import FileSet
 from quantsim.graph.session import make_session
+from quantsim.sim.target_rules import check_export
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
@@ -51,7 +52,7 @@ class SimExports:
         codes = resolve_weight_codes(weight_codes, self.providers, warn_as="fused_session")
         self._ensure_param_encodings()
         if self._fused is None or self._fused[0] != self._version or self._fused[2] != codes:
-            session = make_session(self.to_onnx_qdq(weight_codes=codes), self.providers, fuse_qdq=True,
+            session = make_session(self.to_onnx_qdq(weight_codes=codes, target=False), self.providers, fuse_qdq=True,
                                    session_options_kwargs=self._session_options_kwargs)
             self._fused = (self._version, session, codes)
         return self._fused[1]
@@ -59,16 +60,16 @@ class SimExports:
     @overload
     def to_onnx_qdq(self, *, export_int32_bias: bool | None = None, prequantize_constants: bool = True,
                     force_activation_as: str | None = "unsigned", path: None = None, weight_codes: str = "int8",
-                    int32_bias: bool | None = None) -> onnx.ModelProto: ...
+                    int32_bias: bool | None = None, target=None) -> onnx.ModelProto: ...
 
     @overload
     def to_onnx_qdq(self, *, export_int32_bias: bool | None = None, prequantize_constants: bool = True,
                     force_activation_as: str | None = "unsigned", path: str | os.PathLike, weight_codes: str = "int8",
-                    int32_bias: bool | None = None) -> None: ...
+                    int32_bias: bool | None = None, target=None) -> None: ...
 
     def to_onnx_qdq(self, *, export_int32_bias: bool | None = None, prequantize_constants: bool = True,
                     force_activation_as: str | None = "unsigned", path: str | os.PathLike | None = None,
-                    weight_codes: str = "int8", int32_bias: bool | None = None) -> onnx.ModelProto | None:
+                    weight_codes: str = "int8", int32_bias: bool | None = None, target=None) -> onnx.ModelProto | None:
         """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases
         (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases).
 
@@ -84,8 +85,11 @@ class SimExports:
         Conv/MatMul/Gemm, ``"int8"`` (default), ``"uint8"`` (code + 128 and zero point + 128: the same values,
         run exactly by onnxruntime's U8U8 kernels on CPUs without VNNI) or ``"auto"`` (uint8 where this
         machine's U8S8 kernels saturate); see `quantsim.export.weight_codes`. The encodings files are
-        unaffected."""
+        unaffected. ``target`` (default: the sim's; False: none) is checked first: `ExportLegalityError` names
+        every spot it cannot run (`quantsim.sim.target_rules`)."""
         from quantsim.export.qdq import qdq_skeleton
+
+        check_export(self, target, "to_onnx_qdq")
 
         bias = _int32_bias_choice(export_int32_bias, int32_bias)
         skeleton, weights = qdq_skeleton(self, bias, weight_codes, check_activation_signedness(force_activation_as),
@@ -99,14 +103,16 @@ class SimExports:
         return None
 
     def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
-                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8"):
+                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8", target=None):
         """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
         fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both.
         ``input_shapes`` (``{input: dims}``) exports for those input shapes only, folding shape arithmetic
         (a detector's anchors and strides) into constants so that it runs on integer kernels too.
-        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) as in `to_onnx_qdq`."""
+        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) and ``target`` as in `to_onnx_qdq`."""
         from quantsim.export.integer.export import export_integer
         from quantsim.export.weight_codes import resolve_weight_codes
+
+        check_export(self, target, "export_integer")
 
         codes = resolve_weight_codes(weight_codes, self.providers, warn_as="export_integer")
         self._ensure_param_encodings()
@@ -114,13 +120,13 @@ class SimExports:
 
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
                export_int32_bias: bool | None = None, force_activation_as: str | None = "unsigned",
-               qdq: bool = False, requant_table: bool = False, weight_codes: str = "int8") -> None:
+               qdq: bool = False, requant_table: bool = False, weight_codes: str = "int8", target=None) -> None:
         """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float
         model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq` (its
         activations stored as ``force_activation_as`` says); with ``requant_table=True`` the encodings file
         also carries the integer export's fixed-point requantization table (key ``quantsim_requantization``).
         ``weight_codes`` is the storage type of the QDQ model's 8-bit weight codes (see `to_onnx_qdq`); the
-        encodings file keeps int8 symmetric semantics."""
+        encodings file keeps int8 symmetric semantics. ``target`` as in `to_onnx_qdq`."""
         from quantsim.encodings.transfer import export_sim
         from quantsim.export.qdq import qdq_skeleton
         from quantsim.export.weight_codes import check_weight_codes
@@ -129,7 +135,8 @@ class SimExports:
         check_file_name(filename_prefix)
         check_weight_codes(weight_codes)
         check_activation_signedness(force_activation_as)
-        requant = self.export_integer().requant_document() if requant_table else None
+        check_export(self, target, "export")
+        requant = self.export_integer(target=False).requant_document() if requant_table else None
         extra: dict[str, Any] | None = None
         if qdq:
             extra = {".qdq.onnx": qdq_skeleton(self, weight_codes=weight_codes, activations_as=force_activation_as)}

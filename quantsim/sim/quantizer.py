@@ -71,6 +71,7 @@ class QcQuantizeOp(QuantizerAimetSurface):
         self._scheme = get_scheme(quant_scheme)
         self._percentile = float(percentile)
         self._notify = notify or (lambda: None)
+        self.guard: Callable[[QcQuantizeOp, QSpec], None] | None = None  # the sim's target (`sim.target_rules`)
         self._validate_spec(spec)
 
     # core state ---------------------------------------------------------------------------------
@@ -127,6 +128,8 @@ class QcQuantizeOp(QuantizerAimetSurface):
             return
         self._validate_spec(spec)
         if spec != self._spec:
+            if self.guard is not None:
+                self.guard(self, spec)  # raises TargetError, changing nothing, where the target cannot run it
             self._spec = spec
             self._encoding = None
             self._notify()

@@ -110,6 +110,10 @@ def transaction(sim: QuantizationSimModel) -> Iterator[SimState]:
     state = snapshot(sim)
     try:
         yield state
+        if sim._open_states and sim._open_states[0] is state:  # outermost: the target's rules between tensors
+            from quantsim.sim.target_rules import commit_pending
+
+            commit_pending(sim)
     except BaseException:
         restore(sim, state)
         raise
