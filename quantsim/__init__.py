@@ -25,7 +25,7 @@ from quantsim.core.numerics import (
     grid_bounds,
     quantize,
 )
-from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.core.spec import LPBQ, PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings.transfer import EncodingMismatch, load_encodings_to_sim
 from quantsim.errors import (
     CalibrationError,
@@ -51,7 +51,12 @@ from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
 from quantsim.sim.layers import FollowingActivation, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
-from quantsim.sim.precision_setters import set_blockwise_quantization_for_weights, set_param_type
+from quantsim.sim.precision_setters import (
+    set_blockwise_quantization_for_weights,
+    set_grouped_blockwise_quantization_for_weights,
+    set_lpbq_for_params,
+    set_param_type,
+)
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
 from quantsim.sim.state import SimState
 
@@ -63,6 +68,8 @@ __all__ = [
     "encodings_to_onnx_qdq",
     "set_param_type",
     "set_blockwise_quantization_for_weights",
+    "set_lpbq_for_params",
+    "set_grouped_blockwise_quantization_for_weights",
     "QuantScheme",
     "QuantizationDataType",
     "qtype",
@@ -76,6 +83,7 @@ __all__ = [
     "PerTensor",
     "PerChannel",
     "PerBlock",
+    "LPBQ",
     "Encoding",
     "encoding_from_range",
     "quantize",
