@@ -8,7 +8,11 @@ layer input (`adaround.layer_data.SecondMoments`) and every candidate of every c
 exactly on all the data: ``(W_c - W) S (W_c - W)^T`` per output channel. ``inp_symmetry`` picks which
 input each side sees, as in AIMET's ``SeqMseParams``: "symqt" (both the sim's quantized input: the
 default), "asym" (the float model's input for the float weight), "symfp" (both the float input).
-Per-block weights and frozen, float or disabled weight quantizers are skipped (reason in the report).
+Per-block (and LPBQ) weights choose a factor per (channel, block) by the block's own output error, as
+AIMET's blockwise Sequential MSE does; an LPBQ quantizer re-derives its integer block scales and per-channel
+scale from the chosen ranges, so the result stays on the two-level grid, and the chosen encoding is kept
+only if its full output error is below that of the starting (min-max) encoding. Frozen, float or disabled
+weight quantizers are skipped (reason in the report).
 """
 from __future__ import annotations
 
@@ -85,6 +89,54 @@ def _best_encoding(form: LinearForm, weight: np.ndarray, q, data: SecondMoments,
             float(table.min(axis=0).sum()), float(table[-1].sum()))
 
 
+def _block_ranges(weight: np.ndarray, enc) -> tuple[np.ndarray, np.ndarray]:
+    """Per (channel, block) min and max of ``weight`` (zero included), shape ``(C, n_blocks)``."""
+    axis, block_axis = enc.axis % weight.ndim, enc.block_axis % weight.ndim
+    moved = np.moveaxis(weight, (axis, block_axis), (0, 1))
+    blocks = moved.reshape(moved.shape[0], moved.shape[1] // enc.block_size, -1)
+    return np.minimum(blocks.min(axis=2), 0.0).astype(np.float64), np.maximum(blocks.max(axis=2), 0.0).astype(np.float64)
+
+
+def _block_masks(form: LinearForm, weight: np.ndarray, enc) -> list[np.ndarray]:
+    """For each block index, a ``W_mat``-shaped mask of the weight elements in that block."""
+    block_axis = enc.block_axis % weight.ndim
+    ids = np.arange(weight.shape[block_axis]) // enc.block_size
+    view = [1] * weight.ndim
+    view[block_axis] = ids.size
+    matrix = form.to_matrix(np.broadcast_to(ids.reshape(view), weight.shape).astype(np.float32))
+    return [matrix == b for b in range(int(ids.max()) + 1)]
+
+
+def _best_block_encoding(form: LinearForm, weight: np.ndarray, q, data: SecondMoments, num_candidates: int):
+    """Per-block candidates (AIMET's blockwise Sequential MSE): each (channel, block) keeps the factor whose
+    block-diagonal output error ``dW_b S_bb dW_b^T`` (the block's own partial sums, as AIMET's grouped
+    layers compute it) is least; the quantizer then re-derives LPBQ scales from the chosen ranges. Returns
+    the encoding installed on ``q`` (after `QcQuantizeOp.set_encoding`), its full output error, and that of
+    the encoding ``q`` had before; the better of the two is kept."""
+    enc, spec = q.encoding, q.spec
+    flags = {"symmetric": spec.symmetric, "strict": spec.strict_symmetric, "unsigned_symmetric": spec.unsigned_symmetric,
+             "axis": enc.axis, "block_axis": enc.block_axis, "block_size": enc.block_size}
+    lo, hi = _block_ranges(weight, enc)
+    reference = form.to_matrix(weight)
+    masks = _block_masks(form, weight, enc)
+    factors = np.array([(i + 1) / num_candidates for i in range(num_candidates)])
+    table = np.empty((num_candidates, lo.shape[0], lo.shape[1]))
+    for c, factor in enumerate(factors):
+        uniform = encoding_from_range(lo * factor, hi * factor, enc.bits, **flags)
+        candidate = form.to_matrix(fake_quantize(weight, uniform))
+        for b, mask in enumerate(masks):
+            table[c, :, b] = _row_losses(data, np.where(mask, candidate, 0), np.where(mask, reference, 0))
+    choice = factors[np.argmin(table, axis=0)]
+    before = enc
+    loss_before = float(_row_losses(data, form.to_matrix(fake_quantize(weight, before)), reference).sum())
+    q.set_encoding(encoding_from_range(lo * choice, hi * choice, enc.bits, **flags))
+    loss_after = float(_row_losses(data, form.to_matrix(fake_quantize(weight, q.encoding)), reference).sum())
+    if loss_after > loss_before:
+        q.set_encoding(before)
+        loss_after = loss_before
+    return loss_after, loss_before
+
+
 def apply_seq_mse(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray]], num_candidates: int = 20,
                   nodes_to_exclude: Iterable[str] | None = None, *, inp_symmetry: str = "symqt",
                   progress: bool | None = None) -> list[LayerReport]:
@@ -112,15 +164,17 @@ def apply_seq_mse(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.nd
         float_capturer = sim.capturer(sorted({layer.input for layer in layers}), quantized=False) if layers else None
         for layer in tqdm(layers, desc="Sequential MSE", unit="layer", leave=False, disable=None if progress else True):
             q = layer.weight_quantizer
-            if q.is_encoding_frozen() or q.encoding.block_size is not None:
-                why = "weight encoding frozen" if q.is_encoding_frozen() else "per-block weight encoding"
-                reports.append(LayerReport(layer.node, layer.op_type, "skipped", why))
+            if q.is_encoding_frozen():
+                reports.append(LayerReport(layer.node, layer.op_type, "skipped", "weight encoding frozen"))
                 continue
             weight = sim.get_weight(layer.weight).astype(np.float32)
             form = linear_form(layer.op_type, layer.attributes, weight.shape)
             data = _moments(form, sim, layer, feeds, float_capturer, inp_symmetry)
-            encoding, loss, full_range_loss = _best_encoding(form, weight, q, data, int(num_candidates))
-            q.set_encoding(encoding)
+            if q.encoding.block_size is not None:
+                loss, full_range_loss = _best_block_encoding(form, weight, q, data, int(num_candidates))
+            else:
+                encoding, loss, full_range_loss = _best_encoding(form, weight, q, data, int(num_candidates))
+                q.set_encoding(encoding)
             q.freeze_encodings()
             _log.info("Sequential MSE %s: output error %.4g (full range %.4g)", layer.node, loss, full_range_loss)
             reports.append(LayerReport(layer.node, layer.op_type, "optimized", "", "moments", full_range_loss, loss))
