@@ -250,6 +250,22 @@ def test_qdq_export_computes_what_the_sim_computes():
         assert np.abs(session.run(None, feed)[0] - sim.session.run(None, feed)[0]).max() <= step
 
 
+def test_from_onnx_qdq_reads_the_lpbq_form_back():
+    sim = _sim()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fresh sim's int8 weights vs the model's int4: reported, then loaded
+        back = QuantizationSimModel.from_onnx_qdq(sim.to_onnx_qdq())
+    for name, (axis, block_axis) in AXES.items():
+        q, original = back.qc_quantize_op_dict[name], sim.qc_quantize_op_dict[name]
+        assert q.spec.granularity == LPBQ(axis, block_axis, 4, 4)
+        ints, channel = decompose_block_scales(q.encoding.scale, 4)
+        ints0, channel0 = decompose_block_scales(original.encoding.scale, 4)
+        np.testing.assert_array_equal(ints, ints0)
+        np.testing.assert_array_equal(channel, channel0.astype(np.float32))  # the QDQ model holds float32
+    for feed in _feeds(2):
+        np.testing.assert_array_equal(back.session.run(None, feed)[0], sim.session.run(None, feed)[0])
+
+
 # setters --------------------------------------------------------------------------------------------------------
 def test_setter_arguments_as_aimet():
     sim = QuantizationSimModel(_model(), param_type="int8", activation_type="int8")
