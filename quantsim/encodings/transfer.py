@@ -15,8 +15,8 @@ import numpy as np
 
 from quantsim.core.bias import bias_scale
 from quantsim.core.dtypes import QuantizationDataType, float16, qtype
-from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.core.lpbq import decompose_block_scales
+from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.core.spec import LPBQ, PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings import (
     TensorEncoding,
