@@ -76,7 +76,7 @@ def run_model(key: str, block_size: int, size, seq_mse: bool) -> list[tuple]:
     reference = _outputs(ort.InferenceSession(str(case.model_path), providers=PROVIDERS), case.eval)
     rows = []
     blocked: list[str] = []  # the weights LPBQ / blockwise take: the weight SQNR of every config is over these
-    for config in ("per-channel", "blockwise", "lpbq"):
+    for config in ("blockwise", "lpbq", "per-channel"):
         for optimise in ((False, True) if seq_mse and config != "per-channel" else (False,)):
             start = time.perf_counter()
             sim, changed = _sim(case, config, block_size, optimise)
@@ -86,7 +86,7 @@ def run_model(key: str, block_size: int, size, seq_mse: bool) -> list[tuple]:
             metric = case.score(reference, outputs)[case.primary]
             sqnr = _sqnr(reference, outputs)
             label = f"W4 {config}" + (" + seq_mse" if optimise else "")
-            weight_sqnr = _weight_sqnr(sim, blocked) if config != "per-channel" else float("nan")
+            weight_sqnr = _weight_sqnr(sim, blocked)
             rows.append((case.name, label, len(changed), metric, sqnr, weight_sqnr))
             print(f"[lpbq] {case.name} {label}: {len(changed)} layers, {case.primary} {metric:.4f}, SQNR {sqnr:.2f} dB, "
                   f"weight SQNR {weight_sqnr:.2f} dB ({time.perf_counter() - start:.1f} s)", file=sys.stderr)

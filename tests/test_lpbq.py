@@ -179,6 +179,29 @@ def test_aimet_written_entries_load_into_an_lpbq_quantizer():
         load_encodings_to_sim(_matmul_sim(_aimet_seeded_matmul_weight()), {"version": "2.0.0", "encodings": [bad]})
 
 
+_V1_W3 = {"name": "W3", "dtype": "INT", "enc_type": "LPBQ", "compressed_bw": 4, "bw": 8, "is_sym": True,
+          "scale": [0.01] * 8, "offset": [-128] * 8, "block_size": 16, "per_block_int_scale": [16, 3] * 8}
+
+
+@pytest.mark.parametrize("version, entry, problem", [
+    ("1.0.0", dict(_V1_W3, bw=4), "'bw' 4 must exceed"),
+    ("1.0.0", dict(_V1_W3, per_block_int_scale=[16, 3, 5]), "do not split into 8 channels"),
+    ("1.0.0", dict(_V1_W3, per_block_int_scale=[16, 0] * 8), "outside [1, 16]"),
+    ("1.0.0", dict(_V1_W3, scale=[0.0] * 8), "'scale' values must be finite and > 0"),
+    ("2.0.0", dict(AIMET_W3_2_0_0, output_dtype="uint4"), "signed integer 'output_dtype'"),
+    ("2.0.0", dict(AIMET_W3_2_0_0, per_channel_float_scale=[0.01] * 8), "nested with the tensor's rank"),
+    ("2.0.0", {k: v for k, v in AIMET_W3_2_0_0.items() if k != "block_size"}, "block_size"),
+])
+def test_malformed_lpbq_entries_are_refused_naming_the_entry(version, entry, problem):
+    data = {"version": version, "param_encodings": [entry]} if version == "1.0.0" else {"version": version,
+                                                                                         "encodings": [entry]}
+    sim = _matmul_sim(_aimet_seeded_matmul_weight())
+    with pytest.raises(EncodingFormatError) as info:
+        load_encodings_to_sim(sim, data)
+    assert "'W3'" in str(info.value) and problem in str(info.value)
+    assert all(q.encoding is None for q in sim.quantizers)
+
+
 # encodings files ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("version", ["1.0.0", "2.0.0"])
 def test_encodings_round_trip(tmp_path, version):
