@@ -97,14 +97,34 @@ def _block_ranges(weight: np.ndarray, enc) -> tuple[np.ndarray, np.ndarray]:
     return np.minimum(blocks.min(axis=2), 0.0).astype(np.float64), np.maximum(blocks.max(axis=2), 0.0).astype(np.float64)
 
 
-def _block_masks(form: LinearForm, weight: np.ndarray, enc) -> list[np.ndarray]:
-    """For each block index, a ``W_mat``-shaped mask of the weight elements in that block."""
+def _block_columns(form: LinearForm, weight: np.ndarray, enc) -> list[list[np.ndarray]]:
+    """Per group of ``W_mat``, the columns of each block (a block of input channels is a set of columns, the
+    same for every output row of the group)."""
     block_axis = enc.block_axis % weight.ndim
     ids = np.arange(weight.shape[block_axis]) // enc.block_size
     view = [1] * weight.ndim
     view[block_axis] = ids.size
     matrix = form.to_matrix(np.broadcast_to(ids.reshape(view), weight.shape).astype(np.float32))
-    return [matrix == b for b in range(int(ids.max()) + 1)]
+    if np.any(matrix != matrix[:, :1, :]):
+        raise InvalidArgumentError("per-block Sequential MSE: a block does not map to whole columns of the layer")
+    return [[np.flatnonzero(row == b) for b in range(int(ids.max()) + 1)] for row in matrix[:, 0, :]]
+
+
+def _block_losses(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray,
+                  columns: list[list[np.ndarray]]) -> np.ndarray:
+    """Output error of each block's own partial sums, ``[rows, n_blocks]``: `_row_losses` restricted to the
+    block's columns (the diagonal blocks of the second moments)."""
+    candidate, reference = candidate.astype(np.float64), reference.astype(np.float64)
+    out = np.zeros((candidate.shape[0], candidate.shape[1], len(columns[0])))
+    for g, blocks in enumerate(columns):
+        for b, cols in enumerate(blocks):
+            if cols.size == 0:
+                continue
+            c, r, square = candidate[g][:, cols], reference[g][:, cols], np.ix_(cols, cols)
+            out[g, :, b] = (np.einsum("mk,kl,ml->m", c, data.s_qq[g][square], c, optimize=True)
+                            - 2 * np.einsum("mk,kl,ml->m", c, data.s_qf[g][square], r, optimize=True)
+                            + np.einsum("mk,kl,ml->m", r, data.s_ff[g][square], r, optimize=True))
+    return (out / data.columns).reshape(-1, out.shape[2])
 
 
 def _best_block_encoding(form: LinearForm, weight: np.ndarray, q, data: SecondMoments, num_candidates: int):
@@ -118,14 +138,12 @@ def _best_block_encoding(form: LinearForm, weight: np.ndarray, q, data: SecondMo
              "axis": enc.axis, "block_axis": enc.block_axis, "block_size": enc.block_size}
     lo, hi = _block_ranges(weight, enc)
     reference = form.to_matrix(weight)
-    masks = _block_masks(form, weight, enc)
+    columns = _block_columns(form, weight, enc)
     factors = np.array([(i + 1) / num_candidates for i in range(num_candidates)])
     table = np.empty((num_candidates, lo.shape[0], lo.shape[1]))
     for c, factor in enumerate(factors):
         uniform = encoding_from_range(lo * factor, hi * factor, enc.bits, **flags)
-        candidate = form.to_matrix(fake_quantize(weight, uniform))
-        for b, mask in enumerate(masks):
-            table[c, :, b] = _row_losses(data, np.where(mask, candidate, 0), np.where(mask, reference, 0))
+        table[c] = _block_losses(data, form.to_matrix(fake_quantize(weight, uniform)), reference, columns)
     choice = factors[np.argmin(table, axis=0)]
     before = enc
     loss_before = float(_row_losses(data, form.to_matrix(fake_quantize(weight, before)), reference).sum())

@@ -347,3 +347,25 @@ def test_adaround_rounds_on_the_lpbq_grid():
         assert q.is_encoding_frozen() and _on_lpbq_grid(sim, name)
         weight = sim.get_weight(name)
         np.testing.assert_array_equal(fake_quantize(weight, q.encoding), weight)  # weights on the grid
+
+
+def test_block_losses_are_the_blocks_own_output_errors():
+    from adaround.layer_data import SecondMoments
+    from adaround.linear_form import linear_form
+    from adaround.seq_mse import _block_columns, _block_losses, _row_losses
+
+    rng = np.random.default_rng(5)
+    weight = rng.standard_normal((6, 8, 3, 3)).astype(np.float32)
+    form = linear_form("Conv", {"pads": [1, 1, 1, 1]}, weight.shape)
+    enc = _sim().qc_quantize_op_dict["W1"].encoding  # only its axes and block size (4) are read
+    k = 8 * 9
+    a, b = rng.standard_normal((1, k, 40)), rng.standard_normal((1, k, 40))
+    data = SecondMoments(a @ a.transpose(0, 2, 1), a @ b.transpose(0, 2, 1), b @ b.transpose(0, 2, 1), 40)
+    candidate = form.to_matrix(np.round(weight * 2) / 2)
+    reference = form.to_matrix(weight)
+    losses = _block_losses(data, candidate, reference, _block_columns(form, weight, enc))
+    for block in range(2):  # the block's columns: input channels 4*block .. 4*block + 3, all kernel taps
+        mask = np.zeros(k, bool)
+        mask[block * 36:(block + 1) * 36] = True
+        expected = _row_losses(data, np.where(mask, candidate, 0), np.where(mask, reference, 0))
+        np.testing.assert_allclose(losses[:, block], expected, rtol=1e-9)
