@@ -87,7 +87,7 @@ def run_model(key: str, block_size: int, size, seq_mse: bool) -> list[tuple]:
             sqnr = _sqnr(reference, outputs)
             label = f"W4 {config}" + (" + seq_mse" if optimise else "")
             weight_sqnr = _weight_sqnr(sim, blocked)
-            rows.append((case.name, label, len(changed), metric, sqnr, weight_sqnr))
+            rows.append((case.name, label, len(changed), metric, sqnr, weight_sqnr, case.primary))
             print(f"[lpbq] {case.name} {label}: {len(changed)} layers, {case.primary} {metric:.4f}, SQNR {sqnr:.2f} dB, "
                   f"weight SQNR {weight_sqnr:.2f} dB ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
     return rows
@@ -107,14 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| model | weights (A8, block {args.block_size}) | layers | metric vs FP32 | output SQNR (dB) | "
           "blocked weights' SQNR (dB) |")
     print("|---|---|---|---|---|---|")
-    for name, label, layers, metric, sqnr, weight_sqnr in rows:
+    for name, label, layers, metric, sqnr, weight_sqnr, _ in rows:
         print(f"| {name} | {label} | {layers} | {metric:.4f} | {sqnr:.2f} | {weight_sqnr:.2f} |")
     by = {(r[0], r[1]): r for r in rows}
     for name in dict.fromkeys(r[0] for r in rows):
         for suffix in ("", " + seq_mse"):
             lpbq, block = by.get((name, "W4 lpbq" + suffix)), by.get((name, "W4 blockwise" + suffix))
             if lpbq and block:
-                print(f"{name}{suffix}: LPBQ - blockwise = {lpbq[3] - block[3]:+.4f} metric, "
+                print(f"{name}{suffix}: LPBQ - blockwise = {lpbq[3] - block[3]:+.4f} {lpbq[6]}, "
                       f"{lpbq[4] - block[4]:+.2f} dB output SQNR, {lpbq[5] - block[5]:+.2f} dB weight SQNR")
     return 0
 
