@@ -9,8 +9,9 @@ exactly on all the data: ``(W_c - W) S (W_c - W)^T`` per output channel. ``inp_s
 input each side sees, as in AIMET's ``SeqMseParams``: "symqt" (both the sim's quantized input: the
 default), "asym" (the float model's input for the float weight), "symfp" (both the float input).
 ("symqt" is the only one AIMET 2.42 runs). ``loss_fn``: "mse" (default), "l1" or "sqnr", as AIMET's
-(`adaround.seq_mse_losses`). Per-block weights and frozen, float or disabled weight quantizers are
-skipped (reason in the report).
+(`adaround.seq_mse_losses`). Per-block (and LPBQ) weights choose a factor per (channel, block) by the
+block's own output error (`adaround.seq_mse_blocks`, "mse" only). Frozen, float or disabled weight quantizers
+are skipped (reason in the report).
 
 Call forms (AIMET's, told apart by argument types): ``apply_seq_mse(sim, inputs, num_candidates=20,
 nodes_to_exclude=None)`` (aimet-onnx 2.42); ``apply_seq_mse(sim, inputs, SeqMseParams(...))`` or
@@ -18,6 +19,10 @@ nodes_to_exclude=None)`` (aimet-onnx 2.42); ``apply_seq_mse(sim, inputs, SeqMseP
 ``apply_seq_mse(model, sim, params, data_loader)`` (aimet-onnx's older ``SequentialMse.apply_seq_mse``,
 deprecated there too: it warns, and ``model`` is not read, the sim holds its float model); and the
 `SequentialMse` object itself.
+A layer followed by an unfolded BatchNormalization (`quantsim.FollowingBatchNorm`) scores each channel's
+error in the network's units (times its factor squared for "mse", its absolute factor for "l1"; "sqnr" is
+per channel and unchanged): the per-channel choice is unchanged, a per-tensor one weighs channels as the
+network does.
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ from tqdm.auto import tqdm
 
 from adaround.apply import LayerReport, select_layers
 from adaround.feeds import as_feeds, float_values, model_inputs
+from adaround.layer_data import second_moments
 from adaround.linear_form import LinearForm, linear_form
+from adaround.seq_mse_blocks import best_block_encoding
 from adaround.seq_mse_losses import LOSS_FUNCTIONS, candidate_losses
 from quantsim import (
     InvalidArgumentError,
@@ -84,7 +91,8 @@ def _moment_sources(staged: StagedCapturer, layer, float_side, symmetry: str):
     return quantized, (iter(float_side) if symmetry == "asym" else None)
 
 
-def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str, params: SeqMseParams):
+def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str, params: SeqMseParams,
+                   output_scale: np.ndarray | None = None):
     enc = q.encoding
     spec = q.spec
     axis = enc.axis if not enc.is_per_tensor else None
@@ -96,6 +104,9 @@ def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str
     candidates = [form.to_matrix(fake_quantize(weight, encoding_from_range(lo * f, hi * f, enc.bits, axis=axis,
                                                                            **flags))) for f in factors]
     table = candidate_losses(form, tensor, sources[0], sources[1], candidates, form.to_matrix(weight), params.loss_fn)
+    if output_scale is not None and output_scale.size == table.shape[1] and params.loss_fn != "sqnr":
+        factor = np.square(output_scale) if params.loss_fn == "mse" else np.abs(output_scale)
+        table = table * factor[None, :]  # the error after a following BatchNormalization
     if axis is None:  # one range for the tensor: the candidate with the least total over the channels
         best = factors[int(np.argmin(table.sum(axis=1)))]
         return (encoding_from_range(lo * best, hi * best, enc.bits, **flags), float(table.sum(axis=1).min()),
@@ -183,15 +194,22 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
         staged = StagedCapturer(sim, feeds)  # each layer's input computed from the previous one's, kept
         for layer in tqdm(layers, desc="Sequential MSE", unit="layer", leave=False, disable=None if progress else True):
             q = layer.weight_quantizer
-            if q.is_encoding_frozen() or q.encoding.block_size is not None:
-                why = "weight encoding frozen" if q.is_encoding_frozen() else "per-block weight encoding"
-                reports.append(LayerReport(layer.node, layer.op_type, "skipped", why))
+            if q.is_encoding_frozen():
+                reports.append(LayerReport(layer.node, layer.op_type, "skipped", "weight encoding frozen"))
                 continue
             weight = sim.get_weight(layer.weight).astype(np.float32)
             form = linear_form(layer.op_type, layer.attributes, weight.shape)
             sources = _moment_sources(staged, layer, float_side, params.inp_symmetry)
-            encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params)
-            q.set_encoding(encoding)
+            if q.encoding.block_size is not None:
+                if params.loss_fn != "mse":
+                    raise InvalidArgumentError(f"apply_seq_mse: per-block weights ({layer.weight}) take loss_fn='mse' "
+                                               f"only, got {params.loss_fn!r}")
+                data = second_moments(form, sources[0], sources[1], layer.input)
+                loss, full_range_loss = best_block_encoding(form, weight, q, data, params.num_candidates)
+            else:
+                encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params,
+                                                                 layer.batchnorm.scale if layer.batchnorm else None)
+                q.set_encoding(encoding)
             q.freeze_encodings()
             _log.info("Sequential MSE %s: %s %.4g (full range %.4g)", layer.node, params.loss_fn, loss, full_range_loss)
             mode = "columns" if params.loss_fn == "l1" else "moments"

@@ -184,7 +184,7 @@ def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quanti
     cached = sim._capture_sessions.get(key)
     if cached is not None and cached[0] == sim._version:
         return cached[1], cached[2]
-    index = sim._index
+    index = sim.graph_index
     unknown = [t for t in tensors if t not in index.producer and t not in index.graph_inputs
                and not index.is_constant(t)]
     if unknown:
@@ -196,7 +196,7 @@ def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quanti
         source, weights, source_index = graph.model, graph.external, graph.index
         names = _sim_names(index, source, list(tensors))
     else:
-        source, names = sim.model, {t: t for t in tensors}
+        source, names = sim.model.model, {t: t for t in tensors}
         source_index = GraphIndex(source)
     model = _with_outputs(source, sorted(set(names.values())), source_index)
     kept = {t.name for t in model.graph.initializer}

@@ -7,16 +7,18 @@ flags: calibration is a function of the sim, not a state of the quantizer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from quantsim.calibration.schemes import CalibrationScheme, EncodingRequest, get_scheme
 from quantsim.core.dtypes import QuantizationDataType, QuantScheme, float16, qtype
 from quantsim.core.fp8_encodings import fp8_encoding_from_scale
+from quantsim.core.lpbq import compress_block_scales
 from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
-from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.core.spec import LPBQ, PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError, InvalidStateError, warn_at_caller
+from quantsim.sim.quantizer_aimet import QuantizerAimetSurface
 
 __all__ = ["QcQuantizeOp", "TfEncoding"]
 
@@ -32,10 +34,12 @@ class TfEncoding:
     bw: int
 
 
-class QcQuantizeOp:
+class QcQuantizeOp(QuantizerAimetSurface):
     """One quantizer, shared by all tensors tied to it (``tensors``).
 
-    ``role`` is "param" (weights, biases and other initializers) or "activation".
+    ``role`` is "param" (weights, biases and other initializers) or "activation". The rest of AIMET's
+    surface (``op_mode``, ``reset_encoding_stats``, ``quantize_dequantize``, ...) is in
+    `quantsim.sim.quantizer_aimet`.
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class QcQuantizeOp:
         self._scheme = get_scheme(quant_scheme)
         self._percentile = float(percentile)
         self._notify = notify or (lambda: None)
+        self.guard: Callable[[QcQuantizeOp, QSpec], None] | None = None  # the sim's target (`sim.target_rules`)
         self._validate_spec(spec)
 
     # core state ---------------------------------------------------------------------------------
@@ -124,16 +129,21 @@ class QcQuantizeOp:
             return
         self._validate_spec(spec)
         if spec != self._spec:
+            if self.guard is not None:
+                self.guard(self, spec)  # raises TargetError, changing nothing, where the target cannot run it
             self._spec = spec
             self._encoding = None
             self._notify()
 
     def set_encoding(self, encoding: Encoding | None) -> None:
-        """Install an encoding computed or loaded elsewhere (checked against the spec and shape)."""
+        """Install an encoding computed or loaded elsewhere (checked against the spec and shape). With an
+        `LPBQ` spec the block scales are moved onto the LPBQ grid first (`quantsim.core.lpbq`; a no-op
+        for scales already on it), as AIMET's ``load_encodings`` does."""
         if self._frozen:
             raise InvalidStateError(f"quantizer {self.name!r} is frozen: its encoding cannot change")
         if encoding is not None:
             self._check_encoding(encoding, self._spec)
+            encoding = self._on_lpbq_grid(encoding, self._spec)
         self._encoding = encoding
         self._notify()
 
@@ -313,6 +323,16 @@ class QcQuantizeOp:
         self._check_encoding(enc, spec)  # validate before changing anything
         self._spec = spec
         self.set_encoding(enc)
+
+    def _on_lpbq_grid(self, enc: Encoding, spec: QSpec) -> Encoding:
+        """``enc`` with its block scales quantized to ``spec``'s LPBQ grid; ``enc`` itself for other specs."""
+        granularity = spec.granularity
+        if not isinstance(granularity, LPBQ):
+            return enc
+        if not enc.signed or np.any(enc.zero_point != 0):
+            raise InvalidArgumentError(f"quantizer {self.name!r} is LPBQ: it needs a symmetric signed grid with "
+                                       "zero point 0")
+        return replace(enc, scale=compress_block_scales(enc.scale, granularity.scale_bits))
 
     # checks --------------------------------------------------------------------------------------
     def _validate_spec(self, spec: QSpec) -> None:
