@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -37,6 +38,7 @@ from tqdm.auto import tqdm
 from adaround.apply import LayerReport, select_layers
 from adaround.feeds import as_feeds, float_values, model_inputs
 from adaround.layer_data import second_moments
+from adaround.levels import independent_levels
 from adaround.linear_form import LinearForm, linear_form
 from adaround.seq_mse_blocks import best_block_encoding
 from adaround.seq_mse_losses import LOSS_FUNCTIONS, candidate_losses
@@ -91,10 +93,10 @@ def _moment_sources(staged: StagedCapturer, layer, float_side, symmetry: str):
     return quantized, (iter(float_side) if symmetry == "asym" else None)
 
 
-def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str, params: SeqMseParams,
+def _best_encoding(form: LinearForm, weight: np.ndarray, enc, spec, sources, tensor: str, params: SeqMseParams,
                    output_scale: np.ndarray | None = None):
-    enc = q.encoding
-    spec = q.spec
+    """``(encoding, loss, full-range loss)`` of one layer: plain data in and out, so that an executor's
+    worker (another process or machine) computes exactly what the caller's process would."""
     axis = enc.axis if not enc.is_per_tensor else None
     reduce = tuple(i for i in range(weight.ndim) if i != axis) if axis is not None else None
     lo, hi = np.minimum(weight.min(axis=reduce), 0.0), np.maximum(weight.max(axis=reduce), 0.0)
@@ -114,6 +116,13 @@ def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str
     choice = factors[np.argmin(table, axis=0)]  # rows of W_mat are the weight's output channels: the channel axis
     return (encoding_from_range(lo * choice, hi * choice, enc.bits, axis=axis, **flags),
             float(table.min(axis=0).sum()), float(table[-1].sum()))
+
+
+def _materialized(args: tuple) -> tuple:
+    """``_best_encoding``'s arguments with the captured batches as lists (iterators do not travel)."""
+    sources = args[4]
+    listed = (list(sources[0]), None if sources[1] is None else list(sources[1]))
+    return (*args[:4], listed, *args[5:])
 
 
 def _resolve_call(sim, inputs, num_candidates, nodes_to_exclude, params):
@@ -145,7 +154,7 @@ _Batches = Iterable[Mapping[str, np.ndarray] | np.ndarray | Sequence[Any]]
 def apply_seq_mse(sim: QuantizationSimModel, inputs: _Batches, num_candidates: int | SeqMseParams = 20,
                   nodes_to_exclude: Iterable[str] | None = None, *, params: SeqMseParams | None = None,
                   num_batches: int | None = None, inp_symmetry: str = "symqt", loss_fn: str = "mse",
-                  progress: bool | None = None) -> list[LayerReport]: ...
+                  progress: bool | None = None, executor: Executor | None = None) -> list[LayerReport]: ...
 
 
 @overload
@@ -155,7 +164,8 @@ def apply_seq_mse(sim: Any, inputs: QuantizationSimModel, num_candidates: SeqMse
 
 def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_exclude: Any = None, *,
                   params: SeqMseParams | None = None, num_batches: int | None = None, inp_symmetry: str = "symqt",
-                  loss_fn: str = "mse", progress: bool | None = None) -> list[LayerReport]:
+                  loss_fn: str = "mse", progress: bool | None = None,
+                  executor: Executor | None = None) -> list[LayerReport]:
     """Choose and freeze every eligible weight encoding by Sequential MSE (see the module docstring).
 
     ``inputs``: batches as `adaround.feeds` takes them. ``params`` (or a `SeqMseParams` in place of
@@ -163,7 +173,10 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
     giving any of those as keywords as well is an error. Returns one `LayerReport` per weighted layer
     (``loss_before``: the loss, in ``loss_fn``'s units, of the full min-max range; ``loss_after``: of
     the chosen ranges; AIMET returns None). Usable alone or before `apply_adaround`, which then rounds
-    against the frozen encodings. Any failure leaves the sim exactly as it was.
+    against the frozen encodings. Any failure leaves the sim exactly as it was. ``executor``: a
+    `concurrent.futures.Executor` (or anything with its ``submit``, Dask's ``Client`` included) that scores
+    the layers of each level of independent problems (`adaround.levels`) at once; the results are bit for
+    bit those of the local run (the workers get the captured inputs and compute what this process would).
     """
     sim, inputs, positional, num_candidates, nodes_to_exclude = _resolve_call(sim, inputs, num_candidates,
                                                                              nodes_to_exclude, params)
@@ -192,28 +205,50 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
     float_inputs = {layer.input for layer in layers} if params.inp_symmetry != "symqt" else set()
     with sim.transaction(), float_values(sim, float_inputs, feeds) as float_side:  # one float pass, if needed
         staged = StagedCapturer(sim, feeds)  # each layer's input computed from the previous one's, kept
-        for layer in tqdm(layers, desc="Sequential MSE", unit="layer", leave=False, disable=None if progress else True):
-            q = layer.weight_quantizer
-            if q.is_encoding_frozen():
-                reports.append(LayerReport(layer.node, layer.op_type, "skipped", "weight encoding frozen"))
-                continue
-            weight = sim.get_weight(layer.weight).astype(np.float32)
-            form = linear_form(layer.op_type, layer.attributes, weight.shape)
-            sources = _moment_sources(staged, layer, float_side, params.inp_symmetry)
-            if q.encoding.block_size is not None:
-                if params.loss_fn != "mse":
-                    raise InvalidArgumentError(f"apply_seq_mse: per-block weights ({layer.weight}) take loss_fn='mse' "
-                                               f"only, got {params.loss_fn!r}")
-                data = second_moments(form, sources[0], sources[1], layer.input)
-                loss, full_range_loss = best_block_encoding(form, weight, q, data, params.num_candidates)
-            else:
-                encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params,
-                                                                 layer.batchnorm.scale if layer.batchnorm else None)
-                q.set_encoding(encoding)
-            q.freeze_encodings()
-            _log.info("Sequential MSE %s: %s %.4g (full range %.4g)", layer.node, params.loss_fn, loss, full_range_loss)
-            mode = "columns" if params.loss_fn == "l1" else "moments"
-            reports.append(LayerReport(layer.node, layer.op_type, "optimized", "", mode, full_range_loss, loss))
+        bar = tqdm(total=len(layers), desc="Sequential MSE", unit="layer", leave=False,
+                   disable=None if progress else True)
+        try:
+            for level in (independent_levels(sim, layers) if executor is not None else [[layer] for layer in layers]):
+                jobs = []
+                for layer in level:  # every input of a level is captured before any of its layers changes
+                    q = layer.weight_quantizer
+                    assert q is not None and q.encoding is not None  # select_layers keeps encoded weights only
+                    if q.is_encoding_frozen():
+                        reports.append(LayerReport(layer.node, layer.op_type, "skipped", "weight encoding frozen"))
+                        continue
+                    weight = sim.get_weight(layer.weight).astype(np.float32)
+                    form = linear_form(layer.op_type, layer.attributes, weight.shape)
+                    sources = _moment_sources(staged, layer, float_side, params.inp_symmetry)
+                    if q.encoding.block_size is not None:
+                        if params.loss_fn != "mse":
+                            raise InvalidArgumentError(f"apply_seq_mse: per-block weights ({layer.weight}) take "
+                                                       f"loss_fn='mse' only, got {params.loss_fn!r}")
+                        data = second_moments(form, sources[0], sources[1], layer.input)
+                        jobs.append((layer, best_block_encoding(form, weight, q, data, params.num_candidates)))
+                        continue
+                    scale = layer.batchnorm.scale if layer.batchnorm else None
+                    args = (form, weight, q.encoding, q.spec, sources, layer.input, params, scale)
+                    if executor is None:
+                        jobs.append((layer, _best_encoding(*args)))
+                    else:
+                        jobs.append((layer, executor.submit(_best_encoding, *_materialized(args))))
+                for layer, job in jobs:  # in topological order, whichever worker finished first
+                    result = job.result() if hasattr(job, "result") else job
+                    q = layer.weight_quantizer
+                    assert q is not None
+                    if len(result) == 3:
+                        encoding, loss, full_range_loss = result
+                        q.set_encoding(encoding)
+                    else:
+                        loss, full_range_loss = result
+                    q.freeze_encodings()
+                    _log.info("Sequential MSE %s: %s %.4g (full range %.4g)", layer.node, params.loss_fn, loss,
+                              full_range_loss)
+                    mode = "columns" if params.loss_fn == "l1" else "moments"
+                    reports.append(LayerReport(layer.node, layer.op_type, "optimized", "", mode, full_range_loss, loss))
+                bar.update(len(level))
+        finally:
+            bar.close()
     order = {layer.node: i for i, layer in enumerate(sim.weighted_layers())}
     return sorted(reports, key=lambda r: order.get(r.node, len(order)))
 

@@ -168,3 +168,54 @@ def test_staged_capture_equals_a_whole_capture_through_changes_in_any_order():
     check([layers[1].input, layers[2].input])  # a rebuilt graph: started again from the model inputs
     with pytest.raises(Exception, match="cannot capture"):
         staged(["no_such_tensor"])
+
+
+def _branching_model():
+    """Two Conv branches read the input and are added, then a Gemm-like 1x1 Conv: two independent layers."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(8)
+
+    def init(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
+                                       name)
+
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], name="conv_a", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "wb"], ["b"], name="conv_b", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "wc"], ["y"], name="conv_c")]
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [init("wa", 6, 3, 3, 3), init("wb", 6, 3, 3, 3), init("wc", 4, 6, 1, 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_levels_group_independent_layers():
+    from adaround.levels import independent_levels
+
+    sim = QuantizationSimModel(_branching_model(), param_type="int4", progress=False)
+    assert [[layer.node for layer in level] for level in independent_levels(sim, sim.weighted_layers())] == \
+        [["conv_a", "conv_b"], ["conv_c"]]
+    sim = QuantizationSimModel(_residual_model(), param_type="int4", progress=False)
+    assert [[layer.node for layer in level] for level in independent_levels(sim, sim.weighted_layers())] == \
+        [["conv1"], ["conv2"], ["conv3"]]
+
+
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+@pytest.mark.parametrize("params", [SeqMseParams(), SeqMseParams(inp_symmetry="asym", loss_fn="l1")])
+def test_executor_results_equal_the_local_run_bit_for_bit(pool, params):
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    feeds = [{"x": np.random.default_rng(s).standard_normal((2, 3, 8, 8)).astype(np.float32)} for s in range(3)]
+
+    def run(executor=None):
+        sim = QuantizationSimModel(_branching_model(), param_type="int4", activation_type="int8", progress=False)
+        sim.compute_encodings(feeds)
+        reports = apply_seq_mse(sim, feeds, params, executor=executor)
+        return _ranges(sim), [(r.node, r.loss_before, r.loss_after) for r in reports]
+
+    local = run()
+    with (ThreadPoolExecutor(2) if pool == "threads" else ProcessPoolExecutor(2)) as executor:
+        remote = run(executor)
+    _assert_same(local[0], remote[0])
+    assert local[1] == remote[1]
