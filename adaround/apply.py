@@ -231,8 +231,8 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
     rng = np.random.default_rng(seed)
     targets = {_plan(layer, linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape),
                      settings)[1] for layer in layers}
-    with sim.transaction(), float_values(sim, targets, feeds) as float_side:  # one float pass for every target
-        staged = StagedCapturer(sim, feeds)  # each layer's input computed from the previous one's, kept
+    with sim.transaction(), float_values(sim, targets, feeds) as float_side, \
+            StagedCapturer(sim, feeds) as staged:  # one float pass for every target; sim inputs kept layer to layer
         for layer in layers:
             reports.append(_round_layer(sim, layer, feeds, staged, float_side, settings, rng, progress))
     order = {layer.node: i for i, layer in enumerate(sim.weighted_layers())}

@@ -203,8 +203,8 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
         raise InvalidArgumentError(f"nodes_to_exclude: {sorted(excluded - known)} are not weighted nodes")
     layers, reports = select_layers(sim, [n for n in known if n not in excluded])
     float_inputs = {layer.input for layer in layers} if params.inp_symmetry != "symqt" else set()
-    with sim.transaction(), float_values(sim, float_inputs, feeds) as float_side:  # one float pass, if needed
-        staged = StagedCapturer(sim, feeds)  # each layer's input computed from the previous one's, kept
+    with sim.transaction(), float_values(sim, float_inputs, feeds) as float_side, \
+            StagedCapturer(sim, feeds) as staged:  # one float pass, if needed; sim inputs kept layer to layer
         bar = tqdm(total=len(layers), desc="Sequential MSE", unit="layer", leave=False,
                    disable=None if progress else True)
         try:

@@ -31,6 +31,7 @@ def test_kept_graph_chooses_the_ranges_a_rebuild_per_layer_chooses(params, monke
     kept = _sim(activation_type="int4")
     reports = apply_seq_mse(kept, _data(), params)
     assert sum(r.status == "optimized" for r in reports) == 4
+    assert "_capture_graph" not in vars(kept)  # the kept graph (a copy of the changed weights) goes with the run
     with monkeypatch.context() as patch:
         patch.setattr(capture._SimGraph, "update", lambda self, sim: False)
         rebuilt = _sim(activation_type="int4")

@@ -248,7 +248,8 @@ class StagedCapturer:
     graph between (its nodes as they are in the whole graph, run by one small session), as aimet-onnx's
     cached layer inputs are. Values are the same as `make_capturer`'s. A change to anything but constants'
     encodings or values starts again from the model inputs. Kept values stay in memory (the tensors that
-    cross the cut: a layer input, plus skip connections), as many as there are batches.
+    cross the cut: a layer input, plus skip connections), as many as there are batches. Use as a context
+    manager (or call `close`): closing drops the kept values and the sim graph kept for captures.
     """
 
     def __init__(self, sim: QuantizationSimModel, inputs: Iterable[Mapping]):
@@ -256,6 +257,17 @@ class StagedCapturer:
         self._feeds = list(inputs)
         self._graph: _SimGraph | None = None
         self._kept: dict[str, tuple[list[np.ndarray], int, int]] = {}  # sim name -> (batches, upstream, patches)
+
+    def close(self) -> None:
+        """Drop the kept values and the sim's kept capture graph (a copy of every changed weight)."""
+        self._kept, self._graph = {}, None
+        vars(self._sim).pop("_capture_graph", None)
+
+    def __enter__(self) -> StagedCapturer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _start(self, graph: _SimGraph) -> None:
         self._graph, self._kept = graph, {}
