@@ -142,7 +142,7 @@ def _key(q, known: dict[str, tuple]) -> tuple:
     spec stay the same: the check runs for every quantizer before every capture."""
     enc, spec = q.encoding, q.spec
     kept = known.get(q.name)
-    if kept is not None and kept[0] is enc and kept[1] == spec:
+    if kept is not None and kept[0] is enc and (kept[1] is spec or kept[1] == spec):
         return kept[2]
     key = _constant_key(q)
     known[q.name] = (enc, spec, key)
