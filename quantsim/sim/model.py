@@ -89,7 +89,9 @@ class QuantizationSimModel:
     ``linear_ops_in_norm_blocks`` (default False: a Conv/Gemm/MatMul between the statistics of decomposed
     norm layers keeps float input and output; True quantizes them so QDQ runtimes run it on integer kernels,
     ``"all"`` every op between the norm layers' own statistics: speed-for-accuracy choices,
-    `quantsim.sim.placement` rule 3). Every automatic
+    `quantsim.sim.placement` rule 3) and ``int32_bias`` (default True: the biases of Conv/Gemm with quantized
+    input and weight are added on the int32 grid ``s_in * s_w``, as the QDQ and integer exports add them, so
+    the sim computes what its unfused QDQ export computes; False keeps float biases, as AIMET does). Every automatic
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
     """
@@ -113,6 +115,7 @@ class QuantizationSimModel:
         fold_batchnorm: bool = True,
         range_health: bool = True,
         linear_ops_in_norm_blocks: bool | str = False,
+        int32_bias: bool = True,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -151,6 +154,7 @@ class QuantizationSimModel:
         self.progress = bool(progress)
         self.range_health = bool(range_health)
         self.linear_ops_in_norm_blocks = checked_norm_block_option(linear_ops_in_norm_blocks)
+        self.int32_bias = bool(int32_bias)  # biases on the exports' int32 grid (`quantsim.sim.int32_bias`)
         try:
             if cached is not None:
                 self._model, self._weights = cached
@@ -359,7 +363,8 @@ class QuantizationSimModel:
     def _built_sim_model(self, external: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
         with self._index.cached_constants():
             self._ensure_param_encodings()
-            return build_sim_model(self._model, self._quantizers, source=self._index, external=external)
+            return build_sim_model(self._model, self._quantizers, source=self._index, external=external,
+                                   int32_bias=self.int32_bias)
 
     @property
     def session(self) -> ort.InferenceSession:
@@ -376,7 +381,8 @@ class QuantizationSimModel:
                     model = self.to_onnx_qdq(weight_codes="auto")  # in-process: exact kernels on this CPU
                 else:
                     model = build_sim_model(self._model, self._quantizers, source=self._index, external=weights,
-                                            memo=self._session_memo(), integer_weights=self._integer_weights())
+                                            memo=self._session_memo(), integer_weights=self._integer_weights(),
+                                            int32_bias=self.int32_bias)
             self._session = None  # the old session's weights go before the new one's arrive
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,
