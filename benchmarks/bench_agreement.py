@@ -181,8 +181,13 @@ def main(argv=None) -> None:
     ort.set_default_logger_severity(3)
     rows: list[dict] = []
     for name in args.models:
-        rows += bench_model(name, args.quick, args.codes, args.reference_feeds, options)
-        print(render(rows[-(1 + 2 * len(args.codes)):], args, "").split("\n", 4)[-1], flush=True)
+        try:
+            new = bench_model(name, args.quick, args.codes, args.reference_feeds, options)
+        except Exception as error:  # noqa: BLE001 - one model's failure is a row, not the end of the run
+            new = [{"model": name, "variant": "sim", "metric": float("nan"), "sqnr": float("nan"), "steps": "",
+                    "ref_steps": "", "note": f"failed: {type(error).__name__}: {str(error)[:100]}"}]
+        rows += new
+        print(render(new, args, "").split("\n", 4)[-1], flush=True)
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     table = render(rows, args, load)
     print(table)
