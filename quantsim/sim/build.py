@@ -475,5 +475,5 @@ def build_sim_model(
     if int32_bias and weights == "fake":
         from quantsim.sim.int32_bias import int32_bias_values
 
-        int32_bias_values(built, active, external)
+        int32_bias_values(built, model, active, builder.values, external)
     return built

@@ -11,49 +11,52 @@ benchmarks/README.md "Sim vs deployed models"). `int32_bias_values` gives the si
 each eligible bias initializer is replaced by ``float32(codes) * scale``, the value DequantizeLinear computes
 from the codes, so the sim and the unfused QDQ export compute the same floats.
 
-Eligibility follows `quantize_biases`: the bias is a constant read by this node only; the op's data input
-comes (through grid-preserving data movement, `op_facts.GRID_MOVEMENT_OPS`, whose outputs the QDQ export
-gives a derived Q/DQ pair) from a per-tensor integer DequantizeLinear; the weight has an enabled integer
-quantizer (not float8, not block-wise) whose per-channel axis, if any, is the op's output-channel axis; Gemm
-only with ``alpha = beta = 1`` and no ``transA``; grouped ConvTranspose only per tensor.
+Eligibility follows `quantize_biases`, read from the sim's quantizer table over the prepared graph (names
+are the same in the sim graph and the exports): the bias is a constant read by this node only; the op's data
+input has an enabled, calibrated per-tensor integer quantizer (not float8), or comes from one through
+grid-preserving data movement (`op_facts.GRID_MOVEMENT_OPS`, whose outputs the QDQ export gives a derived Q/DQ
+pair); the weight has an enabled integer quantizer (not float8, not block-wise) whose per-channel axis, if
+any, is the op's output-channel axis; Gemm only with ``alpha = beta = 1`` and no ``transA``; grouped
+ConvTranspose only per tensor. The integer export's float islands use the same values
+(`LoweringContext.sim_constant`), so a Conv it leaves in float (16-bit activations) computes what the sim does.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import numpy_helper
 
 from quantsim.core.bias import quantize_bias
 from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, facts_of
 from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["int32_bias_values", "eligible_biases"]
-
-_FLOAT8 = (TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2)
-
+__all__ = ["int32_bias_values", "sim_bias_values", "eligible_biases", "on_int32_grid"]
 
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _input_scale(name: str, producer: dict[str, onnx.NodeProto], constants: dict[str, np.ndarray],
-                 elem_type: dict[str, int]) -> np.ndarray | None:
-    """The per-tensor scale of the integer DequantizeLinear that ``name`` comes from, or None."""
-    seen = 0
-    node = producer.get(name)
-    while node is not None and node.op_type in GRID_MOVEMENT_OPS and node.input and seen < 64:
-        node, seen = producer.get(node.input[0]), seen + 1
-    if node is None or node.op_type != "DequantizeLinear" or node.input[1] not in constants:
+def _integer_encoding(q: QcQuantizeOp | None):
+    if q is None or not q.enabled or q.spec.is_float or q.encoding is None or q.encoding.fp8 is not None:
         return None
-    if "block_size" in _attrs(node):
-        return None
-    scale = np.asarray(constants[node.input[1]])
-    if scale.ndim != 0:
-        return None
-    zero_point = node.input[2] if len(node.input) > 2 else ""
-    if zero_point and (zero_point not in constants or elem_type.get(zero_point) in _FLOAT8):
-        return None
-    return scale
+    return q.encoding
+
+
+def _input_scale(name: str, producer: dict[str, onnx.NodeProto], table: dict[str, QcQuantizeOp]) -> np.ndarray | None:
+    """The per-tensor scale of the activation grid ``name`` is on (its own quantizer's, or through data
+    movement its source's), or None when it is not on an integer grid."""
+    for _ in range(64):
+        q = table.get(name)
+        if q is not None and q.enabled:
+            enc = _integer_encoding(q)
+            return None if enc is None or not enc.is_per_tensor else np.asarray(enc.scale, np.float32)
+        node = producer.get(name)
+        if node is None or node.op_type not in GRID_MOVEMENT_OPS or not node.input:
+            return None
+        name = node.input[0]
+    return None
 
 
 def _output_axis(node: onnx.NodeProto) -> int | None:
@@ -65,31 +68,29 @@ def _output_axis(node: onnx.NodeProto) -> int | None:
     return facts_of(node.op_type).weight_output_axis
 
 
-def eligible_biases(model: onnx.ModelProto, quantizers: list[QcQuantizeOp], constants: dict[str, np.ndarray]
+def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_constant: Callable[[str], bool]
                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{bias name: (input scale, weight scale)}`` of the biases that ``model`` (a sim graph in the fake-weight
-    form, with activation Q/DQ pairs) would get on an int32 grid in the exports (module docstring).
-    ``constants`` holds the values of the graph's small constants (scales, zero points, biases)."""
-    producer = {out: node for node in model.graph.node for out in node.output}
+    """``{bias name: (input scale, weight scale)}`` of the biases of ``graph`` (the sim's prepared graph) that
+    the exports put on an int32 grid (module docstring)."""
+    producer = {out: node for node in graph.node for out in node.output}
     uses: dict[str, int] = {}
-    for node in model.graph.node:
+    for node in graph.node:
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
-    elem_type = {t.name: t.data_type for t in model.graph.initializer}
-    by_tensor = {t: q for q in quantizers for t in q.tensors}
+    table = {t: q for q in quantizers for t in q.tensors}
     found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for node in model.graph.node:
+    for node in graph.node:
         slot = BIAS_SLOT.get(node.op_type)
-        if slot is None or len(node.input) <= slot or node.input[slot] not in constants:
+        if slot is None or len(node.input) <= slot or not node.input[slot] or len(node.input) < 2:
             continue
         bias = node.input[slot]
-        if uses.get(bias, 0) != 1 or bias in found:
+        if uses.get(bias, 0) != 1 or not is_constant(bias):
             continue
-        q = by_tensor.get(node.input[1])
-        enc = q.encoding if q is not None and q.enabled and not q.spec.is_float else None
-        if enc is None or enc.fp8 is not None or enc.block_size is not None:
+        q = table.get(node.input[1])
+        enc = _integer_encoding(q)
+        if q is None or enc is None or enc.block_size is not None:
             continue
-        x_scale = _input_scale(node.input[0], producer, constants, elem_type)
+        x_scale = _input_scale(node.input[0], producer, table)
         axis = _output_axis(node)
         if x_scale is None or axis is None:
             continue
@@ -105,31 +106,35 @@ def eligible_biases(model: onnx.ModelProto, quantizers: list[QcQuantizeOp], cons
     return found
 
 
-def int32_bias_values(model: onnx.ModelProto, quantizers: list[QcQuantizeOp],
-                      external: dict[str, np.ndarray] | None = None) -> int:
-    """Replace, in place, each eligible bias of ``model`` (a fake-weight sim graph; its big constants possibly
-    in ``external``) by its value on the int32 accumulator grid; returns how many were replaced."""
-    initializers = {t.name: t for t in model.graph.initializer}
-    wanted = {node.input[slot] for node in model.graph.node
-              if (slot := BIAS_SLOT.get(node.op_type)) is not None and len(node.input) > slot}
-    constants: dict[str, np.ndarray] = {}
-    for node in model.graph.node:
-        if node.op_type == "DequantizeLinear":
-            wanted.update(node.input[1:])
-    for name in wanted:
+def on_int32_grid(value: np.ndarray, x_scale: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """``value`` as DequantizeLinear computes it from its int32 codes: ``float32(codes) * (s_in * s_w)``."""
+    codes, scale = quantize_bias(value, x_scale, w_scale)
+    return (codes.astype(np.float32) * scale).astype(np.float32).reshape(np.shape(value))
+
+
+def sim_bias_values(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], value_of: Callable[[str], np.ndarray],
+                    is_constant: Callable[[str], bool]) -> dict[str, np.ndarray]:
+    """``{bias name: its value on the int32 grid}`` for the float32 biases of ``graph`` that the exports add as
+    int32 codes (float16/float64 models keep theirs: the sim's Cast pairs keep the model's own types)."""
+    values = {}
+    for name, (x_scale, w_scale) in eligible_biases(graph, quantizers, is_constant).items():
+        value = np.asarray(value_of(name))
+        if value.dtype == np.float32:
+            values[name] = on_int32_grid(value, x_scale, w_scale)
+    return values
+
+
+def int32_bias_values(built: onnx.ModelProto, source: onnx.ModelProto, quantizers: list[QcQuantizeOp],
+                      value_of: Callable[[str], np.ndarray], external: dict[str, np.ndarray] | None = None) -> int:
+    """Put, in place, the int32-grid value of each eligible bias of ``source`` (the prepared model) into
+    ``built`` (its sim graph in the fake-weight form; big constants possibly in ``external``); returns how
+    many biases were replaced."""
+    initializers = {t.name: t for t in built.graph.initializer}
+    constants = {t.name for t in source.graph.initializer}
+    values = sim_bias_values(source.graph, quantizers, value_of, constants.__contains__)
+    for name, value in values.items():
         if external is not None and name in external:
-            constants[name] = external[name]
-        elif name in initializers and initializers[name].data_location != TensorProto.EXTERNAL:
-            constants[name] = numpy_helper.to_array(initializers[name])
-    grids = eligible_biases(model, quantizers, constants)
-    for name, (x_scale, w_scale) in grids.items():
-        value = np.asarray(constants[name])
-        if value.dtype != np.float32:
-            continue  # float16/float64 models: the sim's Cast pairs keep the bias in the model's own type
-        codes, scale = quantize_bias(value, x_scale, w_scale)
-        on_grid = (codes.astype(np.float32) * scale).astype(np.float32).reshape(value.shape)
-        if external is not None and name in external:
-            external[name] = on_grid
-        else:
-            initializers[name].CopyFrom(numpy_helper.from_array(on_grid, name))
-    return len(grids)
+            external[name] = value
+        elif name in initializers:
+            initializers[name].CopyFrom(numpy_helper.from_array(value, name))
+    return len(values)
