@@ -91,9 +91,19 @@ def _run(session, feeds) -> list[list[np.ndarray]]:
     return [session.run(None, f) for f in feeds]
 
 
-def bench_model(name: str, quick: bool, codes: list[str], reference_feeds: int, sim_options: dict) -> list[dict]:
+def _best_ms(session, feed, repeats: int = 3) -> float:
+    session.run(None, feed)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        session.run(None, feed)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def bench_model(name: str, quick: bool, codes: list[str], reference_feeds: int, sim_options: dict,
+                exact: tuple[bool, ...] = (False,)) -> list[dict]:
     import quantsim
-    from quantsim.export.reference import run_integer_model
 
     case = load_case(name, quick)
     model = onnx.load(str(case.model_path))
@@ -113,37 +123,49 @@ def bench_model(name: str, quick: bool, codes: list[str], reference_feeds: int, 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the int8-saturation warning is this benchmark's subject
             qdq = sim.to_onnx_qdq(weight_codes=code)
-            exported = sim.export_integer(weight_codes=code)
-        qdq_outs = _run(cpu_session(qdq), case.eval)
+        qdq_session = cpu_session(qdq)
+        qdq_outs = _run(qdq_session, case.eval)
         rows.append({"model": name, "variant": f"QDQ fused, {code}", "metric": score(qdq_outs),
                      "sqnr": sqnr_db(fp32, qdq_outs), "steps": output_steps(sim, names, sim_outs, qdq_outs),
-                     "ref_steps": "", "note": ""})
-        float_nodes = sum(e.op_type not in ("graph input", "graph output") for e in exported.report)
-        try:
-            int_outs = _run(cpu_session(exported.model), case.eval)
-        except Exception as error:  # noqa: BLE001 - a model onnxruntime refuses is a result to report
-            rows.append({"model": name, "variant": f"integer, {code}", "metric": float("nan"), "sqnr": float("nan"),
-                         "steps": "", "ref_steps": "", "note": f"onnxruntime failed: {str(error)[:80]}"})
-            continue
-        ref_text = ""
-        if reference_feeds and code == codes[0]:
-            t1 = time.perf_counter()
-            try:
-                ref = [list(run_integer_model(exported.model, f, float_fallback=True).values())
-                       for f in case.eval[:reference_feeds]]
-                ref_text = output_steps(sim, names, sim_outs[:reference_feeds], ref)
-                ref_text += f" ({time.perf_counter() - t1:.0f} s)"
-            except Exception as error:  # noqa: BLE001
-                ref_text = f"failed: {type(error).__name__}: {str(error)[:60]}"
-        rows.append({"model": name, "variant": f"integer, {code}", "metric": score(int_outs),
-                     "sqnr": sqnr_db(fp32, int_outs), "steps": output_steps(sim, names, sim_outs, int_outs),
-                     "ref_steps": ref_text, "note": f"{float_nodes} float nodes"})
+                     "ref_steps": "", "note": f"{_best_ms(qdq_session, case.eval[0]):.1f} ms"})
+        for exact_mode in exact:
+            rows += _integer_rows(sim, name, code, exact_mode, case, names, fp32, sim_outs, score,
+                                  reference_feeds if code == codes[0] and exact_mode == exact[0] else 0)
     base = rows[0]
     for row in rows[1:]:
         if np.isfinite(row["metric"]):
             row["d_metric"] = row["metric"] - base["metric"]
             row["d_sqnr"] = row["sqnr"] - base["sqnr"]
     return rows
+
+
+def _integer_rows(sim, name, code, exact_mode, case, names, fp32, sim_outs, score, reference_feeds) -> list[dict]:
+    from quantsim.export.reference import run_integer_model
+
+    variant = f"integer, {code}" + (", exact" if exact_mode else "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exported = sim.export_integer(weight_codes=code, exact=exact_mode)
+    float_nodes = sum(e.op_type not in ("graph input", "graph output") for e in exported.report)
+    try:
+        session = cpu_session(exported.model)
+        int_outs = _run(session, case.eval)
+    except Exception as error:  # noqa: BLE001 - a model onnxruntime refuses is a result to report
+        return [{"model": name, "variant": variant, "metric": float("nan"), "sqnr": float("nan"),
+                 "steps": "", "ref_steps": "", "note": f"onnxruntime failed: {str(error)[:80]}"}]
+    ref_text = ""
+    if reference_feeds:
+        t1 = time.perf_counter()
+        try:
+            ref = [list(run_integer_model(exported.model, f, float_fallback=True).values())
+                   for f in case.eval[:reference_feeds]]
+            ref_text = output_steps(sim, names, sim_outs[:reference_feeds], ref)
+            ref_text += f" ({time.perf_counter() - t1:.0f} s)"
+        except Exception as error:  # noqa: BLE001
+            ref_text = f"failed: {type(error).__name__}: {str(error)[:60]}"
+    return [{"model": name, "variant": variant, "metric": score(int_outs), "sqnr": sqnr_db(fp32, int_outs),
+             "steps": output_steps(sim, names, sim_outs, int_outs), "ref_steps": ref_text,
+             "note": f"{float_nodes} float nodes; {_best_ms(session, case.eval[0]):.1f} ms"}]
 
 
 def render(rows: list[dict], args, load: str) -> str:
@@ -172,6 +194,8 @@ def main(argv=None) -> None:
     parser.add_argument("--reference-feeds", type=int, default=1,
                         help="evaluation feeds run by the integer reference executor (0: skip; it is numpy, slow)")
     parser.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--exact", choices=("no", "yes", "both"), default="no",
+                        help="integer export with exact=True (HardSwish/HardSigmoid as exact tables); both: side by side")
     args = parser.parse_args(argv)
     options = {}
     for item in args.sim_option:
@@ -182,7 +206,8 @@ def main(argv=None) -> None:
     rows: list[dict] = []
     for name in args.models:
         try:
-            new = bench_model(name, args.quick, args.codes, args.reference_feeds, options)
+            new = bench_model(name, args.quick, args.codes, args.reference_feeds, options,
+                              {"no": (False,), "yes": (True,), "both": (False, True)}[args.exact])
         except Exception as error:  # noqa: BLE001 - one model's failure is a row, not the end of the run
             new = [{"model": name, "variant": "sim", "metric": float("nan"), "sqnr": float("nan"), "steps": "",
                     "ref_steps": "", "note": f"failed: {type(error).__name__}: {str(error)[:100]}"}]

@@ -438,18 +438,21 @@ class QuantizationSimModel:
         return None
 
     def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
-                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8"):
+                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8",
+                       exact: bool = False):
         """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
         fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both.
         ``input_shapes`` (``{input: dims}``) exports for those input shapes only, folding shape arithmetic
         (a detector's anchors and strides) into constants so that it runs on integer kernels too.
-        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) as in `to_onnx_qdq`."""
+        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) as in `to_onnx_qdq`; ``exact=True``: no accepted
+        approximation (HardSwish/HardSigmoid as exact tables, not kernel chains within one step)."""
         from quantsim.export.integer.export import export_integer
         from quantsim.export.weight_codes import resolve_weight_codes
 
         codes = resolve_weight_codes(weight_codes, self.providers, warn_as="export_integer")
         self._ensure_param_encodings()
-        return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes, weight_codes=codes)
+        return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes, weight_codes=codes,
+                              exact=exact)
 
     # extension hooks (what adaround/ and mixed_precision/ build on) -------------------------------
     def weighted_layers(self) -> list[WeightedLayer]:
