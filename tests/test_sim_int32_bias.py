@@ -138,3 +138,15 @@ def test_integer_export_closer_to_the_int32_bias_sim(seed):
     assert after["c3"][0] <= 1 and after["y"][0] <= 1
     assert after["c3"][1] <= 0.001 and after["y"][1] <= 0.001
     assert before["c3"][1] > 0.003 and after["c3"][1] < before["c3"][1]
+
+
+def test_summary_names_what_still_differs_from_the_exports():
+    text = str(_sim(_net()))
+    section = text[text.index("sim vs deployed"):]
+    assert "biases: 4 of 4 on the int32 accumulator grid" in section
+    assert "requantization: 4 Conv/Gemm/MatMul" in section
+    assert "HardSwish" not in section  # none in this net
+    floats = str(_sim(_net(), int32_bias=False))
+    assert "biases: 4 of 4 are int32 in the exports but float here (int32_bias=False)" in floats
+    # the Gemm that the export leaves float (alpha != 1) is not counted
+    assert "biases: 3 of 4 on the int32" in str(_sim(_net(gemm_attrs={"alpha": 0.5})))
