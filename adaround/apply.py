@@ -11,6 +11,8 @@ disabled or float (FP16), frozen weights already on their grid (e.g. loaded with
 `set_and_freeze_param_encodings` after an earlier AdaRound), shared weights, and layer shapes the linear
 form does not cover (3-D convolutions, ConvTranspose with ``output_shape``). A frozen encoding whose
 weight is not on its grid yet (e.g. chosen by Sequential MSE) is kept and the weight rounded against it.
+A layer followed by an unfolded BatchNormalization (`quantsim.FollowingBatchNorm`) is rounded as if the BN were
+folded into it: for the error after the BN and after the activation reading it (`adaround.layer_rounding`).
 """
 from __future__ import annotations
 
@@ -25,10 +27,18 @@ from tqdm.auto import tqdm
 from adaround.activations import Activation, activation_for
 from adaround.feeds import as_feeds, model_inputs
 from adaround.layer_data import ColumnSample, SecondMoments, column_sample, second_moments
-from adaround.layer_rounding import WeightGrid, optimize_rounding
+from adaround.layer_rounding import OutputAffine, WeightGrid, optimize_rounding
 from adaround.linear_form import LinearForm, UnsupportedLayer, linear_form
 from adaround.params import AdaroundSettings
-from quantsim import InvalidArgumentError, InvalidTypeError, QuantizationSimModel, WeightedLayer, broadcast_param, fake_quantize
+from quantsim import (
+    FollowingActivation,
+    InvalidArgumentError,
+    InvalidTypeError,
+    QuantizationSimModel,
+    WeightedLayer,
+    broadcast_param,
+    fake_quantize,
+)
 from quantsim.errors import warn_at_caller
 
 __all__ = ["apply_adaround", "LayerReport", "select_layers"]
@@ -104,14 +114,29 @@ def _grid(layer: WeightedLayer, weight: np.ndarray) -> WeightGrid:
     return WeightGrid(np.asarray(scale, np.float32), np.asarray(zero_point, np.float32), enc.qmin, enc.qmax)
 
 
+def _following_activation(layer: WeightedLayer) -> FollowingActivation | None:
+    """The activation after the layer, or after the unfolded BatchNormalization that follows it."""
+    if layer.batchnorm is not None:
+        return layer.batchnorm.activation
+    return layer.activation
+
+
 def _activation(layer: WeightedLayer, form: LinearForm) -> Activation | None:
     """The following activation in column form, or None (none follows, or it cannot be applied)."""
-    if layer.activation is None:
+    follow = _following_activation(layer)
+    if follow is None:
         return None
-    follow = layer.activation
     axis = follow.attributes.get("axis", -1)
     on_channels = axis == 1 if form.op_type in ("Conv", "ConvTranspose") else axis == -1
     return activation_for(follow.op_type, follow.attributes, form.rows, on_channels)
+
+
+def _output_affine(layer: WeightedLayer, form: LinearForm) -> OutputAffine | None:
+    """The map of the unfolded BatchNormalization after the layer (`quantsim.FollowingBatchNorm`), or None."""
+    bn = layer.batchnorm
+    if bn is None or bn.scale.size != form.rows:
+        return None
+    return OutputAffine(form, bn.scale, bn.shift)
 
 
 def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) -> tuple[str, str]:
@@ -119,8 +144,9 @@ def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) ->
     target), ``"moments"`` (none follows: exact second moments of the float layer input) or
     ``"moments+sampled"`` (the same moments, plus sampled sim-side columns for cheaper steps, where
     `AdaroundSettings.sampled_quadratic` picks it)."""
-    if layer.activation is not None and _activation(layer, form) is not None:
-        return "sampled", layer.activation.output
+    follow = _following_activation(layer)
+    if follow is not None and _activation(layer, form) is not None:
+        return "sampled", follow.output
     inputs_per_column = int(np.prod(form.weight_shape)) // form.rows
     return ("moments+sampled" if settings.sampled_quadratic(inputs_per_column) else "moments"), layer.input
 
@@ -146,7 +172,8 @@ def _round_layer(sim, layer, inputs, float_capturer, settings, rng, progress) ->
     step = max(1, settings.num_iterations // 100)
     try:
         result = optimize_rounding(form, weight, _grid(layer, weight), data, bias, activation, settings, rng,
-                                   on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None)
+                                   on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None,
+                                   output_affine=_output_affine(layer, form))
     finally:
         bar.close()
     sim.replace_weight(layer.weight, result.weight, freeze=not layer.weight_quantizer.is_encoding_frozen())

@@ -5,6 +5,17 @@ PURE numpy. The weight's grid comes from its (frozen) encoding: per tensor, per 
 ``clip(floor(W / scale) + h(alpha) + zero_point, qmin, qmax)`` and the soft weight
 ``(code - zero_point) * scale``. The result is the hard rounding (``alpha >= 0``): weights exactly on the
 grid, which the sim's fake quantization maps to themselves.
+
+A layer whose output goes through a per-channel affine map ``y = s * z + t`` before anything else reads it (an
+unfolded BatchNormalization, `quantsim.FollowingBatchNorm`) is optimised for the error after that map and after
+the activation reading it, as the folded layer ``(s * W, s * b + t)`` would be (`OutputAffine`: rows of
+``W_mat`` scaled; with an activation, the target is the float model's activation output after the map). Each
+channel's error is counted in the layer's own output units (divided by ``s_m^2``): the output channels'
+roundings are independent of each other, so a per-channel weight cannot move any channel's optimum, only its
+balance against the rounding regulariser, which ``reg_param`` sets for the layer alone (measured: the plain
+``s^2``-weighted loss rounds the high-``s`` channels worse). What the BN changes is which errors count: those
+the activation after it clips away do not. Without an activation the objective is the layer's own loss. The
+losses reported (and the never-worse-than-nearest check) are in the network's units, after the map.
 """
 from __future__ import annotations
 
@@ -19,8 +30,9 @@ from adaround.layer_data import ColumnSample, SecondMoments
 from adaround.linear_form import LinearForm
 from adaround.params import AdaroundSettings
 from adaround.rounding import GAMMA, ZETA, Adam, beta_at, init_alpha
+from quantsim import InvalidArgumentError
 
-__all__ = ["WeightGrid", "RoundingResult", "optimize_rounding", "reconstruction_loss"]
+__all__ = ["WeightGrid", "RoundingResult", "OutputAffine", "optimize_rounding", "reconstruction_loss"]
 
 
 @dataclass(frozen=True)
@@ -60,9 +72,50 @@ class RoundingResult:
     kept_nearest: bool = False  # the optimised rounding was worse on the data: nearest rounding kept
 
 
+class OutputAffine:
+    """A per-output-channel map ``y = scale * z + shift`` (``[M]`` each) applied to a layer's output ``z``.
+    `apply` scales a weight's output channels (rows of ``W_mat``): a loss ``L`` of the folded layer is then
+    ``L(apply(W))`` and its gradient ``apply(grad L(apply(W)))`` (``W_mat`` is a permutation of the weight's
+    elements, so scaling rows commutes with it)."""
+
+    def __init__(self, form: LinearForm, scale: np.ndarray, shift: np.ndarray | None = None):
+        scale = np.asarray(scale, np.float64).reshape(-1)
+        shift = np.zeros_like(scale) if shift is None else np.asarray(shift, np.float64).reshape(-1)
+        if scale.size != form.rows or shift.size != form.rows:
+            raise InvalidArgumentError(f"the output map has {scale.size} scales and {shift.size} shifts, the layer "
+                                       f"has {form.rows} output channels")
+        if not (np.isfinite(scale).all() and np.isfinite(shift).all()):
+            raise InvalidArgumentError("the output map's scale or shift is not finite")
+        groups = form.to_matrix(np.zeros(form.weight_shape, np.float32)).shape[0]
+        self.form = form
+        self.rows = scale.reshape(groups, -1, 1).astype(np.float32)
+        self.shift = shift.reshape(groups, -1, 1).astype(np.float32)
+
+    def apply(self, weight: np.ndarray) -> np.ndarray:
+        """``weight`` with each output channel multiplied by its scale."""
+        return self.form.to_weight(self.form.to_matrix(weight) * self.rows)
+
+    def per_channel_units(self, grad: np.ndarray) -> np.ndarray:
+        """From ``grad L(apply(W))`` (the folded layer's loss gradient at the scaled weights), the gradient in
+        ``W`` of ``sum_m L_m(apply(W)) / scale_m^2``: each channel's error after the map, in the layer's own
+        output units (a channel with scale 0, whose error nobody sees, gets none)."""
+        matrix = self.form.to_matrix(grad)
+        return self.form.to_weight(np.divide(matrix, self.rows, out=np.zeros_like(matrix), where=self.rows != 0))
+
+    def bias(self, bias: np.ndarray) -> np.ndarray:
+        """The folded layer's bias matrix ``scale * b + shift`` (``[groups, M/g, 1]``)."""
+        return bias * self.rows + self.shift
+
+
 def reconstruction_loss(form: LinearForm, w_soft: np.ndarray, w_float: np.ndarray, data: SecondMoments | ColumnSample,
-                        bias: np.ndarray, activation: Activation | None) -> tuple[float, np.ndarray]:
-    """``(loss, d loss / d W_soft)`` in weight layout, over all the data (or all sampled columns)."""
+                        bias: np.ndarray, activation: Activation | None,
+                        output_affine: OutputAffine | None = None) -> tuple[float, np.ndarray]:
+    """``(loss, d loss / d W_soft)`` in weight layout, over all the data (or all sampled columns); with
+    ``output_affine``, of the error after that map (a sampled target is then the float tensor after it)."""
+    if output_affine is not None:
+        loss, grad = reconstruction_loss(form, output_affine.apply(w_soft), output_affine.apply(w_float), data,
+                                         output_affine.bias(bias), activation)
+        return loss, output_affine.apply(grad)
     ms, mf = form.to_matrix(w_soft), form.to_matrix(w_float)
     if isinstance(data, SecondMoments):
         return data.loss(ms, mf), form.to_weight(data.grad(ms, mf))
@@ -228,20 +281,21 @@ class _AnchoredSteps:
 
 def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, data: SecondMoments | ColumnSample,
                       bias: np.ndarray, activation: Activation | None, settings: AdaroundSettings,
-                      rng: np.random.Generator, on_step: Callable[[int], None] | None = None) -> RoundingResult:
-    """AdaRound one layer (see the module docstring); ``on_step(i)`` is called after each iteration."""
+                      rng: np.random.Generator, on_step: Callable[[int], None] | None = None,
+                      output_affine: OutputAffine | None = None) -> RoundingResult:
+    """AdaRound one layer (see the module docstring); ``on_step(i)`` is called after each iteration;
+    ``output_affine``: the per-channel map the layer's output goes through (module docstring)."""
     base, fraction = grid.floor_and_fraction(weight)
     alpha = init_alpha(fraction)
     adam = Adam(alpha, lr=settings.learning_rate)
     soft = _SoftRounding(grid, base)
-    float_matrix = form.to_matrix(weight)
     step: Callable[[np.ndarray], np.ndarray]
-    if isinstance(data, ColumnSample):
-        step = _WindowSteps(form, data, bias, activation, settings.columns_per_iteration, rng)
-    elif data.sample is not None:
-        step = _AnchoredSteps(form, data, float_matrix, settings, rng)
+    if output_affine is not None:
+        affine = output_affine
+        inner = _steps(form, affine.apply(weight), data, affine.bias(bias), activation, settings, rng)
+        step = lambda w_soft: affine.per_channel_units(inner(affine.apply(w_soft)))  # noqa: E731
     else:
-        step = lambda w_soft: form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))  # noqa: E731
+        step = _steps(form, weight, data, bias, activation, settings, rng)
     for iteration in range(settings.num_iterations):
         grad_w = step(soft.forward(alpha))
         beta = beta_at(iteration, settings.num_iterations, settings.beta_range, settings.warm_start)
@@ -250,9 +304,24 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
             on_step(iteration)
     hard = grid.weight(base, (alpha >= 0).astype(np.float32))[0]
     nearest = grid.nearest(weight)
-    loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation)[0]
-    loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation)[0]
+    loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation, output_affine)[0]
+    loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation, output_affine)[0]
     if loss_hard > loss_before:  # too few iterations to settle: never end worse than nearest rounding
         return RoundingResult(nearest, loss_before, loss_before, 0.0, kept_nearest=True)
     return RoundingResult(hard, loss_before, loss_hard, float(np.mean(hard != nearest)))
+
+
+def _steps(form: LinearForm, weight: np.ndarray, data: SecondMoments | ColumnSample, bias: np.ndarray,
+           activation: Activation | None, settings: AdaroundSettings,
+           rng: np.random.Generator) -> Callable[[np.ndarray], np.ndarray]:
+    """``d loss / d W`` for one training step: on a window of sampled columns, at an anchor, or exact."""
+    float_matrix = form.to_matrix(weight)
+    step: Callable[[np.ndarray], np.ndarray]
+    if isinstance(data, ColumnSample):
+        step = _WindowSteps(form, data, bias, activation, settings.columns_per_iteration, rng)
+    elif data.sample is not None:
+        step = _AnchoredSteps(form, data, float_matrix, settings, rng)
+    else:
+        step = lambda w_soft: form.to_weight(data.grad(form.to_matrix(w_soft), float_matrix))  # noqa: E731
+    return step
 

@@ -60,7 +60,8 @@ def apply_adaround_to_model(model: onnx.ModelProto | str | os.PathLike, params: 
                        "no effect: there is no GPU path (AdaRound here is numpy on the CPU; AIMET 1.x ran its "
                        "PyTorch optimisation there)")
     sim = QuantizationSimModel(model, param_type=qtype.int(default_param_bw), quant_scheme=default_quant_scheme,
-                               config_file=default_config_file, user_onnx_libs=user_onnx_libs)
+                               config_file=default_config_file, user_onnx_libs=user_onnx_libs,
+                               fold_batchnorm=True, range_health=True, depthwise_supergroups=True)  # said: no warnings
     layers = {layer.node: layer for layer in sim.weighted_layers()}
     for name, bits in param_bw_override_list or ():
         weight = layers[name].weight if name in layers else name
@@ -87,7 +88,7 @@ def apply_adaround_to_model(model: onnx.ModelProto | str | os.PathLike, params: 
                 q.enabled = False
         sim.export(path, filename_prefix, export_model=False)
     rounded = onnx.ModelProto()
-    rounded.CopyFrom(sim.model)
+    rounded.CopyFrom(sim.model.model)
     return rounded
 
 

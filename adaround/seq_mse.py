@@ -18,6 +18,10 @@ nodes_to_exclude=None)`` (aimet-onnx 2.42); ``apply_seq_mse(sim, inputs, SeqMseP
 ``apply_seq_mse(model, sim, params, data_loader)`` (aimet-onnx's older ``SequentialMse.apply_seq_mse``,
 deprecated there too: it warns, and ``model`` is not read, the sim holds its float model); and the
 `SequentialMse` object itself.
+A layer followed by an unfolded BatchNormalization (`quantsim.FollowingBatchNorm`) scores each channel's
+error in the network's units (times its factor squared for "mse", its absolute factor for "l1"; "sqnr" is
+per channel and unchanged): the per-channel choice is unchanged, a per-tensor one weighs channels as the
+network does.
 """
 from __future__ import annotations
 
@@ -77,7 +81,8 @@ def _moment_sources(sim, layer, inputs, float_capturer, symmetry: str):
     return quantized, (float_capturer(inputs) if symmetry == "asym" else None)
 
 
-def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str, params: SeqMseParams):
+def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str, params: SeqMseParams,
+                   output_scale: np.ndarray | None = None):
     enc = q.encoding
     spec = q.spec
     axis = enc.axis if not enc.is_per_tensor else None
@@ -89,6 +94,9 @@ def _best_encoding(form: LinearForm, weight: np.ndarray, q, sources, tensor: str
     candidates = [form.to_matrix(fake_quantize(weight, encoding_from_range(lo * f, hi * f, enc.bits, axis=axis,
                                                                            **flags))) for f in factors]
     table = candidate_losses(form, tensor, sources[0], sources[1], candidates, form.to_matrix(weight), params.loss_fn)
+    if output_scale is not None and output_scale.size == table.shape[1] and params.loss_fn != "sqnr":
+        factor = np.square(output_scale) if params.loss_fn == "mse" else np.abs(output_scale)
+        table = table * factor[None, :]  # the error after a following BatchNormalization
     if axis is None:  # one range for the tensor: the candidate with the least total over the channels
         best = factors[int(np.argmin(table.sum(axis=1)))]
         return (encoding_from_range(lo * best, hi * best, enc.bits, **flags), float(table.sum(axis=1).min()),
@@ -182,7 +190,8 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
             weight = sim.get_weight(layer.weight).astype(np.float32)
             form = linear_form(layer.op_type, layer.attributes, weight.shape)
             sources = _moment_sources(sim, layer, feeds, float_capturer, params.inp_symmetry)
-            encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params)
+            encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params,
+                                                             layer.batchnorm.scale if layer.batchnorm else None)
             q.set_encoding(encoding)
             q.freeze_encodings()
             _log.info("Sequential MSE %s: %s %.4g (full range %.4g)", layer.node, params.loss_fn, loss, full_range_loss)

@@ -47,7 +47,7 @@ def cache_key(sim: QuantizationSimModel, candidates: list[str], groups: list[Qua
     """What the cached scores depend on (module docstring; ``allowed``: the candidates each group supports),
     as a hex digest."""
     digest = hashlib.sha256()
-    hash_model(digest, sim.model)
+    hash_model(digest, sim.model.model)
     for q in sim.quantizers:
         digest.update(repr((q.name, q.role, q.spec, q.enabled, q.is_encoding_frozen())).encode())
     digest.update(repr(candidates).encode())

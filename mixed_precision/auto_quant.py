@@ -36,6 +36,7 @@ import hashlib
 import itertools
 import json
 import logging
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -58,8 +59,7 @@ from mixed_precision.auto_quant_result import AutoQuantResult, AutoQuantStep, wr
 from mixed_precision.bitops import layer_costs, simulated_bit_operations
 from mixed_precision.files import write_text_atomic
 from mixed_precision.presets import Precision, candidate
-from mixed_precision.target import filter_candidates
-from quantsim import InvalidArgumentError, QuantizationSimModel
+from quantsim import InvalidArgumentError, QuantizationSimModel, TargetError, TargetProfile, load_target
 from quantsim.prepare import hash_model
 
 __all__ = ["auto_quantize", "DEFAULT_LADDER", "EXHAUSTIVE_LIMIT", "CLE_TOLERANCE"]
@@ -151,7 +151,11 @@ class _Search:
         if key in self.cache:
             score, bops, cached = self.cache[key]["score"], self.cache[key]["relative_bops"], True
         else:
-            made = build()
+            try:
+                made = build()
+            except TargetError as error:  # the target refuses this configuration: noted, not scored
+                self.notes.append(f"{stage} {settings} skipped: {str(error).splitlines()[0]}")
+                return AutoQuantStep(stage, settings, float("-inf"), float("inf"), time.perf_counter() - t0, False)
             score = checked_score(self.evaluate(made.session), f"{stage} {settings}")
             bops, cached = self.relative_bops(made), False
             self.cache[key] = {"score": score, "relative_bops": bops}
@@ -217,11 +221,14 @@ class _Search:
     def amp(self, sim: QuantizationSimModel, names: list[str], settings: dict) -> None:
         self.check_time()
         folder = None if self.results is None else self.results / "amp"
-        import tempfile
-        with tempfile.TemporaryDirectory() as scratch:
-            result = choose_mixed_precision(sim, names, self.evaluate, self.evaluate, self.drop,
-                                            folder or scratch, self.clean_start, self.batches(),
-                                            executor=self.executor, progress=self.show)
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                result = choose_mixed_precision(sim, names, self.evaluate, self.evaluate, self.drop,
+                                                folder or scratch, self.clean_start, self.batches(),
+                                                executor=self.executor, progress=self.show)
+        except TargetError as error:  # a flip the target refuses
+            self.notes.append(f"AMP stopped: {str(error).splitlines()[0]}")
+            return
         step = AutoQuantStep("amp", settings, result.score, self.relative_bops(sim), result.wall_time_s,
                              result.score >= self.target)
         self.steps.append(step)
@@ -276,9 +283,11 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
 
     ``calibration_data``: feed dicts, or a callable returning an iterable of them (called once per pass).
     ``eval_callback(session) -> float``, higher is better (AMP's convention). ``candidates``: presets or
-    AIMET candidates (default `DEFAULT_LADDER`); ``target``: an AIMET quantsim-config file whose
-    ``supported_kernels`` filter the candidates (`mixed_precision.target`), also used as the sims' config.
-    ``executor`` scores mixes elsewhere (any ``concurrent.futures.Executor``, Dask's included);
+    AIMET candidates (default `DEFAULT_LADDER`); ``target``: a target profile (`quantsim.load_target`: a shipped
+    name such as "generic-npu", a profile file, or an AIMET config with ``supported_kernels``): only candidates
+    it allows on every weighted op type are tried, every sim is built with it (so each precision decision stays
+    legal), and configurations it refuses are skipped and named in the message.
+    ``executor`` runs AMP's phase 1 elsewhere (any ``concurrent.futures.Executor``, Dask's included);
     ``time_budget`` (seconds) stops the search after the step running when it is spent. ``results_dir`` gets
     the score cache (resumed with ``clean_start=False``) and the report (`write_auto_quant_report`). Other
     keyword arguments go to every `QuantizationSimModel` (``config_file``, ``providers``, ...).
@@ -295,13 +304,14 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
         raise InvalidArgumentError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
     ladder = [candidate(c) for c in (candidates or DEFAULT_LADDER)]
     if target is not None:
-        if "config_file" in sim_kwargs:
-            raise InvalidArgumentError("give either target= or config_file=, not both (the target is the config)")
-        ladder = filter_candidates(ladder, target)
-        sim_kwargs["config_file"] = str(target)
+        profile = load_target(target)
+        ladder = _legal_candidates(ladder, profile, source)
+        sim_kwargs["target"] = profile
     if not ladder:
         raise InvalidArgumentError("auto_quantize: no candidate left (check candidates= and the target's kernels)")
     show = True if progress is None else bool(progress)
+    for switch in ("fold_batchnorm", "range_health", "depthwise_supergroups"):  # this project's defaults, unannounced
+        sim_kwargs.setdefault(switch, True)
     search = _Search(source, _batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
                      None if results_dir is None else Path(results_dir), clean_start, executor, time_budget, show,
                      sim_kwargs)
@@ -310,6 +320,13 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     except _Budget:
         search.notes.append(f"time budget of {time_budget:g} s spent: the search stopped early")
     return _finish(search, results_dir)
+
+
+def _legal_candidates(ladder: list[Precision], profile: TargetProfile, model: onnx.ModelProto) -> list[Precision]:
+    """The candidates ``profile`` allows on every weighted op type of ``model`` (a mix of them then needs no
+    precision the target lacks; what it refuses per node, a scored configuration reports)."""
+    ops = {n.op_type for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")} or {"*"}
+    return [c for c in ladder if all(profile.allows(op, c.param_type, c.activation_type) for op in ops)]
 
 
 def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int) -> None:

@@ -95,9 +95,9 @@ def _numel(shape: list[int | None]) -> int:
 def layer_costs(sim: QuantizationSimModel, sample: Mapping[str, Any] | None = None) -> list[LayerCost]:
     """MACs and operand quantizers of every weighted layer, in graph order; ``sample`` (one feed dict) fixes
     the symbolic input dimensions (module docstring)."""
-    shapes = _shapes(sim.model)
+    shapes = _shapes(sim.model.model)
     if sample is not None:
-        shapes.update(_sample_shapes(sim.model, sample))
+        shapes.update(_sample_shapes(sim.model.model, sample))
     dims = {t.name: tuple(t.dims) for t in sim.model.graph.initializer}  # shapes only: no weight is read
     costs = []
     for layer in sim.weighted_layers():

@@ -5,6 +5,7 @@ AIMET-compatible surface: ``QuantizationSimModel``, ``compute_encodings``, quant
 with AIMET's encodings formats, and ``to_onnx_qdq``/``from_onnx_qdq``. The sim itself is a plain ONNX
 graph of QuantizeLinear/DequantizeLinear (or Clip, or Cast) nodes.
 """
+from quantsim.batch_norm_fold import fold_all_batch_norms_to_weight
 from quantsim.core.dtypes import (
     QuantizationDataType,
     QuantScheme,
@@ -30,32 +31,41 @@ from quantsim.core.numerics import (
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings.transfer import EncodingMismatch, load_encodings_to_sim
 from quantsim.errors import (
+    AimetDifferenceWarning,
     CalibrationError,
     ConfigError,
     EncodingFormatError,
     EncodingMismatchError,
+    ExportLegalityError,
     IntegerExportError,
     InvalidArgumentError,
     InvalidStateError,
     InvalidTypeError,
+    NotSupportedError,
     PrepareError,
     PrepareWarning,
     QuantsimError,
     QuantsimWarning,
     SessionError,
+    TargetError,
     UnknownQuantizerError,
 )
 from quantsim.export.from_encodings import encodings_to_onnx_qdq
+from quantsim.export.legality import legality_report
 from quantsim.prepare import prepare
+from quantsim.sim.aimet_surface import clamp_activation_encodings
 from quantsim.sim.calibrate import compute_encodings
 from quantsim.sim.capture import Capturer, TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
 from quantsim.sim.groups import QuantizerGroup
-from quantsim.sim.layers import FollowingActivation, WeightedLayer
+from quantsim.sim.layers import FollowingActivation, FollowingBatchNorm, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
+from quantsim.sim.model_view import ModelView
 from quantsim.sim.precision_setters import deciding_quantizer, set_blockwise_quantization_for_weights, set_param_type
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
+from quantsim.sim.quantizer_aimet import OpMode
 from quantsim.sim.state import SimState
+from quantsim.target import LegalityReport, TargetProfile, load_target
 
 __version__ = "0.1.0"
 
@@ -90,12 +100,16 @@ __all__ = [
     "grid_bounds",
     "WeightedLayer",
     "FollowingActivation",
+    "FollowingBatchNorm",
     "QuantizerGroup",
     "SimState",
     "TensorCache",
     "Capturer",
     "QcQuantizeOp",
     "TfEncoding",
+    "OpMode",
+    "ModelView",
+    "clamp_activation_encodings",
     "load_encodings_to_sim",
     "EncodingMismatch",
     "EncodingMismatchError",
@@ -106,14 +120,23 @@ __all__ = [
     "prepare",
     "PrepareError",
     "PrepareWarning",
+    "AimetDifferenceWarning",
+    "fold_all_batch_norms_to_weight",
     "IntegerExportError",
     "QuantsimError",
     "QuantsimWarning",
     "InvalidArgumentError",
     "InvalidTypeError",
     "InvalidStateError",
+    "NotSupportedError",
     "CalibrationError",
     "SessionError",
     "UnknownQuantizerError",
+    "TargetError",
+    "ExportLegalityError",
+    "TargetProfile",
+    "load_target",
+    "legality_report",
+    "LegalityReport",
     "__version__",
 ]

@@ -15,6 +15,8 @@ __all__ = [
     "warn_at_caller",
     "QuantsimError",
     "QuantsimWarning",
+    "AimetDifferenceWarning",
+    "NotSupportedError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "InvalidStateError",
@@ -27,6 +29,8 @@ __all__ = [
     "CalibrationError",
     "SessionError",
     "UnknownQuantizerError",
+    "TargetError",
+    "ExportLegalityError",
 ]
 
 
@@ -69,6 +73,11 @@ class PrepareWarning(QuantsimWarning):
     """Preparation went on with less than it wanted (no shapes, a refused fold, a cache entry dropped)."""
 
 
+class AimetDifferenceWarning(QuantsimWarning):
+    """The sim does something aimet-onnx would not, by default and on purpose (`quantsim.sim.aimet_differences`);
+    the message names the switch that gives AIMET's behaviour."""
+
+
 class EncodingFormatError(QuantsimError, ValueError):
     """An encodings file (or dict, or record list) that cannot be read or written.
 
@@ -109,6 +118,28 @@ class CalibrationError(QuantsimError, ValueError):
 
 class SessionError(QuantsimError, RuntimeError):
     """onnxruntime refused a model the sim built (e.g. the float model itself does not load there)."""
+
+
+class TargetError(QuantsimError, ValueError):
+    """A target profile cannot be read, or a precision change is illegal on the sim's target; the message
+    names the node, the tensors and the rule."""
+
+
+class ExportLegalityError(QuantsimError, ValueError):
+    """An export would hand the target a precision mix it cannot run; ``findings`` lists every violation
+    (node, tensors, rule, message)."""
+
+    def __init__(self, message: str, findings: tuple = ()):
+        super().__init__(message)
+        self.findings = tuple(findings)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.findings))
+
+
+class NotSupportedError(QuantsimError, NotImplementedError):
+    """An aimet-onnx API that quantsim does not provide (it has no meaning in a plain-ONNX sim); the message
+    names what to use instead."""
 
 
 #: packages whose frames a warning skips, so it points at the user's own line

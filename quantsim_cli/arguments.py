@@ -73,6 +73,27 @@ def _size(text: str) -> str:
     return text
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def candidate_list(text: str) -> list[str]:
+    """argparse type: comma-separated precision presets (W4A8, W8A8, W8A16, W16A16, FP16)."""
+    items = [item.strip().upper() for item in text.split(",") if item.strip()]
+    known = ("W4A8", "W8A8", "W8A16", "W16A16", "FP16")
+    unknown = [item for item in items if item not in known]
+    if unknown or not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(known)}, got {text!r}")
+    return items
+
+
 def artefact_list(text: str) -> list[str]:
     """argparse type: a comma-separated subset of `ARTEFACTS` (``all`` for every one)."""
     items = [item.strip() for item in text.split(",") if item.strip()]
@@ -180,6 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
                               "AIMET's default)")
     improve.add_argument("--adaround", type=non_negative_int, default=0, metavar="ITERATIONS",
                          help="AdaRound with this many iterations per layer (0: off; AIMET recommends 10000)")
+    budget = quantize.add_argument_group(
+        "accuracy budget (mixed_precision.auto_quantize: the cheapest configuration within --max-drop)")
+    budget.add_argument("--max-drop", type=non_negative_float, metavar="DROP",
+                        help="search for the cheapest configuration whose --eval score is at most DROP below the "
+                             "float model's (defaults, calibration schemes, CLE, Sequential MSE + AdaRound, per-layer "
+                             "mixes); replaces --param-type/--activation-type/--quant-scheme/--overrides")
+    budget.add_argument("--eval", metavar="module:function",
+                        help="with --max-drop: function(session) -> float, higher is better, scoring an onnxruntime "
+                             "session on your evaluation data (module:function or path/to/file.py:function)")
+    budget.add_argument("--candidates", type=candidate_list, metavar="LIST",
+                        help="with --max-drop: precisions to choose from (default W4A8,W8A8,W8A16,W16A16,FP16)")
+    budget.add_argument("--time-budget", type=non_negative_float, metavar="SECONDS",
+                        help="with --max-drop: stop the search after the step running when this is spent")
+    budget.add_argument("--resume", action="store_true",
+                        help="with --max-drop: reuse the scores an interrupted search left in --out")
     output = quantize.add_argument_group("output")
     output.add_argument("--write", type=artefact_list, default=["encodings", "float"], metavar="LIST",
                         help=f"comma-separated artefacts: {', '.join(ARTEFACTS)} or all (default encodings,float; "
@@ -201,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("target", metavar="MODEL_OR_DIR", help="float ONNX model, export folder or export file")
     _add_sim(inspect)
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument("--target", dest="target_profile", metavar="NAME_OR_FILE",
+                         help="also show where each node would run on this target (onnxruntime-cpu, generic-npu, "
+                              "gpu-qdq, a target profile or an AIMET config with supported_kernels): integer kernel, "
+                              "float16, float, or illegal with the rule")
 
     compare = commands.add_parser("compare", parents=[common], help="output agreement and latency of two models",
                                   description="Run FLOAT_MODEL and QUANTIZED_MODEL (QDQ or integer export) on --data: "

@@ -19,6 +19,7 @@ from quantsim import InvalidArgumentError
 from quantsim_cli.data import model_inputs
 from quantsim_cli.report import text_table
 from quantsim_cli.simbuild import sim_from_args
+from quantsim_cli.target_view import print_target_report, qdq_target_report, sim_target_report, target_rows
 
 __all__ = ["run_inspect", "quantizer_rows", "describe_export_file"]
 
@@ -74,7 +75,7 @@ class _Origins:
 
 def quantizer_rows(sim: Any, original: onnx.ModelProto) -> list[dict[str, str]]:
     """One row per quantized tensor of ``sim``: tensor, role, spec, enabled, tied quantizer, origin."""
-    origins = _Origins(original, sim.model)
+    origins = _Origins(original, sim.model.model)
     rows = []
     for q in sim.quantizers:
         for tensor in q.tensors:
@@ -92,10 +93,12 @@ def _inspect_model(args: argparse.Namespace, path: Path) -> int:
     sim = sim_from_args(args, str(path))
     rows = quantizer_rows(sim, original)
     floats = [{"tensor": what, "why": why} for what, why in sim.left_in_float]
+    target = sim_target_report(sim, args.target_profile) if getattr(args, "target_profile", None) else None
     if args.quiet:
         return 0
     if args.json:
-        print(json.dumps({"model": str(path), "quantizers": rows, "left_in_float": floats}, indent=1))
+        extra = {} if target is None else {"target": target.target.name, "nodes": target_rows(target)}
+        print(json.dumps({"model": str(path), "quantizers": rows, "left_in_float": floats, **extra}, indent=1))
         return 0
     enabled = sum(q.enabled for q in sim.quantizers)
     print(f"{path}: {len(sim.quantizers)} quantizers ({enabled} enabled) for {len(rows)} tensors; "
@@ -106,6 +109,8 @@ def _inspect_model(args: argparse.Namespace, path: Path) -> int:
         print("left in float:")
         for row in floats:
             print(f"  {row['tensor']}: {row['why']}")
+    if target is not None:
+        print_target_report(target, str(path))
     return 0
 
 
@@ -157,13 +162,20 @@ def describe_export_file(path: Path) -> dict[str, Any]:
 
 def _inspect_export(args: argparse.Namespace, files: list[Path]) -> int:
     described = [describe_export_file(f) for f in files]
+    if getattr(args, "target_profile", None):
+        for item, path in zip(described, files):
+            if item.get("kind") == "QDQ ONNX model":
+                report = qdq_target_report(onnx.load(str(path)), args.target_profile)
+                item.update(target=report.target.name, target_nodes=target_rows(report))
+                if not args.quiet and not args.json:
+                    print_target_report(report, path.name)
     if args.quiet:
         return 0
     if args.json:
         print(json.dumps(described, indent=1))
         return 0
     for item in described:
-        details = ", ".join(f"{k} {v}" for k, v in item.items() if k not in ("file", "kind"))
+        details = ", ".join(f"{k} {v}" for k, v in item.items() if k not in ("file", "kind", "target_nodes"))
         print(f"{item['file']}: {item['kind']}; {details}")
     return 0
 

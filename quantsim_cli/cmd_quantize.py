@@ -25,6 +25,7 @@ from pathlib import Path
 import onnx
 
 from quantsim import InvalidArgumentError
+from quantsim_cli.cmd_auto import SEARCH_FILES, check_budget_options, run_search, search_settings
 from quantsim_cli.data import model_inputs, open_data
 from quantsim_cli.metrics import AgreementAccumulator, format_db
 from quantsim_cli.report import QuantizeResult, json_ready, percent, stayed_float, write_quantize_report
@@ -201,24 +202,34 @@ def _summary(result: QuantizeResult, report: Path) -> str:
 def run_quantize(args: argparse.Namespace) -> int:
     """The ``quantize`` subcommand; returns the exit code."""
     out, prefix = _check_output(args)
+    check_budget_options(args)
     inputs = model_inputs(args.model)
     data = open_data(args.data, inputs, args.batch_size, args.max_batches)
     overrides = load_overrides_from_args(args)
-    result = QuantizeResult(model=args.model, settings=_settings(args), data=data.description, batches=0,
-                            quantizers=0, enabled=0)
+    searching = args.max_drop is not None
+    result = QuantizeResult(model=args.model, settings=search_settings(args) if searching else _settings(args),
+                            data=data.description, batches=0, quantizers=0, enabled=0)
     with result.timings("read first batch"):
         data.first(1)  # the data's errors before the slow steps
-    with result.timings("prepare"):
-        sim = sim_from_args(args, args.model)
-    if overrides is not None:
-        with result.timings("precision overrides"):
-            result.overrides = apply_overrides(sim, overrides, args.overrides)
-    with result.timings("calibration"):
-        counted = _Counted(data)
-        sim.compute_encodings(counted)
-        result.batches = counted.count
-    _improve(args, sim, data, result)
+    if searching:
+        with result.timings("accuracy budget search"):
+            counted = _Counted(data)
+            search, result.search_section = run_search(args, counted, out)
+            sim, result.batches = search.sim, counted.count
+    else:
+        with result.timings("prepare"):
+            sim = sim_from_args(args, args.model)
+        if overrides is not None:
+            with result.timings("precision overrides"):
+                result.overrides = apply_overrides(sim, overrides, args.overrides)
+        with result.timings("calibration"):
+            counted = _Counted(data)
+            sim.compute_encodings(counted)
+            result.batches = counted.count
+        _improve(args, sim, data, result)
     _export(args, sim, out, prefix, result)
+    if searching:
+        result.files += [out / name for name in SEARCH_FILES if (out / name).is_file()]
     _analyse(args, sim, data, out, result)
     result.quantizers = len(sim.quantizers)
     result.enabled = sum(q.enabled for q in sim.quantizers)

@@ -291,19 +291,21 @@ def _fixed_batch(inputs: list[InputSpec]) -> int | None:
     return first if isinstance(first, int) and first > 0 else None
 
 
-def _function(spec: str) -> Callable[[], object]:
+def load_function(spec: str, option: str = "--data") -> Callable[..., object]:
+    """The function ``module:function`` (or ``path/to/file.py:function``) names; errors name ``option``."""
     match = _FUNCTION_SPEC.match(spec)
     if match is None:
-        raise InvalidArgumentError(f"--data {spec}: no such file or folder, and not module:function")
+        raise InvalidArgumentError(f"{option} {spec}: " + ("no such file or folder, and not module:function"
+                                                          if option == "--data" else "not module:function"))
     module_name, function_name = match["module"], match["function"]
     try:
         if module_name.endswith(".py"):
             file = Path(module_name)
             if not file.is_file():
-                raise InvalidArgumentError(f"--data {spec}: no such file {file}")
+                raise InvalidArgumentError(f"{option} {spec}: no such file {file}")
             loader = importlib.util.spec_from_file_location(file.stem, file)
             if loader is None or loader.loader is None:
-                raise InvalidArgumentError(f"--data {spec}: cannot load {file}")
+                raise InvalidArgumentError(f"{option} {spec}: cannot load {file}")
             module = importlib.util.module_from_spec(loader)
             loader.loader.exec_module(module)
         else:
@@ -313,15 +315,15 @@ def _function(spec: str) -> Callable[[], object]:
     except InvalidArgumentError:
         raise
     except ModuleNotFoundError as error:
-        raise InvalidArgumentError(f"--data {spec}: cannot import module {module_name!r} ({error})") from None
+        raise InvalidArgumentError(f"{option} {spec}: cannot import module {module_name!r} ({error})") from None
     except Exception as error:  # noqa: BLE001 - the user's module failed while importing
-        raise InvalidArgumentError(f"--data {spec}: importing {module_name!r} failed: "
+        raise InvalidArgumentError(f"{option} {spec}: importing {module_name!r} failed: "
                                    f"{type(error).__name__}: {error}") from None
     function = getattr(module, function_name, None)
     if function is None:
-        raise InvalidArgumentError(f"--data {spec}: module {module_name!r} has no function {function_name!r}")
+        raise InvalidArgumentError(f"{option} {spec}: module {module_name!r} has no function {function_name!r}")
     if not callable(function):
-        raise InvalidArgumentError(f"--data {spec}: {function_name!r} is not callable")
+        raise InvalidArgumentError(f"{option} {spec}: {function_name!r} is not callable")
     return function
 
 
@@ -357,7 +359,7 @@ def open_data(text: str, inputs: list[InputSpec], batch_size: int | None = None,
         description, produce = _split(path, _read_file(path, inputs), inputs, batch_size)
         regroup = False
     elif _FUNCTION_SPEC.match(text) and not text.endswith((".npz", ".npy")):
-        function = _function(text)
+        function = load_function(text)
         description, produce = text, (lambda: _call(text, function))
     else:
         raise InvalidArgumentError(f"--data {text}: no such file or folder")

@@ -70,6 +70,7 @@ class QuantizeResult:
     analysis_page: Path | None = None  # analysis.html, when the analysis ran
     files: list[Path] = field(default_factory=list)
     removed: list[Path] = field(default_factory=list)  # an earlier run's artefacts this run removed
+    search_section: str | None = None  # Markdown of the accuracy-budget search (--max-drop), when it ran
     timings: Timings = field(default_factory=Timings)
 
 
@@ -129,6 +130,8 @@ def write_quantize_report(path: Path, result: QuantizeResult) -> Path:
              f"{now}. {result.quantizers} quantizers ({result.enabled} enabled), calibrated on {result.batches} "
              f"batch(es) from {result.data}.", "", "## Settings", "",
              markdown_table(("option", "value"), result.settings), ""]
+    if result.search_section:
+        parts += [result.search_section, ""]
     if result.agreement is not None:
         parts += ["## Outputs against the float model", "",
                   "On the analysis batches (the first `--analysis-batches` of the data).", "",

@@ -39,7 +39,8 @@ def sim_from_args(args: argparse.Namespace, model: str) -> QuantizationSimModel:
     return QuantizationSimModel(model, param_type=args.param_type, activation_type=args.activation_type,
                                 quant_scheme=args.quant_scheme, config_file=config, percentile=args.percentile,
                                 progress=show_progress(args), fold_batchnorm=not args.keep_batchnorm,
-                                providers=args.providers)
+                                range_health=True, depthwise_supergroups=True, providers=args.providers,
+                                target=getattr(args, "target_profile", None))
 
 
 def load_overrides_from_args(args: argparse.Namespace) -> Any | None:

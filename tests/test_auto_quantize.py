@@ -205,3 +205,16 @@ def test_bad_arguments_are_named(bad, match):
     args.update(bad)
     with pytest.raises(InvalidArgumentError, match=match):
         auto_quantize(**args, **FAST)
+
+
+def test_a_shipped_target_profile_keeps_every_choice_legal():
+    from quantsim import load_target
+    profile = load_target("gpu-qdq")  # int8 symmetric and float16, no int16, no int4
+    result = auto_quantize(M.mlp(), M.feeds(), M.score, 1e-3, target="gpu-qdq", **FAST)
+    tried = " ".join(str(s.settings) for s in result.steps)
+    assert "W4A8" not in tried and "W8A16" not in tried and "W16A16" not in tried
+    assert result.sim.target == profile
+    for q in result.sim.quantizers:
+        if q.enabled and q.param_type != "bias":
+            assert (profile.param_type_allowed(q.precision()) if q.role == "param"
+                    else profile.activation_type_allowed(q.precision()))

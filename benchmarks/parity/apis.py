@@ -68,16 +68,40 @@ class MissingName(AttributeError):
     """A name the step needs is not in this side's package."""
 
 
+AIMET_SWITCHES = {"fold_batchnorm": False, "range_health": False, "depthwise_supergroups": False}
+"""The constructor switches that turn quantsim's three accuracy defaults into aimet-onnx's placement (each one
+warned about by an AimetDifferenceWarning when left at its default)."""
+
+
+class _WithSwitches:
+    """`QuantizationSimModel` constructed with `AIMET_SWITCHES` unless the step sets them itself."""
+
+    def __init__(self, cls):
+        self._cls = cls
+
+    def __call__(self, *args, **kwargs):
+        return self._cls(*args, **{**AIMET_SWITCHES, **kwargs})
+
+    def __getattr__(self, name: str):
+        return getattr(self._cls, name)
+
+
 class Api:
     """Attribute access resolves a name through one side's mapping (first candidate that imports)."""
 
-    def __init__(self, side: str, names: dict[str, tuple[str, ...]]):
+    def __init__(self, side: str, names: dict[str, tuple[str, ...]], aimet_switches: bool = False):
         self.side = side
         self._names = names
+        self._switches = aimet_switches
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
+        if name == "QuantizationSimModel" and self._switches:
+            return _WithSwitches(self._resolve(name))
+        return self._resolve(name)
+
+    def _resolve(self, name: str):
         tried = []
         for spec in self._names.get(name, ()):
             module, attr = spec.split(":")
@@ -94,6 +118,6 @@ def aimet_api() -> Api:
     return Api("aimet", AIMET_NAMES)
 
 
-def quantsim_api() -> Api:
-    """The names the README's import mapping gives."""
-    return Api("quantsim", QUANTSIM_NAMES)
+def quantsim_api(aimet_switches: bool = False) -> Api:
+    """The names the README's import mapping gives; with ``aimet_switches``, sims get `AIMET_SWITCHES`."""
+    return Api("quantsim", QUANTSIM_NAMES, aimet_switches)

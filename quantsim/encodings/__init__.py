@@ -46,20 +46,20 @@ def encodings_to_dict(
     version: str = "1.0.0",
     *,
     quantizer_args: dict | None = None,
-    force_activation_as: str = "unsigned",
+    force_activation_as: str | None = "unsigned",
 ) -> dict:
     """The JSON-ready dict of an encodings file of ``version`` describing ``records``.
 
     0.6.1 / 1.0.0: ``param_encodings`` (kind "param") and ``activation_encodings`` (kind "activation" or
     None), ``quantizer_args`` (as given, ``{}`` when None), ``producer``, ``version``. 2.0.0: ``encodings``,
     ``producer``, ``version`` (``quantizer_args`` is not part of it; float16 records are left out), with
-    activation grids written as ``force_activation_as`` ("unsigned" or "signed") types.
+    activation grids written as ``force_activation_as`` ("unsigned" or "signed") types, or None: each grid's own.
     """
     source = f"<encodings writer {version}>"
     layout = layout_for_writing(Where(source), version)
     source = f"<encodings writer {layout}>"
     if force_activation_as not in v2_0_0.FORCE_CHOICES:
-        raise InvalidArgumentError(f"force_activation_as must be 'unsigned' or 'signed', got {force_activation_as!r}")
+        raise InvalidArgumentError(f"force_activation_as must be 'unsigned', 'signed' or None, got {force_activation_as!r}")
     records = list(records)
     for index, record in enumerate(records):
         if not isinstance(record, TensorEncoding):

@@ -43,7 +43,7 @@ VERSION = "2.0.0"
 OUTPUT_DTYPES = {
     f"{'' if signed else 'u'}int{bits}": (bits, signed) for bits in (4, 8, 16, 32) for signed in (True, False)
 }
-FORCE_CHOICES = ("unsigned", "signed")
+FORCE_CHOICES = ("unsigned", "signed", None)  # None: each activation grid's own signedness (AIMET's None)
 _LPBQ_KEYS = ("per_block_int_scale", "per_channel_float_scale")
 
 
@@ -57,7 +57,7 @@ def dtype_name(where: Where, bits: int, signed: bool) -> str:
     return name
 
 
-def _file_grid(enc: Encoding, kind: str | None, force: str) -> tuple[bool, np.ndarray]:
+def _file_grid(enc: Encoding, kind: str | None, force: str | None) -> tuple[bool, np.ndarray]:
     """(signed dtype?, zero points) as they go into the file."""
     if is_strict(enc):
         signed, zp = True, np.full(enc.scale.shape, -1, dtype=np.int64)
@@ -123,7 +123,7 @@ def _read_fp8_entry(where: Where, raw: Any, name: str, dtype: str, kind: str | N
     return TensorEncoding.from_encoding(name, fp8_encoding_from_scale(scale, dtype, axis=axis), kind)
 
 
-def _write_entry(where: Where, record: TensorEncoding, force: str) -> dict[str, Any]:
+def _write_entry(where: Where, record: TensorEncoding, force: str | None) -> dict[str, Any]:
     enc = record.grid
     if enc.fp8 is not None:
         return _write_fp8_entry(where, record)
@@ -147,7 +147,7 @@ def _write_entry(where: Where, record: TensorEncoding, force: str) -> dict[str, 
     return entry
 
 
-def write_section(records: list[TensorEncoding], source: str, force_activation_as: str) -> list[dict[str, Any]]:
+def write_section(records: list[TensorEncoding], source: str, force_activation_as: str | None) -> list[dict[str, Any]]:
     """The ``encodings`` list (float16 records are left out, as AIMET does)."""
     return [
         _write_entry(Where(source, f"tensor {record.name!r}"), record, force_activation_as)

@@ -7,9 +7,18 @@ from typing import Any
 
 import onnx
 
-from quantsim.errors import InvalidArgumentError
+from quantsim.export.qdq_forms import check_activation_signedness
 
 __all__ = ["encodings_to_onnx_qdq"]
+
+
+def _has_int32_entries(encodings: str | os.PathLike | Mapping[str, Any]) -> bool:
+    """Whether the encodings carry 32-bit entries (the int32 biases of a 2.0.0 export)."""
+    from quantsim.encodings import encodings_from_dict, read_encodings_file
+
+    _, records = (encodings_from_dict(encodings) if isinstance(encodings, Mapping)
+                  else read_encodings_file(encodings))
+    return any(r.bits == 32 for r in records)
 
 
 def encodings_to_onnx_qdq(model: onnx.ModelProto | str | os.PathLike, encodings: str | os.PathLike | Mapping[str, Any],
@@ -19,19 +28,21 @@ def encodings_to_onnx_qdq(model: onnx.ModelProto | str | os.PathLike, encodings:
     or dict) says; tensors the encodings do not name stay float.
 
     It builds a sim of ``model`` (``sim_kwargs`` go to `QuantizationSimModel`, e.g. ``config_file``),
-    loads the encodings non-strictly and returns `QuantizationSimModel.to_onnx_qdq`. Weights are always
-    stored as integers behind DequantizeLinear (the numbers are those of AIMET's ``prequantize_constants``
-    either way); 2.0.0 activation grids written unsigned or signed are both read back as the same grid,
-    so ``force_activation_as`` needs no effect and is accepted for AIMET scripts. ``weight_codes`` as in
+    loads the encodings non-strictly and returns `QuantizationSimModel.to_onnx_qdq`, as AIMET does: biases
+    become int32 codes behind DequantizeLinear when the encodings carry int32 entries (a 2.0.0 export) and
+    stay float otherwise; ``prequantize_constants`` (default False, as in AIMET: weights as fake-quantized
+    floats behind QuantizeLinear -> DequantizeLinear; True: integer codes behind DequantizeLinear) and
+    ``force_activation_as`` ("unsigned", "signed" or None: the storage type of activation codes) choose
+    between spellings of the same values (`quantsim.export.qdq_forms`). ``weight_codes`` as in
     `QuantizationSimModel.to_onnx_qdq`.
     """
     from quantsim.encodings.transfer import load_encodings_to_sim
     from quantsim.sim.model import QuantizationSimModel
 
-    if force_activation_as not in ("unsigned", "signed", None):
-        raise InvalidArgumentError(f"force_activation_as must be 'unsigned', 'signed' or None, got {force_activation_as!r}")
-    del prequantize_constants  # see the docstring
+    check_activation_signedness(force_activation_as)
+    int32_bias = _has_int32_entries(encodings)
     sim_kwargs.setdefault("progress", False)
     sim = QuantizationSimModel(model, **sim_kwargs)
     load_encodings_to_sim(sim, encodings, strict=False)
-    return sim.to_onnx_qdq(weight_codes=weight_codes)
+    return sim.to_onnx_qdq(export_int32_bias=int32_bias, prequantize_constants=prequantize_constants,
+                           force_activation_as=force_activation_as, weight_codes=weight_codes)

@@ -59,6 +59,9 @@ integer kernels and other toolchains expect:
   names its storage type with the ``output_dtype`` attribute and DequantizeLinear takes the type from its
   input. Below opset 21 (no ``output_dtype``) the zero-point tensors stay.
 
+AIMET's spellings of the same values (``prequantize_constants=False``: weights as floats behind Q -> DQ;
+``force_activation_as``: signed or unsigned activation codes) are `quantsim.export.qdq_forms`.
+
 IR and opset are set explicitly: the opset is the model's, raised only as far as the quantizers need
 (13 for per-channel, 21 for int4/int16/blocked grids), never above what onnxruntime loads.
 """
@@ -458,28 +461,32 @@ def drop_dead_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | None = None,
-                 weight_codes: str = "int8") -> onnx.ModelProto:
+                 weight_codes: str = "int8", activations_as: str | None = None,
+                 prequantize_constants: bool = True) -> onnx.ModelProto:
     """The sim as a standard QDQ ModelProto (module docstring).
 
     Its big weights (codes, float weights, mapped weights copied unchanged) are computed one at a time: with
     ``weights`` they are left as its placeholders (`quantsim.graph.deferred`) for a writer to stream to disk
     (`large_models.save_model(..., weights=weights)`), else filled into the returned model at the end, so that
     the rewrites never hold a second copy of them. ``weight_codes`` ("int8", "uint8" or "auto") is the storage
-    type of the 8-bit weight codes of fused Conv/MatMul/Gemm (`quantsim.export.weight_codes`)."""
+    type of the 8-bit weight codes of fused Conv/MatMul/Gemm (`quantsim.export.weight_codes`). ``activations_as``
+    and ``prequantize_constants`` choose between equivalent spellings (`quantsim.export.qdq_forms`)."""
     from quantsim.export.qdq_constants import codes_for_elementwise_constants
+    from quantsim.export.qdq_forms import float_constants, set_activation_signedness
     from quantsim.export.qdq_hardswish import hardswish_for_gated_products
     from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
     from quantsim.sim.build import build_sim_model
 
     codes = resolve_weight_codes(weight_codes, sim.providers)
     deferred = weights if weights is not None else DeferredWeights()
-    model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim._index, deferred=deferred)
+    model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim.graph_index, deferred=deferred)
     model = add_derived_qdq(model, deferred)
     model = codes_for_boolean_inputs(model)
     model = codes_for_elementwise_constants(model, deferred)
     model = hardswish_for_gated_products(model)
     model = float_weights_for_float_inputs(model, deferred)
     model = wide_weights_for_wide_activations(model, deferred)
+    model = set_activation_signedness(model, activations_as)  # before the float reads of codes below
     model = protect_float_weights(model, deferred)
     if int32_bias:
         model = quantize_biases(model, deferred)
@@ -487,6 +494,8 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     model = drop_dead_qdq(model)
     if codes == "uint8":
         model, _ = shift_weight_codes(model, deferred)
+    if not prequantize_constants:
+        model = float_constants(model, deferred)
     # the shapes preparation inferred are for the library's own passes: with them, onnxruntime 1.32's
     # ReshapeFusion turns a computed [N, 4] shape into [0, -1], which fails on an empty batch (a detector
     # finding nothing: torchvision's FCOS); onnxruntime infers what it needs when it loads the model
@@ -495,7 +504,8 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     return model if weights is not None else deferred.materialize(model)
 
 
-def qdq_skeleton(sim, int32_bias: bool = True, weight_codes: str = "int8") -> tuple[onnx.ModelProto, DeferredWeights]:
+def qdq_skeleton(sim, int32_bias: bool = True, weight_codes: str = "int8", activations_as: str | None = None,
+                 prequantize_constants: bool = True) -> tuple[onnx.ModelProto, DeferredWeights]:
     """The calibrated sim's QDQ model with its big weights as placeholders, and what computes them
     (`to_qdq_model`): what `QuantizationSimModel.to_onnx_qdq` fills in or streams to a file."""
     from quantsim.export.weight_codes import resolve_weight_codes
@@ -504,5 +514,6 @@ def qdq_skeleton(sim, int32_bias: bool = True, weight_codes: str = "int8") -> tu
     sim.compute_param_encodings()
     check_activations_calibrated(sim, "to_onnx_qdq")
     weights = DeferredWeights()
-    return to_qdq_model(sim, int32_bias=int32_bias, weights=weights, weight_codes=codes), weights
+    return to_qdq_model(sim, int32_bias=int32_bias, weights=weights, weight_codes=codes, activations_as=activations_as,
+                        prequantize_constants=prequantize_constants), weights
 

@@ -20,6 +20,7 @@ from onnx import TensorProto, numpy_helper
 from quantsim.graph.deferred import WeightSource
 from quantsim.graph.large_models import value_bytes
 from quantsim.graph.mapped import active_weights, is_mapped
+from quantsim.graph.wrapped import as_model_proto
 
 __all__ = ["GraphIndex", "Use", "FLOAT_TYPES", "CONSTANT_CACHE_BYTES", "subgraph_references", "node_attributes",
            "rename_outer_references"]
@@ -89,6 +90,7 @@ class GraphIndex:
 
     def __init__(self, model: onnx.ModelProto, initializers: Iterable[TensorProto] | None = None,
                  weights: WeightSource | None = None):
+        model = as_model_proto(model)  # sim.model (a view) too
         graph = model.graph
         self.model = model
         self.weights = weights if weights is not None else active_weights()

@@ -22,6 +22,7 @@ from onnx import helper
 
 from quantsim.graph.deferred import WeightSource
 from quantsim.graph.mapped import COPY_BUFFER_BYTES, is_mapped
+from quantsim.graph.wrapped import as_model_proto
 
 __all__ = [
     "LARGE_MODEL_BYTES",
@@ -92,6 +93,7 @@ def skeleton(model: onnx.ModelProto, data_file: Any = None, weights: WeightSourc
     only name, type, dims and its reference). ``model`` is not modified and its weights are never copied as a
     whole.
     """
+    model = as_model_proto(model)  # sim.model (a view) too
     result = copy_without_initializers(model)
     location = Path(data_file.name).name if data_file is not None else "unwritten"
     for tensor in model.graph.initializer:
@@ -227,6 +229,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, digests: dict[st
     the file is then written without hashing, mapped weights copied from their files (`MappedWeights.copy_into`).
     """
     path = Path(path)
+    model = as_model_proto(model)  # sim.model (a view) too
     mapped = [t for t in model.graph.initializer if is_mapped(t)] if weights is not None else []
     if external is None:
         external = estimated_bytes(model) + value_bytes(mapped) >= LARGE_MODEL_BYTES

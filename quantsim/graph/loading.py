@@ -11,6 +11,7 @@ from quantsim.errors import InvalidArgumentError, InvalidTypeError, one_line
 from quantsim.graph.large_models import is_large
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.source_weights import map_external
+from quantsim.graph.wrapped import as_model_proto
 
 __all__ = ["load_model", "load_model_mapped", "file_signature", "external_files"]
 
@@ -33,6 +34,7 @@ def load_model_mapped(model: onnx.ModelProto | str | os.PathLike, signatures: di
     they total at least ``min_bytes``; never with None): the model holds references to them, read through the
     returned `MappedWeights` (None when nothing stayed mapped)."""
     weights = None
+    model = as_model_proto(model)
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():

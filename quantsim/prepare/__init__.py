@@ -48,6 +48,7 @@ from quantsim.errors import InvalidArgumentError, PrepareError, PrepareWarning, 
 from quantsim.graph.large_models import hash_model, save_model, skeleton
 from quantsim.graph.loading import file_signature
 from quantsim.graph.mapped import MappedWeights, reading_from
+from quantsim.graph.wrapped import as_model_proto
 from quantsim.prepare.cache import (
     cache_info,
     cache_key,
@@ -149,6 +150,7 @@ def prepare(model: onnx.ModelProto, *, passes=None, fold_batchnorm: bool = True,
     the least recently used entries (`cache.trim_cache`). Raises ``PrepareError``
     for models that cannot be prepared (cycles, dangling inputs, unsupported opset, ...).
     """
+    model = as_model_proto(model)  # sim.model (a view) too
     options = {"fold_batchnorm": fold_batchnorm, "fold_constants": fold_constants, "optimize": optimize}
     if passes is None:
         chosen = default_passes(**options)

@@ -43,9 +43,13 @@ lists every BatchNormalization decision):
 5. the weight's shape matches the op (ConvTranspose: input channels divisible by ``group``).
 Rewrite: weight and bias replaced in place (a missing bias is added as ``<layer>.bias``), the layer takes
 the folded node's output name, the folded node and its now unused parameters are removed.
+`fold_batchnorm_pairs` (the home of `quantsim.batch_norm_fold`'s after-layer folds) names the result as AIMET's
+``fold_all_batch_norms_to_weight`` does instead: the layer keeps its own output name and the folded node's
+readers read it, unless the folded node's output is a graph output, whose name the layer then takes.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,11 +58,13 @@ from onnx import helper, numpy_helper
 
 from quantsim.errors import PrepareWarning, warn_at_caller
 from quantsim.graph.edit import constant_names, describe, drop_unused_initializers, drop_value_info
-from quantsim.graph.index import GraphIndex, node_attributes
+from quantsim.graph.index import GraphIndex, node_attributes, rename_outer_references
 from quantsim.graph.mapped import tensor_values
 
-__all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm", "fold_channel_affine"]
+__all__ = ["BatchNormFold", "find_batchnorm_folds", "fold_batchnorm", "fold_batchnorm_pairs", "fold_channel_affine",
+           "output_channels"]
 
+_log = logging.getLogger(__name__)
 _LAYERS = ("Conv", "ConvTranspose", "Gemm")
 _AFFINE_OPS = ("Mul", "Add")
 
@@ -97,6 +103,19 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     return _fold(model, ("BatchNormalization",), warn=True)
 
 
+def fold_batchnorm_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto, np.ndarray, np.ndarray]]:
+    """Fold, in place, every foldable layer -> BatchNormalization pair (module docstring; refusals are logged,
+    not warned), keeping AIMET's names; ``(layer, batchnorm, gamma, beta)`` of each fold, in graph order."""
+    folded: list[tuple[onnx.NodeProto, onnx.NodeProto, np.ndarray, np.ndarray]] = []
+
+    def record(index: GraphIndex, match: _Match) -> None:
+        gamma, beta = (index.constant_value(name).reshape(-1).copy() for name in match.bn.input[1:3])
+        folded.append((match.layer, match.bn, gamma, beta))
+
+    _fold(model, ("BatchNormalization",), warn=False, keep_layer_output=True, on_fold=record)
+    return folded
+
+
 def fold_channel_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     """Fold every Mul / Add by a per-channel constant into the layer before it (rules in the module docstring),
     and the BatchNormalizations such a fold puts right after a layer (``layer -> Add(bias) -> BN``: the
@@ -104,7 +123,8 @@ def fold_channel_affine(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     return _fold(model, _AFFINE_OPS + ("BatchNormalization",), warn=False)
 
 
-def _fold(model: onnx.ModelProto, ops: tuple[str, ...], *, warn: bool) -> tuple[onnx.ModelProto, bool]:
+def _fold(model: onnx.ModelProto, ops: tuple[str, ...], *, warn: bool, keep_layer_output: bool = False,
+          on_fold=None) -> tuple[onnx.ModelProto, bool]:
     modified, refused = False, set()
     while True:  # a second round catches chains (BN -> BN, Mul -> Add) that the first fold exposed
         index = GraphIndex(model)
@@ -113,9 +133,14 @@ def _fold(model: onnx.ModelProto, ops: tuple[str, ...], *, warn: bool) -> tuple[
         for match in _matches(index, ops):
             reason = _check(index, constants, match)
             if reason is None:
-                _rewrite(model.graph, index, match)
+                if on_fold is not None:
+                    on_fold(index, match)
+                _rewrite(model.graph, index, match, keep_layer_output)
                 folded.append(match)
-            elif warn and match.bn.name not in refused:
+            elif not warn:
+                _log.info("%s %s not folded into %s: %s", match.bn.op_type, describe(match.bn), describe(match.layer),
+                          reason)
+            elif match.bn.name not in refused:
                 refused.add(match.bn.name)
                 warn_at_caller(f"{match.bn.op_type} {describe(match.bn)} not folded into {describe(match.layer)}: "
                               f"{reason}", PrepareWarning)
@@ -203,6 +228,11 @@ def _scale_shift(index: GraphIndex, match: _Match, channels: int) -> tuple[np.nd
     return np.ones(channels), value
 
 
+def output_channels(layer: onnx.NodeProto, shape: tuple[int, ...]) -> int | None:
+    """Output channels of a Conv / ConvTranspose / Gemm whose weight has ``shape`` (None: the shape does not fit)."""
+    return _output_channels(layer, shape)
+
+
 def _output_channels(layer: onnx.NodeProto, shape: tuple[int, ...]) -> int | None:
     if layer.op_type == "Conv":
         return shape[0] if len(shape) >= 3 else None
@@ -214,7 +244,7 @@ def _output_channels(layer: onnx.NodeProto, shape: tuple[int, ...]) -> int | Non
     return shape[0] if node_attributes(layer).get("transB", 0) else shape[1]
 
 
-def _rewrite(graph: onnx.GraphProto, index: GraphIndex, match: _Match) -> None:
+def _rewrite(graph: onnx.GraphProto, index: GraphIndex, match: _Match, keep_layer_output: bool = False) -> None:
     bn, layer = match.bn, match.layer
     weight_tensor = index.initializers[layer.input[1]]
     weight = tensor_values(weight_tensor)
@@ -237,6 +267,13 @@ def _rewrite(graph: onnx.GraphProto, index: GraphIndex, match: _Match) -> None:
         name = index.fresh_name(f"{layer.name or layer.output[0]}.bias")
         graph.initializer.append(numpy_helper.from_array(new_bias, name))
         layer.input.append(name)
+    if keep_layer_output and bn.output[0] not in index.graph_outputs:
+        renames = {bn.output[0]: layer.output[0]}
+        for node in graph.node:
+            node.input[:] = [renames.get(name, name) for name in node.input]
+            rename_outer_references(node, renames)
+        drop_value_info(graph, {bn.output[0]})
+        return
     drop_value_info(graph, {layer.output[0]})
     layer.output[0] = bn.output[0]
 

@@ -29,7 +29,7 @@ _log = logging.getLogger(__name__)
 
 def _layer_bias(sim: QuantizationSimModel, layer: WeightedLayer) -> np.ndarray | None:
     """The float bias the integer kernel adds (Gemm: ``beta * C``; MatMul: a constant bias Add after it)."""
-    index = sim._index
+    index = sim.graph_index
     if layer.op_type == "MatMul":
         pair = index.bias_add(layer.output)
         if pair is None or sim.qc_quantize_op_dict.get(layer.output) is not None:

@@ -45,6 +45,7 @@ from quantsim.graph.index import GraphIndex
 from quantsim.graph.large_models import converted_skeleton, copy_without_initializers, is_external_candidate, is_large
 from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES
+from quantsim.graph.wrapped import as_model_proto
 from quantsim.sim.deferral import WeightDeferral
 from quantsim.sim.fake_values import FakeValues
 from quantsim.sim.quantizer import QcQuantizeOp
@@ -440,6 +441,7 @@ def build_sim_model(
     ``int32_bias`` (fake weights only) puts the biases the exports add as int32 codes on that grid
     (`quantsim.sim.int32_bias`).
     """
+    model = as_model_proto(model)  # sim.model (a view) too
     if weights not in ("fake", "qdq"):
         raise InvalidArgumentError(f"weights must be 'fake' or 'qdq', got {weights!r}")
     if skip_redundant is None:

@@ -26,6 +26,7 @@ from quantsim.calibration.encode import encodings_for_stats
 from quantsim.calibration.run import CalibrationSession
 from quantsim.errors import warn_at_caller
 from quantsim.graph.timing import timed
+from quantsim.sim.aimet_differences import announce_calibrated_decisions
 from quantsim.sim.bias_fit import fit_biases_to_int32
 from quantsim.sim.decisions import apply_calibrated_rules
 
@@ -53,7 +54,7 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
     snapshot = [(q, q.encoding) for q in sim.quantizers]
     version = sim._version
     try:
-        with sim._index.cached_constants():  # each weight converted once for encodings and graph
+        with sim.graph_index.cached_constants():  # each weight converted once for encodings and graph
             with timed(_log, "calibration: weight encodings"):
                 sim._compute_constant_encodings(only_missing=False)
             observed = [q for q in sim.quantizers if q.enabled and not q.spec.is_float
@@ -84,9 +85,11 @@ def calibration_context(sim: QuantizationSimModel) -> Iterator[CalibrationSessio
         if q.name in new:
             q.set_encoding(new[q.name])
     if sim.range_health:
-        sim._record_decisions(apply_calibrated_rules(sim, session, [q for q in observed if q.name in new]))
+        decisions = apply_calibrated_rules(sim, session, [q for q in observed if q.name in new])
+        sim._record_decisions(decisions)
+        announce_calibrated_decisions(sim, decisions)
     fit_biases_to_int32(sim)  # input grids are final now: no int32 bias may overflow s_in * s_w
-    if sim._index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES or sim._index.weights is not None:
+    if sim.graph_index.initializer_bytes() >= RELEASE_CALIBRATION_SESSION_BYTES or sim.graph_index.weights is not None:
         sim._calibration_cache = None
 
 

@@ -84,7 +84,7 @@ def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quanti
     cached = sim._capture_sessions.get(key)
     if cached is not None and cached[0] == sim._version:
         return cached[1], cached[2]
-    index = sim._index
+    index = sim.graph_index
     unknown = [t for t in tensors if t not in index.producer and t not in index.graph_inputs
                and not index.is_constant(t)]
     if unknown:
@@ -95,7 +95,7 @@ def _capture_session(sim: QuantizationSimModel, tensors: tuple[str, ...], quanti
         source = sim._built_sim_model(external=weights)
         names = _sim_names(index, source, list(tensors))
     else:
-        source, names = sim.model, {t: t for t in tensors}
+        source, names = sim.model.model, {t: t for t in tensors}
     model = _with_outputs(source, sorted(set(names.values())), GraphIndex(source))
     kept = {t.name for t in model.graph.initializer}
     session = make_session(model, sim.providers, session_options_kwargs=sim._session_options_kwargs,

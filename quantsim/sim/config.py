@@ -35,10 +35,11 @@ from typing import Any
 
 import onnx
 
-from quantsim.errors import ConfigError
+from quantsim.errors import ConfigError, warn_at_caller
 from quantsim.graph.op_facts import OP_FACTS
 
 __all__ = [
+    "warn_unapplied_config",
     "QuantFlags",
     "OpTypeRule",
     "QuantsimConfig",
@@ -420,3 +421,20 @@ def load_config(config_file: str | os.PathLike | Mapping | None = None) -> Quant
                           f"{', '.join(sorted(CONFIG_ALIASES))} (HTP/DSP configs are not shipped: pass the "
                           f"JSON file path instead)")
     return _Parser(name).config(_read_json(path, name))
+
+
+_WARNED_HW_VERSIONS: set[tuple[str, str]] = set()
+
+
+def warn_unapplied_config(config: QuantsimConfig) -> None:
+    """Warn (once per config source and version) that ``hw_version`` has no effect. AIMET uses it only for
+    exception rules of particular Hexagon versions (norm-layer parameters forced to 8 bits on V66-V69, the int8 /
+    int16 pairing of dynamic MatMul inputs); quantsim has no per-version target model: norm parameters keep >= 8
+    bits on every target and precisions are set with ``set_tensor_precision``. Everything else the config says
+    takes effect (``supported_kernels`` is returned by ``sim.get_supported_kernels()``)."""
+    if config.hw_version is None or (config.source, config.hw_version) in _WARNED_HW_VERSIONS:
+        return
+    _WARNED_HW_VERSIONS.add((config.source, config.hw_version))
+    warn_at_caller(f"config {config.source}: hw_version {config.hw_version!r} has no effect: AIMET's per-version "
+                   "exception rules (norm parameters at 8 bits on V66-V69, dynamic MatMul int8/int16 pairing) are not "
+                   "applied; set precisions with sim.set_tensor_precision", UserWarning)

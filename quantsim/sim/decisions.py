@@ -36,9 +36,11 @@ import numpy as np
 from quantsim.calibration.encode import encodings_for_stats
 from quantsim.calibration.range_health import COLLAPSED_CODES, FEW_CODES, effective_codes, is_collapsed
 from quantsim.calibration.run import CalibrationSession, TensorStats
-from quantsim.core.dtypes import int16
+from quantsim.core.dtypes import float16, int16
+from quantsim.errors import TargetError, warn_at_caller
 from quantsim.graph.op_facts import BOUNDED_OUTPUT_OPS
 from quantsim.sim.quantizer import QcQuantizeOp
+from quantsim.sim.target_rules import legal_option
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
@@ -60,6 +62,10 @@ class Decision:
         return f"{self.rule}: {shown}: {self.action} ({self.reason})"
 
 
+FLOAT16_MAX = 65504.0
+"""Largest finite float16: data beyond it would turn to inf on a float16 tensor."""
+
+
 def untie_ratio(bits: int) -> float:
     """Range ratio from which a shared grid leaves the narrowest input fewer than `FEW_CODES` codes."""
     return (2.0 ** bits - 1) / FEW_CODES
@@ -70,13 +76,15 @@ def _span(stats: TensorStats) -> float:
 
 
 def _new_quantizer(sim: QuantizationSimModel, like: QcQuantizeOp, tensor: str) -> QcQuantizeOp:
-    return QcQuantizeOp(tensor, like.role, like.spec, enabled=like.enabled, tensors=(tensor,),
-                        quant_scheme=like.calibration_scheme, percentile=like.percentile_value,
-                        notify=sim._invalidate, fixed_range=like.fixed_range)
+    fresh = QcQuantizeOp(tensor, like.role, like.spec, enabled=like.enabled, tensors=(tensor,),
+                         quant_scheme=like.calibration_scheme, percentile=like.percentile_value,
+                         notify=sim._invalidate, fixed_range=like.fixed_range)
+    fresh.guard = like.guard
+    return fresh
 
 
 def _concat_outputs(sim: QuantizationSimModel) -> set[str]:
-    return {n.output[0] for n in sim._index.nodes if n.op_type == "Concat" and n.output}
+    return {n.output[0] for n in sim.graph_index.nodes if n.op_type == "Concat" and n.output}
 
 
 def _may_untie(q: QcQuantizeOp, concat_outputs: set[str]) -> bool:
@@ -108,6 +116,9 @@ def _untie_concats(sim: QuantizationSimModel, session: CalibrationSession,
         ratio = wide / narrow if narrow > 0 else np.inf
         if ratio < untie_ratio(q.spec.dtype.bits):
             continue
+        if not _output_may_stay_float(sim, q):
+            continue
+        combined, bits = session.stats.get(q.name), q.spec.dtype.bits
         position = sim._quantizers.index(q)
         kept = q.name if q.name in outputs else outputs[0]
         fresh = [_new_quantizer(sim, q, t) for t in q.tensors if t != kept]
@@ -127,14 +138,50 @@ def _untie_concats(sim: QuantizationSimModel, session: CalibrationSession,
         sim._invalidate()
         created += [p for p in fresh if p.enabled]
         decisions.append(Decision(
-            "untied concat", tuple([*outputs, *parts]), "inputs untied, each on its own grid; output left float",
-            f"input ranges differ {ratio:.3g}x (>= {untie_ratio(q.spec.dtype.bits):.3g}x): on one "
-            f"{q.spec.dtype.bits}-bit grid the narrowest input would use fewer than {FEW_CODES} codes"))
+            "untied concat", tuple([*outputs, *parts]), "inputs untied, each on its own grid; " + _settle(sim, q, combined),
+            f"input ranges differ {ratio:.3g}x (>= {untie_ratio(bits):.3g}x): on one "
+            f"{bits}-bit grid the narrowest input would use fewer than {FEW_CODES} codes"))
     return decisions, created
 
 
-def _range_health(checked: list[tuple[QcQuantizeOp, TensorStats | None]]) -> list[Decision]:
+def _output_may_stay_float(sim: QuantizationSimModel, q: QcQuantizeOp) -> bool:
+    """Whether the sim's target (if any) takes a Concat output in float32 or in one of 16-bit grids; else the
+    Concat keeps its tie (warned)."""
+    target = getattr(sim, "target", None)
+    if target is None or target.float_fallback or any(target.activation_type_allowed(t) for t in (int16, float16)):
+        return True
+    warn_at_caller(f"untied concat: {', '.join(q.tensors[:3])}: kept tied, target {target} has no legal "
+                   "precision for its output (no float fallback, no 16-bit activations)")
+    return False
+
+
+def _settle(sim: QuantizationSimModel, q: QcQuantizeOp, stats: TensorStats | None) -> str:
+    """The untied Concat's output (``q``, disabled): float where legal, else the first legal of int16
+    (from the shared statistics) and float16. Returns the decision's words."""
+    if getattr(sim, "target", None) is None:
+        return "output left float"
+    options = [None, q.spec.with_(dtype=int16), q.spec.with_(dtype=float16)]
+    for option in legal_option(sim, q, options):
+        if option is None:
+            return "output left float"
+        try:
+            q.set_qspec(option)
+        except TargetError:
+            continue
+        if option.dtype == int16:
+            if stats is None:
+                continue
+            q.set_encoding(encodings_for_stats([(q.calibration_scheme, q.encoding_request(), stats)])[0])
+        q.enabled = True
+        return f"output on {option.dtype}, the next legal precision on target {sim.target}"
+    warn_at_caller(f"untied concat: output {q.name!r} has no legal precision on target {sim.target}; left float "
+                   "(exports refuse it)")
+    return "output left float (no legal precision on the target)"
+
+
+def _range_health(sim: QuantizationSimModel, checked: list[tuple[QcQuantizeOp, TensorStats | None]]) -> list[Decision]:
     decisions = []
+    target = getattr(sim, "target", None)
     for q, stats in checked:
         bits = q.spec.dtype.bits
         if (stats is None or stats.sample is None or q.spec.is_float or q.spec.is_fp8 or not 8 <= bits < 16 or q.fixed_range
@@ -143,15 +190,40 @@ def _range_health(checked: list[tuple[QcQuantizeOp, TensorStats | None]]) -> lis
         why = (f"its {bits}-bit grid over [{stats.min:.4g}, {stats.max:.4g}] keeps "
                f"{effective_codes(stats.sample, q.encoding):.3g} effective codes of data holding "
                f"{effective_codes(stats.sample):.4g} (fewer than {COLLAPSED_CODES})")
-        q.set_qspec(q.spec.with_(dtype=int16))
-        encoding = encodings_for_stats([(q.calibration_scheme, q.encoding_request(), stats)])[0]
-        if is_collapsed(stats.sample, encoding):
-            q.enabled = False
-            decisions.append(Decision("range health", q.tensors, "left float", why + "; a 16-bit grid collapses too"))
-        else:
-            q.set_encoding(encoding)
-            decisions.append(Decision("range health", q.tensors, "promoted to int16",
-                                      why + f"; 16 bits keep {effective_codes(stats.sample, encoding):.4g}"))
+        # the next precision up, most accurate first; a target keeps only those it runs (`target_rules`)
+        options = [q.spec.with_(dtype=int16), None] + ([q.spec.with_(dtype=float16)] if target is not None else [])
+        legal = legal_option(sim, q, options)
+        old_spec, old_encoding, collapsed16 = q.spec, q.encoding, False
+        decision = None
+        for option in legal:
+            if option is None:
+                q.enabled = False
+                decision = Decision("range health", q.tensors, "left float",
+                                    why + ("; a 16-bit grid collapses too" if collapsed16 else
+                                           f"; the next legal precision on target {target}"))
+            elif option.dtype == int16:
+                q.set_qspec(option)
+                encoding = encodings_for_stats([(q.calibration_scheme, q.encoding_request(), stats)])[0]
+                if is_collapsed(stats.sample, encoding):
+                    collapsed16 = True
+                    q.set_qspec(old_spec)
+                    q.set_encoding(old_encoding)
+                    continue
+                q.set_encoding(encoding)
+                decision = Decision("range health", q.tensors, "promoted to int16",
+                                    why + f"; 16 bits keep {effective_codes(stats.sample, encoding):.4g}")
+            elif max(abs(stats.min), abs(stats.max)) < FLOAT16_MAX:
+                q.set_qspec(option)
+                decision = Decision("range health", q.tensors, "promoted to float16",
+                                    why + ("; a 16-bit grid collapses too" if collapsed16 else "")
+                                    + f"; the next legal precision on target {target}")
+            if decision is not None:
+                break
+        if decision is None:
+            decision = Decision("range health", q.tensors, f"kept {q.spec.dtype}",
+                                why + f"; no legal precision above it on target {target} (int16, float32, float16)")
+            warn_at_caller(f"range health: {', '.join(q.tensors[:3])}: {decision.reason}")
+        decisions.append(decision)
     return decisions
 
 
@@ -161,7 +233,7 @@ def apply_calibrated_rules(sim: QuantizationSimModel, session: CalibrationSessio
 
     ``observed`` are the quantizers this calibration computed encodings for (already set)."""
     decisions, created = _untie_concats(sim, session, observed)
-    index = sim._index
+    index = sim.graph_index
 
     def bounded(q: QcQuantizeOp) -> bool:
         producers = [index.producer_of(t) for t in q.tensors]
@@ -169,4 +241,4 @@ def apply_calibrated_rules(sim: QuantizationSimModel, session: CalibrationSessio
 
     checked = [(q, session.stats.get(q.name)) for q in observed if q.enabled and not bounded(q)]
     checked += [(q, session.tensor_stats.get(q.name)) for q in created if not bounded(q)]
-    return decisions + _range_health(checked)
+    return decisions + _range_health(sim, checked)

@@ -36,7 +36,7 @@ class QuantizerGroup:
 
 def reading_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp | None:
     """The enabled quantizer whose grid ``tensor`` carries, looking back through grid-preserving ops."""
-    index = sim._index
+    index = sim.graph_index
     seen = set()
     while tensor not in seen:
         seen.add(tensor)
@@ -62,8 +62,8 @@ def find_quantizer_groups(sim: QuantizationSimModel) -> list[QuantizerGroup]:
             name = parent[name]
         return name
 
-    index = sim._index
-    enabled = [q for q in sim._quantizers if q.enabled]
+    index = sim.graph_index
+    enabled = [q for q in sim.quantizers if q.enabled]
     for q in enabled:
         find(q.name)
     for node in index.nodes:

@@ -11,7 +11,6 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import overload
 
 import numpy as np
 import onnx
@@ -26,31 +25,33 @@ from quantsim.calibration.run import (
 from quantsim.calibration.schemes import CalibrationScheme, get_scheme
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.dtypes import QuantScheme, int8, qtype
-from quantsim.core.numerics import Encoding
-from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
+from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError
 from quantsim.graph import session as session_module
-from quantsim.graph.file_set import FileSet
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.large_models import model_from_parts, model_parts
 from quantsim.graph.loading import load_model, load_model_mapped
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.session import WeightFiles, make_session
 from quantsim.graph.tensor_roles import find_nonnegative_tensors
+from quantsim.graph.wrapped import as_model_proto
 from quantsim.prepare import cache as prepare_cache
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
+from quantsim.sim.aimet_differences import announce_batchnorm_folds, announce_depthwise_supergroups, watch_calibrated_decisions
+from quantsim.sim.aimet_surface import AimetSurface
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
-from quantsim.sim.capture import Capturer, iter_tensors, make_capturer
-from quantsim.sim.config import load_config
+from quantsim.sim.config import load_config, warn_unapplied_config
 from quantsim.sim.decisions import Decision, untie_candidates
-from quantsim.sim.groups import QuantizerGroup, find_quantizer_groups
-from quantsim.sim.layers import WeightedLayer, find_weighted_layers, read_weight, write_weight
 from quantsim.sim.legacy_args import map_legacy_arguments
+from quantsim.sim.model_exports import SimExports
+from quantsim.sim.model_hooks import SimHooks
+from quantsim.sim.model_view import ModelView
 from quantsim.sim.param_encodings import compute_constant_encodings
 from quantsim.sim.placement import checked_norm_block_option, place_quantizers
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.quantizer_dict import QuantizerDict
-from quantsim.sim.state import SimState, record_weight, restore, snapshot, temporary_state, transaction
+from quantsim.sim.state import SimState
+from quantsim.sim.target_rules import TargetProfile, attach_target
 
 _log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def _constant_state(q: QcQuantizeOp) -> tuple:
     return q.name, q.enabled, q.spec, grid
 
 
-class QuantizationSimModel:
+class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
     """Quantization simulation of an ONNX model on plain onnxruntime (AIMET-compatible surface).
 
     Keyword arguments follow aimet_onnx 2.x: ``param_type``/``activation_type`` (qtype or alias such as
@@ -82,19 +83,27 @@ class QuantizationSimModel:
     (onnxruntime providers), ``path`` (working directory for artifacts). Additions: ``percentile``
     (for the percentile scheme), ``use_integer_kernels`` (run ``session`` with onnxruntime's Q/DQ
     fusion into integer kernels instead of the exact float simulation), ``progress`` (tqdm bars) and
-    ``fold_batchnorm`` (False keeps BatchNormalization as its own op, with its own quantizers and precision,
-    as AIMET's mixed-precision recipe needs) and ``range_health`` (default True: after each calibration,
+    ``fold_batchnorm`` (default: fold, False keeps BatchNormalization as its own op, with its own quantizers and
+    precision, as aimet-onnx does) and ``range_health`` (default on: after each calibration,
     untie Concats whose inputs' ranges differ by orders of magnitude and give a 16-bit grid, or float, to
     8-bit activations whose values collapse onto a few codes; see `quantsim.sim.decisions`) and
     ``linear_ops_in_norm_blocks`` (default False: a Conv/Gemm/MatMul between the statistics of decomposed
     norm layers keeps float input and output; True quantizes them so QDQ runtimes run it on integer kernels,
     ``"all"`` every op between the norm layers' own statistics: speed-for-accuracy choices,
-    `quantsim.sim.placement` rule 3) and ``int32_bias`` (default True: the biases of Conv/Gemm with quantized
-    input and weight are added on the int32 grid ``s_in * s_w``, as the QDQ and integer exports add them, so
-    the sim computes what its unfused QDQ export computes; False keeps float biases, as AIMET does). Every automatic
+    `quantsim.sim.placement` rule 3) and ``depthwise_supergroups`` (default: one quantizer after a depthwise / 3-D
+    Conv and its activation; False: AIMET's rule, a quantizer on the convolution's output too). Left at None,
+    ``fold_batchnorm``, ``range_health`` and ``depthwise_supergroups`` warn once where they differ from aimet-onnx
+    (`quantsim.sim.aimet_differences`). ``int32_bias`` (default True) adds the biases of Conv/Gemm with
+    quantized input and weight on the int32 grid ``s_in * s_w``, as the exports do (`quantsim.sim.int32_bias`;
+    False: float biases, as aimet-onnx). Every automatic
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
+    Exports are in `quantsim.sim.model_exports`, the extension hooks in `quantsim.sim.model_hooks`, the rest
+    of AIMET's surface in `quantsim.sim.aimet_surface`. ``target`` (a `quantsim.TargetProfile`, shipped name or
+    file) keeps every precision legal on that hardware (`quantsim.sim.target_rules`).
     """
+
+    target: TargetProfile | None
 
     def __init__(
         self,
@@ -112,9 +121,11 @@ class QuantizationSimModel:
         percentile: float = 100.0,
         use_integer_kernels: bool = False,
         progress: bool = True,
-        fold_batchnorm: bool = True,
-        range_health: bool = True,
+        fold_batchnorm: bool | None = None,
+        range_health: bool | None = None,
         linear_ops_in_norm_blocks: bool | str = False,
+        depthwise_supergroups: bool | None = None,
+        target=None,
         int32_bias: bool = True,
         **legacy,
     ):
@@ -128,7 +139,8 @@ class QuantizationSimModel:
             raise InvalidArgumentError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
         loaded_here = isinstance(model, (str, os.PathLike))
         # an unchanged model file whose preparation is cached: nothing of the file is read
-        cached = prepare_file_cached(model, fold_batchnorm=fold_batchnorm) if loaded_here else None
+        folding = fold_batchnorm is not False
+        cached = prepare_file_cached(model, fold_batchnorm=folding) if loaded_here else None
         self._weights: MappedWeights | None = None
         signatures: dict[str, list[int] | None] = {}
         if cached is None:  # a file's big weights stay in it, mapped, until the cache entry copies them
@@ -139,12 +151,7 @@ class QuantizationSimModel:
         self.activation_type = qtype.as_qtype(options["activation_type"] or int8)
         self._quant_scheme = get_scheme(options["quant_scheme"])
         self.config = load_config(options["config_file"])
-        ignored = [p for p in self.config.supergroup_pass_list if p != "MatmulAdd"]
-        if ignored or self.config.hw_version:
-            warn_at_caller(f"config {self.config.source}: "
-                          + (f"supergroup passes {ignored} are not applied; " if ignored else "")
-                          + (f"hw_version {self.config.hw_version!r} exception rules are not applied" if
-                             self.config.hw_version else ""), UserWarning)
+        warn_unapplied_config(self.config)
         self.providers = list(options["providers"] or ["CPUExecutionProvider"])
         self.path = Path(options["path"]) if options["path"] is not None else None
         if self.path is not None:
@@ -152,9 +159,11 @@ class QuantizationSimModel:
         self._session_options_kwargs = dict(session_options_kwargs or {})
         self.use_integer_kernels = bool(use_integer_kernels)
         self.progress = bool(progress)
-        self.range_health = bool(range_health)
+        self.range_health = range_health is None or bool(range_health)
+        self.depthwise_supergroups = depthwise_supergroups is not False
         self.linear_ops_in_norm_blocks = checked_norm_block_option(linear_ops_in_norm_blocks)
         self.int32_bias = bool(int32_bias)  # biases on the exports' int32 grid (`quantsim.sim.int32_bias`)
+        folds = announce_batchnorm_folds(proto if cached is None else None, fold_batchnorm)
         try:
             if cached is not None:
                 self._model, self._weights = cached
@@ -162,20 +171,24 @@ class QuantizationSimModel:
                 box = [proto]
                 del proto
                 self._model, self._weights = prepare_loaded_mapped(
-                    lambda: box.pop() if box else load_model(model)[0], fold_batchnorm=fold_batchnorm,
+                    lambda: box.pop() if box else load_model(model)[0], fold_batchnorm=folding,
                     source=(model, signatures), weights=mapped)
             else:
-                self.model = prepare(proto, fold_batchnorm=fold_batchnorm)
+                self._model, self._weights = prepare(proto, fold_batchnorm=folding), None
         except PrepareError as error:  # name the model too: a script may build several sims
             raise PrepareError(f"{self._label}: {error}") from error
         self._build_quantizers(percentile)
+        self._record_decisions(folds)
+        watch_calibrated_decisions(self, range_health)
+        announce_depthwise_supergroups(self._decisions, depthwise_supergroups)
+        attach_target(self, target)
 
     # construction ------------------------------------------------------------------------------
     def _build_quantizers(self, percentile: float) -> None:
         self._index = GraphIndex(self._model, weights=self._weights)
         with self._index.cached_constants():  # each weight read once (finite checks, shapes)
             placement = place_quantizers(self._index, self.config, self.param_type, self.activation_type,
-                                         self.linear_ops_in_norm_blocks)
+                                         self.linear_ops_in_norm_blocks, self.depthwise_supergroups)
         self.left_in_float = placement.left_in_float
         self._decisions: list[Decision] = list(placement.decisions)
         self._version = 0
@@ -204,20 +217,25 @@ class QuantizationSimModel:
         self.activation_names = [t for q in self._quantizers if q.role == "activation" for t in q.tensors]
 
     @property
-    def model(self) -> onnx.ModelProto:
-        """The prepared model. A large model read from a file keeps its weights in the preparation cache's data
-        file, read through memory maps (`quantsim.graph.mapped`); asking for the ModelProto copies them in
-        (once: from then on the sim holds them in memory, as for a model passed as a ModelProto)."""
+    def model(self) -> ModelView:
+        """The prepared float model, as AIMET's ``ONNXModel``: ``sim.model.model`` is the ModelProto, and the
+        view forwards every ModelProto attribute (``sim.model.graph``; `quantsim.sim.model_view`). A large model
+        read from a file keeps its weights in the preparation cache's data file, read through memory maps
+        (`quantsim.graph.mapped`); using the ModelProto copies them in (once: from then on the sim holds them in
+        memory, as for a model passed as a ModelProto)."""
+        return ModelView(self._materialized_model)
+
+    @model.setter
+    def model(self, value: onnx.ModelProto | ModelView) -> None:
+        self._model, self._weights = as_model_proto(value), None
+        self._weight_files = None
+
+    def _materialized_model(self) -> onnx.ModelProto:
         if self._weights is not None:
             self._weights.materialize(self._model)
             self._weights = self._index.weights = None
             self._weight_files = None  # no longer mapped: sessions get the weights as arrays again
         return self._model
-
-    @model.setter
-    def model(self, value: onnx.ModelProto) -> None:
-        self._model, self._weights = value, None
-        self._weight_files = None
 
     def _invalidate(self) -> None:
         self._version += 1
@@ -239,6 +257,12 @@ class QuantizationSimModel:
             if decision not in self._decisions:
                 self._decisions.append(decision)
                 _log.info("sim %s: %s", self._label, decision)
+
+    @property
+    def graph_index(self) -> GraphIndex:
+        """The read-only index of the prepared model (producers, consumers, shapes, constants; mapped weights are
+        read, never copied in) that the sim's helper modules share."""
+        return self._index
 
     @property
     def quantizers(self) -> list[QcQuantizeOp]:
@@ -378,7 +402,7 @@ class QuantizationSimModel:
             with self._index.cached_constants():
                 self._ensure_param_encodings()
                 if self.use_integer_kernels:
-                    model = self.to_onnx_qdq(weight_codes="auto")  # in-process: exact kernels on this CPU
+                    model = self.to_onnx_qdq(weight_codes="auto", target=False)  # in-process: exact kernels here
                 else:
                     model = build_sim_model(self._model, self._quantizers, source=self._index, external=weights,
                                             memo=self._session_memo(), integer_weights=self._integer_weights(),
@@ -393,147 +417,13 @@ class QuantizationSimModel:
                        self._version)
         return self._session
 
-    def fused_session(self, *, weight_codes: str = "auto") -> ort.InferenceSession:
-        """A session of the QDQ export with onnxruntime's integer kernels: faster; its fixed-point requantization
-        makes outputs differ from the exact sim by a few output steps (3 on the benchmark CNNs).
-        ``weight_codes`` as in `to_onnx_qdq`; ``"auto"`` (default) stores 8-bit weight codes as uint8 exactly
-        when this machine's uint8 x int8 kernels saturate (AVX2 without VNNI), so the session is exact here."""
-        from quantsim.export.weight_codes import resolve_weight_codes
-
-        codes = resolve_weight_codes(weight_codes, self.providers, warn_as="fused_session")
-        self._ensure_param_encodings()
-        if self._fused is None or self._fused[0] != self._version or self._fused[2] != codes:
-            session = make_session(self.to_onnx_qdq(weight_codes=codes), self.providers, fuse_qdq=True,
-                                   session_options_kwargs=self._session_options_kwargs)
-            self._fused = (self._version, session, codes)
-        return self._fused[1]
-
-    @overload
-    def to_onnx_qdq(self, *, int32_bias: bool = True, path: None = None,
-                    weight_codes: str = "int8") -> onnx.ModelProto: ...
-
-    @overload
-    def to_onnx_qdq(self, *, int32_bias: bool = True, path: str | os.PathLike,
-                    weight_codes: str = "int8") -> None: ...
-
-    def to_onnx_qdq(self, *, int32_bias: bool = True, path: str | os.PathLike | None = None,
-                    weight_codes: str = "int8") -> onnx.ModelProto | None:
-        """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases
-        (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases). With ``path``
-        the model is written there instead (plus ``<path>.data`` when over protobuf's 2 GiB), each big weight
-        computed and written one at a time, the files staged and renamed into place; nothing is returned.
-        ``weight_codes``: storage of the 8-bit weight codes of Conv/MatMul/Gemm, ``"int8"`` (default),
-        ``"uint8"`` (code + 128 and zero point + 128: the same values, run exactly by onnxruntime's U8U8
-        kernels on CPUs without VNNI) or ``"auto"`` (uint8 where this machine's U8S8 kernels saturate); see
-        `quantsim.export.weight_codes`. The encodings files are unaffected."""
-        from quantsim.export.qdq import qdq_skeleton
-
-        skeleton, weights = qdq_skeleton(self, int32_bias, weight_codes)
-        if path is None:
-            return weights.materialize(skeleton)
-        target = Path(path)
-        with FileSet(target.parent, target.name) as files:
-            files.add_model(skeleton, target.name, weights=weights)
-            files.commit()
-        return None
-
-    def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
-                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8",
-                       exact: bool = False):
-        """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
-        fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both.
-        ``input_shapes`` (``{input: dims}``) exports for those input shapes only, folding shape arithmetic
-        (a detector's anchors and strides) into constants so that it runs on integer kernels too.
-        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) as in `to_onnx_qdq`; ``exact=True``: no accepted
-        approximation (HardSwish/HardSigmoid as exact tables, not kernel chains within one step)."""
-        from quantsim.export.integer.export import export_integer
-        from quantsim.export.weight_codes import resolve_weight_codes
-
-        codes = resolve_weight_codes(weight_codes, self.providers, warn_as="export_integer")
-        self._ensure_param_encodings()
-        return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes, weight_codes=codes,
-                              exact=exact)
-
-    # extension hooks (what adaround/ and mixed_precision/ build on) -------------------------------
-    def weighted_layers(self) -> list[WeightedLayer]:
-        """Conv/ConvTranspose/Gemm/MatMul nodes with a constant weight, in topological order, with their
-        tensors, weight quantizer and following activation (see `quantsim.sim.layers`)."""
-        return find_weighted_layers(self)
-
-    def get_weight(self, name: str) -> np.ndarray:
-        """A float copy of constant ``name`` of the prepared model (before fake quantization)."""
-        return read_weight(self, name)
-
-    def replace_weight(self, name: str, values: np.ndarray, *, encoding: Encoding | None = None,
-                       freeze: bool = False) -> None:
-        """Replace constant ``name``'s values (same shape); optionally install ``encoding`` on its quantizer
-        and freeze it. Sessions that depend on it are rebuilt on next use; open snapshots can undo it."""
-        old = read_weight(self, name)
-        q = self.qc_quantize_op_dict.get(name)
-        if (encoding is not None or freeze) and q is None:
-            raise InvalidArgumentError(f"{name!r} has no quantizer to take an encoding or be frozen")
-        if encoding is not None and q is not None and q.is_encoding_frozen():
-            raise InvalidStateError(f"quantizer {q.name!r} is frozen: its encoding cannot change")
-        record_weight(self, name, old)
-        self._write_weight(name, values)
-        if encoding is not None and q is not None:
-            q.set_encoding(encoding)
-        if freeze and q is not None:
-            q.freeze_encodings()
-
-    def _write_weight(self, name: str, values: np.ndarray) -> None:
-        write_weight(self, name, values)
-        self._constant_memo.clear()
-        if self._weight_files is not None:
-            self._weight_files.forget(name)
-        self._calibration_cache = None  # its key holds quantizer state, not weight values
-        self._invalidate()
-
-    def capture(self, tensors, inputs, *, quantized: bool = True):
-        """Yield ``{tensor: array}`` per feed dict of ``inputs``: the values of ``tensors`` in the sim
-        (after their quantizers) or, with ``quantized=False``, in the float model. Streamed: nothing is
-        kept between batches (keep what you need, e.g. in a `quantsim.TensorCache`)."""
-        return iter_tensors(self, tensors, inputs, quantized=quantized)
-
-    def capturer(self, tensors, *, quantized: bool = True) -> Capturer:
-        """A callable ``capturer(inputs)`` like `capture`, bound to the sim (or float model) as it is now:
-        later changes to the sim do not reach it (e.g. float targets while weights are being replaced)."""
-        return make_capturer(self, tensors, quantized=quantized)
-
-    def quantizer_groups(self) -> list[QuantizerGroup]:
-        """Each weighted op's parameter quantizers with the activation quantizers it reads; every enabled
-        quantizer in exactly one group (see `quantsim.sim.groups`)."""
-        return find_quantizer_groups(self)
-
-    def snapshot(self) -> SimState:
-        """The sim's state (quantizers, replaced weights, sessions), for `restore`."""
-        return snapshot(self)
-
-    def restore(self, state: SimState) -> None:
-        """Put the sim back exactly into a `snapshot` (no session rebuild when nothing else changed)."""
-        restore(self, state)
-
-    def temporary_state(self):
-        """Context manager: change quantizers or weights inside it; on exit the sim is restored exactly."""
-        return temporary_state(self)
-
-    def transaction(self):
-        """Context manager: changes inside it stay if the block completes; an exception (KeyboardInterrupt
-        included) restores the sim exactly as it was."""
-        return transaction(self)
-
-    def compute_param_encodings(self) -> None:
-        """Encodings of enabled parameter quantizers that have none yet, from the weights (no data needed)."""
-        with self._index.cached_constants():
-            self._ensure_param_encodings()
-
     def __getstate__(self) -> dict:
         """Pickling (``pickle``, ``copy.deepcopy``, shipping a sim to worker processes): the prepared model,
         the quantizer table and the settings travel; onnxruntime sessions and caches do not, and are rebuilt
         on first use. Open snapshots stay with the original."""
         if self._active_calibration is not None:
             raise InvalidStateError(f"sim {self._label}: cannot be pickled inside a calibration block")
-        self.model  # noqa: B018 - mapped weights are copied in: the pickle carries the whole model
+        self._materialized_model()  # mapped weights are copied in: the pickle carries the whole model
         state = dict(self.__dict__)
         state.update(_session=None, _session_version=-1, _fused=None, _calibration_cache=None,
                      _capture_sessions={}, _open_states=[], _constant_memo={}, _weight_files=None)
@@ -549,40 +439,6 @@ class QuantizationSimModel:
         state["_model"] = model_from_parts(*state["_model"])
         self.__dict__.update(state)
         self._index = GraphIndex(self._model)
-
-    # files ---------------------------------------------------------------------------------------
-    def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
-               export_int32_bias: bool | None = None, force_activation_as: str = "unsigned",
-               qdq: bool = False, requant_table: bool = False, weight_codes: str = "int8") -> None:
-        """Write ``<path>/<prefix>.encodings`` (AIMET 0.6.1 / 1.0.0 / 2.0.0) and ``<prefix>.onnx`` (float
-        model); with ``qdq=True`` also ``<prefix>.qdq.onnx``, the standard QDQ model of `to_onnx_qdq`; with
-        ``requant_table=True`` the encodings file also carries the integer export's fixed-point
-        requantization table (key ``quantsim_requantization``). ``weight_codes`` is the storage type of the QDQ
-        model's 8-bit weight codes (see `to_onnx_qdq`); the encodings file keeps int8 symmetric semantics."""
-        from quantsim.encodings.transfer import export_sim
-        from quantsim.export.qdq import qdq_skeleton
-        from quantsim.export.weight_codes import check_weight_codes
-        from quantsim.graph.file_set import check_file_name
-
-        check_file_name(filename_prefix)
-        check_weight_codes(weight_codes)
-        requant = self.export_integer().requant_document() if requant_table else None
-        extra = {".qdq.onnx": qdq_skeleton(self, weight_codes=weight_codes)} if qdq else None
-        export_sim(self, Path(path), filename_prefix, export_model, encoding_version, export_int32_bias,
-                   force_activation_as, requant, extra)
-
-    def set_and_freeze_param_encodings(self, encoding_path) -> None:
-        """Load the parameter encodings of a file and freeze them (other quantizers are left alone)."""
-        from quantsim.encodings.transfer import set_and_freeze_param_encodings
-
-        set_and_freeze_param_encodings(self, encoding_path)
-
-    @classmethod
-    def from_onnx_qdq(cls, model, strict: bool = False, **init_kwargs) -> QuantizationSimModel:
-        """Build a sim from a QDQ model: Q/DQ pairs become encodings of the float model's tensors."""
-        from quantsim.export.qdq_import import sim_from_qdq
-
-        return sim_from_qdq(cls, model, strict=strict, **init_kwargs)
 
     def summary(self) -> str:
         """Quantizers by tensor (role, type, granularity, enabled, frozen, range) and what stays float."""

@@ -26,7 +26,7 @@ __all__ = ["compute_constant_encodings"]
 def compute_constant_encodings(sim: QuantizationSimModel, only_missing: bool) -> None:
     """Set the encoding of every enabled, unfrozen integer quantizer of constants (those without one only, with
     ``only_missing``) from the constants' values, or from the entry's store where it holds them."""
-    todo = [q for q in sim._quantizers
+    todo = [q for q in sim.quantizers
             if q.enabled and not q.spec.is_float and not q.is_encoding_frozen() and sim._is_constant_quantizer(q)
             and not (only_missing and q.encoding is not None)]
     store = fake_quant_store(sim._weights.folder) if sim._weights is not None and todo else None
@@ -40,7 +40,7 @@ def compute_constant_encodings(sim: QuantizationSimModel, only_missing: bool) ->
         todo = [q for q in todo if found.get(q.name) is None]
     start, size = 0, 0
     for end, q in enumerate(todo, 1):
-        size += value_bytes(sim._index.initializers[t] for t in q.tensors)
+        size += value_bytes(sim.graph_index.initializers[t] for t in q.tensors)
         if size >= CONSTANT_CACHE_BYTES or end == len(todo):
             batch = todo[start:end]
             items = [(q.calibration_scheme, q.encoding_request(), sim._constant_values(q)) for q in batch]
@@ -54,7 +54,7 @@ def compute_constant_encodings(sim: QuantizationSimModel, only_missing: bool) ->
 def _name(sim: QuantizationSimModel, store: FakeQuantStore, q: QcQuantizeOp) -> str | None:
     """The store's name for ``q``'s encoding; None unless its values are all the entry's (mapped from it, not
     replaced) and its scheme is built in (a user's scheme's code is not known)."""
-    tensors = [sim._index.initializers.get(t) for t in q.tensors]
+    tensors = [sim.graph_index.initializers.get(t) for t in q.tensors]
     if not all(tensor is not None and is_mapped(tensor) for tensor in tensors):
         return None
     scheme = q.calibration_scheme

@@ -20,10 +20,16 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    (`find_normalization_statistics(per_layer=True)`) and quantizes everything between norm layers
    (PP-OCR rec: 77 -> 35 float ops in the integer export, 5 at opset 17, CER unchanged; magika: top-1
    99.4% -> 96.5%, so not the default).
-4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu, depthwise convolutions included) keep only the
-   last op's output quantizer, and so does HardSwish spelled ``x * HardSigmoid(x)`` and a clamp by a constant
-   after Relu/Clip (``Min(Relu(x), b)``, per-channel ``b`` included: the bound stays float); the MatmulAdd pass turns
-   ``Add(MatMul(x, W), b)``'s constant into a bias.
+4. Supergroups (e.g. Conv+Relu, Conv+Clip, Add+Relu) keep only the last op's output quantizer, and so does
+   HardSwish spelled ``x * HardSigmoid(x)`` and a clamp by a constant after Relu/Clip (``Min(Relu(x), b)``,
+   per-channel ``b`` included: the bound stays float); the MatmulAdd pass turns ``Add(MatMul(x, W), b)``'s
+   constant into a bias. AIMET never starts a supergroup at a depthwise or 3-D convolution
+   (`is_depthwise_or_3d_conv`), so their outputs keep a quantizer there; here ``depthwise_supergroups=True``
+   (the default) lets them start supergroups too (one quantizer after the activation, better on MobileNet-style
+   nets: the depthwise output's long negative tail is not put on a grid of its own), and
+   ``depthwise_supergroups=False`` gives AIMET's placement. The LayerNormalization and RMSNormalization
+   passes turn off the quantizers inside decomposed norm layers (`quantsim.sim.config_passes`), and so does
+   MaskedSoftmax inside its pattern.
    An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
    share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
@@ -44,9 +50,10 @@ from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
+from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
 
-__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option"]
+__all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
 CONSTANT_INPUT_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Concat", "Where"})
 FORWARD_TIED = frozenset({"Relu", "AveragePool", "Resize", "Upsample"})
@@ -129,7 +136,7 @@ def checked_norm_block_option(value: object) -> bool | str:
 
 def place_quantizers(
     index: GraphIndex, config: QuantsimConfig, param_type: qtype, activation_type: qtype,
-    linear_ops_in_norm_blocks: bool | str = False,
+    linear_ops_in_norm_blocks: bool | str = False, depthwise_supergroups: bool = True,
 ) -> Placement:
     """Plan every quantizer of the model (see the module docstring for the rules)."""
     index_tensors = find_index_tensors(index)
@@ -205,13 +212,24 @@ def place_quantizers(
                                                 config.model_input_quantized, shape=index.shape.get(name))
 
     # 3. supergroups and MatmulAdd
+    depthwise_fused = []
     for node in index.nodes:
+        depthwise = is_depthwise_or_3d_conv(index, node)
+        if depthwise and not depthwise_supergroups:
+            continue
         for pattern in config.supergroups:
             chain = _match_chain(index, node, pattern)
+            if depthwise and len(chain) > 1 and any(n in sites and sites[n].enabled for n in node.output):
+                depthwise_fused.append(node.output[0])
             for member in chain[:-1]:
                 for name in member.output:
                     if name in sites:
                         sites[name].enabled = False
+    if depthwise_fused:
+        decisions.append(Decision("depthwise supergroup", tuple(depthwise_fused),
+                                  "no quantizer between the depthwise/3-D convolution and its activation",
+                                  "one grid after the activation is more accurate; depthwise_supergroups=False "
+                                  "gives aimet-onnx's placement"))
     for node in index.nodes:  # HardSwish spelled x * HardSigmoid(x): one activation, one quantizer
         gate = node.output[0] if node.op_type == "HardSigmoid" else None
         mul = index.single_consumer(gate) if gate else None
@@ -222,6 +240,14 @@ def place_quantizers(
         matmul_out = next(n for n in add_node.input if not index.is_constant(n))
         if matmul_out in sites:
             sites[matmul_out].enabled = False
+    norm_off, symmetric16 = norm_pass_sites(index, config.supergroup_pass_list)  # AIMET's norm / masked-softmax passes
+    for name in norm_off:
+        if name in sites:
+            sites[name].enabled = False
+    for name in symmetric16:
+        plan = sites.get(name)
+        if plan is not None and not plan.spec.is_float and plan.spec.dtype.bits == 16:
+            plan.spec = plan.spec.with_(symmetric=True)
 
     # 4. ties
     ties = _UnionFind()
@@ -268,6 +294,20 @@ def _merge_clamp_chains(index: GraphIndex, sites: dict[str, QuantizerPlan]) -> N
         for name in node.input:
             if name in sites and sites[name].role == "activation":
                 sites[name].enabled = False
+
+
+def is_depthwise_or_3d_conv(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """AIMET's supergroup exclusion: a Conv / ConvTranspose with a 5-D input or weight, or a grouped one whose
+    groups each read one input channel (Conv weight ``[M, 1, k...]``; ConvTranspose weight ``[group, ...]``)."""
+    if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+        return False
+    data, weight = index.shape.get(node.input[0]), index.shape.get(node.input[1])
+    if (data is not None and len(data) == 5) or (weight is not None and len(weight) == 5):
+        return True
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    if group == 1 or weight is None:
+        return False
+    return weight[1] == 1 if node.op_type == "Conv" else weight[0] == group
 
 
 def _finite_constant(index: GraphIndex, name: str, left_in_float: list) -> bool:

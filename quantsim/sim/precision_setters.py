@@ -35,7 +35,7 @@ __all__ = ["deciding_quantizer", "set_tensor_precision", "set_param_type", "set_
 
 def _closest_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp | None:
     """``tensor``'s enabled quantizer, or the closest one upstream through grid-preserving ops."""
-    index, seen = sim._index, set()
+    index, seen = sim.graph_index, set()
     while tensor not in seen:
         seen.add(tensor)
         q = sim.qc_quantize_op_dict.get(tensor)
@@ -93,7 +93,7 @@ def set_tensor_precision(sim: QuantizationSimModel, names: str | Iterable[str], 
     chosen: dict[int, QcQuantizeOp] = {}
     missing = []
     for name in names:
-        if name not in sim._index.elem_type and name not in sim._index.producer:
+        if name not in sim.graph_index.elem_type and name not in sim.graph_index.producer:
             raise InvalidArgumentError(f"set_tensor_precision: {name!r} is not a tensor of {sim._label}")
         q = _closest_quantizer(sim, name)  # AIMET's walk: a fused output (deciding_quantizer's extra) is refused
         if q is None:
@@ -113,7 +113,7 @@ def set_tensor_precision(sim: QuantizationSimModel, names: str | Iterable[str], 
 
 def _nodes(sim: QuantizationSimModel, op_types: Iterable[str] | None, nodes_to_include: Iterable[str] | None,
            nodes_to_exclude: Iterable[str] | None, where: str) -> list:
-    graph_nodes = {node.name: node for node in sim._index.nodes}  # not sim.model: that copies mapped weights in
+    graph_nodes = {node.name: node for node in sim.graph_index.nodes}  # not sim.model: that copies mapped weights in
     exclude = set(nodes_to_exclude or ())
     unknown = sorted((set(nodes_to_include or ()) | exclude) - set(graph_nodes))
     if unknown:

@@ -17,6 +17,7 @@ from quantsim.core.fp8_encodings import fp8_encoding_from_scale
 from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError, InvalidStateError, warn_at_caller
+from quantsim.sim.quantizer_aimet import QuantizerAimetSurface
 
 __all__ = ["QcQuantizeOp", "TfEncoding"]
 
@@ -32,10 +33,12 @@ class TfEncoding:
     bw: int
 
 
-class QcQuantizeOp:
+class QcQuantizeOp(QuantizerAimetSurface):
     """One quantizer, shared by all tensors tied to it (``tensors``).
 
-    ``role`` is "param" (weights, biases and other initializers) or "activation".
+    ``role`` is "param" (weights, biases and other initializers) or "activation". The rest of AIMET's
+    surface (``op_mode``, ``reset_encoding_stats``, ``quantize_dequantize``, ...) is in
+    `quantsim.sim.quantizer_aimet`.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class QcQuantizeOp:
         self._scheme = get_scheme(quant_scheme)
         self._percentile = float(percentile)
         self._notify = notify or (lambda: None)
+        self.guard: Callable[[QcQuantizeOp, QSpec], None] | None = None  # the sim's target (`sim.target_rules`)
         self._validate_spec(spec)
 
     # core state ---------------------------------------------------------------------------------
@@ -124,6 +128,8 @@ class QcQuantizeOp:
             return
         self._validate_spec(spec)
         if spec != self._spec:
+            if self.guard is not None:
+                self.guard(self, spec)  # raises TargetError, changing nothing, where the target cannot run it
             self._spec = spec
             self._encoding = None
             self._notify()

@@ -52,7 +52,7 @@ def _quantizer_state(q) -> QuantizerState:
 
 def snapshot(sim: QuantizationSimModel) -> SimState:
     """The sim's current state; weights replaced after this call are recorded into it until it is restored."""
-    state = SimState({q.name: _quantizer_state(q) for q in sim._quantizers}, sim._version,
+    state = SimState({q.name: _quantizer_state(q) for q in sim.quantizers}, sim._version,
                      (sim._session, sim._session_version, sim._fused, sim._calibration_cache,
                       dict(sim._capture_sessions)))
     sim._open_states.append(state)
@@ -63,7 +63,7 @@ def restore(sim: QuantizationSimModel, state: SimState) -> None:
     """Put the sim back into ``state`` (quantizers, weights and the sessions built for that state)."""
     for name, values in state.weights.items():
         sim._write_weight(name, values)
-    for q in sim._quantizers:
+    for q in sim.quantizers:
         saved = state.quantizers.get(q.name)
         if saved is None:
             continue
@@ -110,6 +110,10 @@ def transaction(sim: QuantizationSimModel) -> Iterator[SimState]:
     state = snapshot(sim)
     try:
         yield state
+        if sim._open_states and sim._open_states[0] is state:  # outermost: the target's rules between tensors
+            from quantsim.sim.target_rules import commit_pending
+
+            commit_pending(sim)
     except BaseException:
         restore(sim, state)
         raise

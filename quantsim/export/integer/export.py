@@ -204,7 +204,7 @@ def _float_model(sim) -> tuple[onnx.ModelProto, WeightSource | None]:
     large model), without copying them in as ``sim.model`` would."""
     index = getattr(sim, "_index", None)
     if index is None:
-        return sim.model, None
+        return sim.model.model, None
     return sim._model, index.weights
 
 
