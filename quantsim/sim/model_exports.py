@@ -76,9 +76,9 @@ class SimExports:
         away on near-ties).
 
         AIMET's keywords: ``export_int32_bias`` (default True here, False in AIMET: the int32 biases are what
-        integer runtimes fuse; False keeps the float biases, as a sim built with ``int32_bias=False`` computes them; ``int32_bias`` is an
-        alias, quantsim's earlier name), ``prequantize_constants`` (default True here: weights as integer codes behind
-        DequantizeLinear; False stores their fake-quantized float values behind QuantizeLinear ->
+        integer runtimes fuse; False keeps the float biases, as a sim built with ``int32_bias=False`` computes
+        them; ``int32_bias`` is an alias, quantsim's earlier name), ``prequantize_constants`` (default True here:
+        weights as integer codes behind DequantizeLinear; False stores their fake-quantized float values behind QuantizeLinear ->
         DequantizeLinear, AIMET's default; the same values) and ``force_activation_as`` ("unsigned", the
         default, "signed" or None: the storage type of activation codes, the same values; see
         `quantsim.export.qdq_forms`). With ``path`` the model is written there instead (plus ``<path>.data``
