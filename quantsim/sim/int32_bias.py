@@ -12,7 +12,8 @@ each eligible bias initializer is replaced by ``float32(codes) * scale``, the va
 from the codes, so the sim and the unfused QDQ export compute the same floats.
 
 Eligibility follows `quantize_biases`, read from the sim's quantizer table over the prepared graph (names
-are the same in the sim graph and the exports): the bias is a constant read by this node only; the op's data
+are the same in the sim graph and the exports): the bias is a constant read by this node only, without an
+enabled quantizer of its own (the exports dequantize such a bias from its codes); the op's data
 input has an enabled, calibrated per-tensor integer quantizer (not float8), or comes from one through
 grid-preserving data movement (`op_facts.GRID_MOVEMENT_OPS`, whose outputs the QDQ export gives a derived Q/DQ
 pair); the weight has an enabled integer quantizer (not float8, not block-wise) whose per-channel axis, if
@@ -84,8 +85,9 @@ def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_c
         if slot is None or len(node.input) <= slot or not node.input[slot] or len(node.input) < 2:
             continue
         bias = node.input[slot]
-        if uses.get(bias, 0) != 1 or not is_constant(bias):
-            continue
+        own = table.get(bias)
+        if uses.get(bias, 0) != 1 or not is_constant(bias) or (own is not None and own.enabled):
+            continue  # a bias with its own quantizer is on that grid in the sim and the exports
         q = table.get(node.input[1])
         enc = _integer_encoding(q)
         if q is None or enc is None or enc.block_size is not None:
