@@ -33,7 +33,8 @@ root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 html_theme = "furo"
 html_title = "quantsim"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 html_copy_source = False
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
@@ -134,7 +135,10 @@ def _api_page(package: str, summary: str, examples: dict[str, list[tuple[str, st
              "```{eval-rst}", f".. currentmodule:: {package}", "```", "", "| name | what it is |", "|---|---|"]
     for name in names:
         obj = getattr(module, name)
-        doc = _attribute_doc(package, name, obj) if _kind(obj) == "autodata" else (inspect.getdoc(obj) or "")
+        if _kind(obj) == "autodata":
+            doc = _attribute_doc(package, name, obj) or f"``{obj!r}``, a ``{type(obj).__name__}``."
+        else:
+            doc = inspect.getdoc(obj) or ""
         first = re.split(r"(?<=\.)\s", " ".join(doc.split("\n\n")[0].split()), maxsplit=1)[0].replace("|", "\\|")
         lines.append(f"| {{py:obj}}`{name} <{package}.{name}>` | {first} |")
     lines.append("")
