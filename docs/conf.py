@@ -220,6 +220,12 @@ def _copy_schemas(app, exception) -> None:  # noqa: ANN001 - Sphinx's callback s
         shutil.copytree(DOCS / "schemas", Path(app.outdir) / "schemas", dirs_exist_ok=True)
 
 
+def _drop_object_base(app, name, obj, options, bases) -> None:  # noqa: ANN001
+    """'Bases: object' says nothing: list real bases only (an error's ValueError, an enum's Enum)."""
+    bases[:] = [base for base in bases if base is not object]
+
+
 def setup(app) -> dict[str, bool]:  # noqa: ANN001
     app.connect("build-finished", _copy_schemas)
+    app.connect("autodoc-process-bases", _drop_object_base)
     return {"parallel_read_safe": True}
