@@ -142,16 +142,30 @@ def _api_page(package: str, summary: str, examples: dict[str, list[tuple[str, st
         first = re.split(r"(?<=\.)\s", " ".join(doc.split("\n\n")[0].split()), maxsplit=1)[0].replace("|", "\\|")
         lines.append(f"| {{py:obj}}`{name} <{package}.{name}>` | {first} |")
     lines.append("")
+    modules: dict[str, None] = {}  # the modules defining the names, in first-use order
     for name in names:
         obj = getattr(module, name)
         directive = _kind(obj)
         lines += [f"## `{name}`", "", "```{eval-rst}"]
         lines += _data_entry(package, name, obj) if directive == "autodata" else [f".. {directive}:: {package}.{name}"]
         lines += ["```", ""]
+        home = getattr(obj, "__module__", None) if directive != "autodata" else None
+        # a module named like a public name (quantsim.prepare, the module, vs quantsim.prepare, the function)
+        # would be a second object of the same name: its docstring is the function's entry already
+        shadowed = isinstance(home, str) and home.rsplit(".", 1)[-1] in names and home.count(".") == 1
+        if isinstance(home, str) and home.startswith(package + ".") and home in sys.modules and not shadowed:
+            modules.setdefault(home, None)
+            lines += [f"Defined in {{py:mod}}`{home}` (its notes are at the end of this page).", ""]
         used = examples.get(name, [])
         if used:
             links = ", ".join(f"[{title}](../guides/{stem}.md)" for stem, title in used)
             lines += [f"Examples: {links}.", ""]
+    if modules:
+        lines += ["## Module notes", "",
+                  "The docstrings of the modules that define the names above: the rules and conventions the",
+                  "entries refer to as the module docstring.", ""]
+        for home in sorted(modules):
+            lines += [f"### `{home}`", "", "```{eval-rst}", f".. automodule:: {home}", "   :no-members:", "```", ""]
     if SUPPORTING.get(package):
         lines += ["## Types used in signatures", "",
                   "Not exported by the package, but named by the signatures and attributes above.", ""]
@@ -225,7 +239,50 @@ def _drop_object_base(app, name, obj, options, bases) -> None:  # noqa: ANN001
     bases[:] = [base for base in bases if base is not object]
 
 
+def _soft_object_role():
+    """The default role of docstrings (`name`): a link to the documented object it names, else plain code."""
+    from sphinx import addnodes
+    from sphinx.domains.python import PyXRefRole
+
+    class SoftObjectRole(PyXRefRole):
+        def run(self):
+            self.name = "py:obj"
+            made, messages = super().run()
+            for node in made:
+                if isinstance(node, addnodes.pending_xref):
+                    node["quantsim_soft"] = True
+            return made, messages
+
+    return SoftObjectRole()
+
+
+default_role = "quantsim-obj"
+
+
 def setup(app) -> dict[str, bool]:  # noqa: ANN001
+    app.add_role("quantsim-obj", _soft_object_role())
     app.connect("build-finished", _copy_schemas)
     app.connect("autodoc-process-bases", _drop_object_base)
+    app.connect("missing-reference", _resolve_by_suffix)
     return {"parallel_read_safe": True}
+
+
+def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001 - Sphinx's callback signature
+    """Docstrings name things as their own module sees them (`auto_quantize` inside mixed_precision.auto_quant,
+    `replace_weight` inside QuantizationSimModel): resolve such a reference to the one documented object whose
+    full name ends with it. Several candidates, or none, stay unresolved (and fail the nitpicky build)."""
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"].lstrip("~.").removesuffix("()")
+    domain = env.get_domain("py")
+    found = [name for name in domain.objects if name == target or name.endswith("." + target)]
+    public = [name for name in found if name in {f"{package}.{target}" for package in PACKAGES}]
+    found = public or found  # `compute_encodings`: the public function rather than the method
+    if len(found) != 1:
+        # a docstring's `name` (the default role) that names no documented object stays plain code: parameter
+        # names, internal modules; explicit roles (:class:`X`) and signatures must resolve
+        return contnode if node.get("quantsim_soft") else None
+    from sphinx.util.nodes import make_refnode
+
+    entry = domain.objects[found[0]]
+    return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, found[0])
