@@ -43,7 +43,7 @@ suppress_warnings = ["myst.header"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"members": True}
 autosummary_generate = False
 napoleon_google_docstring = True
 napoleon_numpy_docstring = True
@@ -148,6 +148,8 @@ def _api_page(package: str, summary: str, examples: dict[str, list[tuple[str, st
         directive = _kind(obj)
         lines += [f"## `{name}`", "", "```{eval-rst}"]
         lines += _data_entry(package, name, obj) if directive == "autodata" else [f".. {directive}:: {package}.{name}"]
+        if inspect.isclass(obj) and obj.__bases__ != (object,):
+            lines.append("   :show-inheritance:")  # an error's ValueError, an enum's Enum; never "Bases: object"
         lines += ["```", ""]
         home = getattr(obj, "__module__", None) if directive != "autodata" else None
         # a module named like a public name (quantsim.prepare, the module, vs quantsim.prepare, the function)
@@ -187,14 +189,14 @@ def _cli_page() -> str:
              "argument parser when the site is built, so they are the installed program's.", ""]
 
     def visit(p, title: str, depth: int) -> None:
-        lines.extend([f"{'#' * depth} `{title}`", "", "```text", p.format_help().rstrip(), "```", ""])
+        lines.extend([f"{'#' * depth} `{title} --help`", "", "```text", p.format_help().rstrip(), "```", ""])
         for action in p._actions:  # argparse keeps subcommands in a private action type
             choices = getattr(action, "choices", None)
             if action.__class__.__name__ == "_SubParsersAction" and isinstance(choices, dict):
                 for name, sub in choices.items():
                     visit(sub, f"{title} {name}", min(depth + 1, 4))
 
-    visit(parser, "quantsim --help", 2)
+    visit(parser, "quantsim", 2)
     return "\n".join(lines)
 
 
@@ -234,11 +236,6 @@ def _copy_schemas(app, exception) -> None:  # noqa: ANN001 - Sphinx's callback s
         shutil.copytree(DOCS / "schemas", Path(app.outdir) / "schemas", dirs_exist_ok=True)
 
 
-def _drop_object_base(app, name, obj, options, bases) -> None:  # noqa: ANN001
-    """'Bases: object' says nothing: list real bases only (an error's ValueError, an enum's Enum)."""
-    bases[:] = [base for base in bases if base is not object]
-
-
 def _soft_object_role():
     """The default role of docstrings (`name`): a link to the documented object it names, else plain code."""
     from sphinx import addnodes
@@ -262,7 +259,6 @@ default_role = "quantsim-obj"
 def setup(app) -> dict[str, bool]:  # noqa: ANN001
     app.add_role("quantsim-obj", _soft_object_role())
     app.connect("build-finished", _copy_schemas)
-    app.connect("autodoc-process-bases", _drop_object_base)
     app.connect("missing-reference", _resolve_by_suffix)
     return {"parallel_read_safe": True}
 
