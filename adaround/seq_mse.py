@@ -9,8 +9,9 @@ exactly on all the data: ``(W_c - W) S (W_c - W)^T`` per output channel. ``inp_s
 input each side sees, as in AIMET's ``SeqMseParams``: "symqt" (both the sim's quantized input: the
 default), "asym" (the float model's input for the float weight), "symfp" (both the float input).
 ("symqt" is the only one AIMET 2.42 runs). ``loss_fn``: "mse" (default), "l1" or "sqnr", as AIMET's
-(`adaround.seq_mse_losses`). Per-block weights and frozen, float or disabled weight quantizers are
-skipped (reason in the report).
+(`adaround.seq_mse_losses`). Per-block (and LPBQ) weights choose a factor per (channel, block) by the
+block's own output error (`adaround.seq_mse_blocks`, "mse" only). Frozen, float or disabled weight quantizers
+are skipped (reason in the report).
 
 Call forms (AIMET's, told apart by argument types): ``apply_seq_mse(sim, inputs, num_candidates=20,
 nodes_to_exclude=None)`` (aimet-onnx 2.42); ``apply_seq_mse(sim, inputs, SeqMseParams(...))`` or
@@ -35,7 +36,9 @@ from tqdm.auto import tqdm
 
 from adaround.apply import LayerReport, select_layers
 from adaround.feeds import as_feeds, model_inputs
+from adaround.layer_data import second_moments
 from adaround.linear_form import LinearForm, linear_form
+from adaround.seq_mse_blocks import best_block_encoding
 from adaround.seq_mse_losses import LOSS_FUNCTIONS, candidate_losses
 from quantsim import InvalidArgumentError, InvalidTypeError, QuantizationSimModel, encoding_from_range, fake_quantize
 from quantsim.errors import warn_at_caller
@@ -183,16 +186,22 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
         float_capturer = sim.capturer(sorted({layer.input for layer in layers}), quantized=False) if layers else None
         for layer in tqdm(layers, desc="Sequential MSE", unit="layer", leave=False, disable=None if progress else True):
             q = layer.weight_quantizer
-            if q.is_encoding_frozen() or q.encoding.block_size is not None:
-                why = "weight encoding frozen" if q.is_encoding_frozen() else "per-block weight encoding"
-                reports.append(LayerReport(layer.node, layer.op_type, "skipped", why))
+            if q.is_encoding_frozen():
+                reports.append(LayerReport(layer.node, layer.op_type, "skipped", "weight encoding frozen"))
                 continue
             weight = sim.get_weight(layer.weight).astype(np.float32)
             form = linear_form(layer.op_type, layer.attributes, weight.shape)
             sources = _moment_sources(sim, layer, feeds, float_capturer, params.inp_symmetry)
-            encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params,
-                                                             layer.batchnorm.scale if layer.batchnorm else None)
-            q.set_encoding(encoding)
+            if q.encoding.block_size is not None:
+                if params.loss_fn != "mse":
+                    raise InvalidArgumentError(f"apply_seq_mse: per-block weights ({layer.weight}) take loss_fn='mse' "
+                                               f"only, got {params.loss_fn!r}")
+                data = second_moments(form, sources[0], sources[1], layer.input)
+                loss, full_range_loss = best_block_encoding(form, weight, q, data, params.num_candidates)
+            else:
+                encoding, loss, full_range_loss = _best_encoding(form, weight, q, sources, layer.input, params,
+                                                                 layer.batchnorm.scale if layer.batchnorm else None)
+                q.set_encoding(encoding)
             q.freeze_encodings()
             _log.info("Sequential MSE %s: %s %.4g (full range %.4g)", layer.node, params.loss_fn, loss, full_range_loss)
             mode = "columns" if params.loss_fn == "l1" else "moments"

@@ -28,7 +28,7 @@ from quantsim.core.numerics import (
     grid_bounds,
     quantize,
 )
-from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.core.spec import LPBQ, PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings.transfer import EncodingMismatch, load_encodings_to_sim
 from quantsim.errors import (
     AimetDifferenceWarning,
@@ -61,7 +61,13 @@ from quantsim.sim.groups import QuantizerGroup
 from quantsim.sim.layers import FollowingActivation, FollowingBatchNorm, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
 from quantsim.sim.model_view import ModelView
-from quantsim.sim.precision_setters import deciding_quantizer, set_blockwise_quantization_for_weights, set_param_type
+from quantsim.sim.precision_setters import (
+    deciding_quantizer,
+    set_blockwise_quantization_for_weights,
+    set_grouped_blockwise_quantization_for_weights,
+    set_lpbq_for_params,
+    set_param_type,
+)
 from quantsim.sim.quantizer import QcQuantizeOp, TfEncoding
 from quantsim.sim.quantizer_aimet import OpMode
 from quantsim.sim.state import SimState
@@ -76,6 +82,8 @@ __all__ = [
     "set_param_type",
     "deciding_quantizer",
     "set_blockwise_quantization_for_weights",
+    "set_lpbq_for_params",
+    "set_grouped_blockwise_quantization_for_weights",
     "QuantScheme",
     "QuantizationDataType",
     "qtype",
@@ -91,6 +99,7 @@ __all__ = [
     "PerTensor",
     "PerChannel",
     "PerBlock",
+    "LPBQ",
     "Encoding",
     "encoding_from_range",
     "quantize",

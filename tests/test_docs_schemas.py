@@ -37,7 +37,7 @@ def validator(name: str):
 
 
 def _sims():
-    """Sims covering what the writers emit: per-tensor, per-channel, blockwise, int4/int16, float16."""
+    """Sims covering what the writers emit: per-tensor, per-channel, blockwise, LPBQ, int4/int16, float16."""
     per_channel = calibrated_sim()
     per_tensor = calibrated_sim(config_file="per_tensor")
     mixed = calibrated_sim()
@@ -51,7 +51,12 @@ def _sims():
     q = blockwise.qc_quantize_op_dict["W2"]
     q.set_qspec(q.spec.with_(granularity=PerBlock(0, 1, 2)))
     blockwise.compute_encodings(batches())
-    return {"per_channel": per_channel, "per_tensor": per_tensor, "mixed": mixed, "blockwise": blockwise}
+    from quantsim import QSpec
+
+    lpbq = QuantizationSimModel(make_model(channels=4), progress=False)
+    lpbq.qc_quantize_op_dict["W2"].set_qspec(QSpec.lpbq("int4", block_size=2))
+    lpbq.compute_encodings(batches())
+    return {"per_channel": per_channel, "per_tensor": per_tensor, "mixed": mixed, "blockwise": blockwise, "lpbq": lpbq}
 
 
 SIMS = _sims()

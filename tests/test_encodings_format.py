@@ -350,7 +350,7 @@ BAD_INPUTS = {
     "offset too big": (_v1(is_sym=False, offset=[-300.0] * 4), "conv.weight", "offset"),
     "fractional offset": (_v1(offset=[-127.5] * 4), "conv.weight", "whole"),
     "unknown enc_type": (_v1(enc_type="PER_GROUP"), "conv.weight", "PER_GROUP"),
-    "lpbq": (_v1(enc_type="LPBQ"), "conv.weight", "LPBQ"),
+    "lpbq": (_v1(enc_type="LPBQ"), "conv.weight", "compressed_bw"),  # an LPBQ entry needs its fields
     "is_sym string in 1.0.0": (_v1(is_sym="True"), "conv.weight", "is_sym"),
     "bad is_symmetric 0.6.1": (_v061(is_symmetric="yes"), "input", "is_symmetric"),
     "bad bitwidth": (_v1(bw=17), "conv.weight", "17"),

@@ -2,7 +2,9 @@
 
 Granularity is data (after torchao's ``PerAxis``): `PerTensor`, `PerChannel(axis)` and
 `PerBlock(axis, block_size)` where ``axis`` is the channel (output) axis and blocks run along the
-other reduction axis given by ``block_axis``. `QSpec` bundles a `qtype` with a granularity and the
+other reduction axis given by ``block_axis``; `LPBQ` is a `PerBlock` whose block scales are themselves
+quantized to ``scale_bits``-bit integers under one float scale per channel (low-power blockwise
+quantization, AIMET's ``QSpec.lpbq``). `QSpec` bundles a `qtype` with a granularity and the
 symmetric / strict / unsigned-symmetric flags; every change to a quantizer produces a new QSpec.
 """
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, replace
 from quantsim.core.dtypes import qtype
 from quantsim.errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["PerTensor", "PerChannel", "PerBlock", "Granularity", "QSpec"]
+__all__ = ["PerTensor", "PerChannel", "PerBlock", "LPBQ", "Granularity", "QSpec"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,25 @@ class PerBlock:
         return f"per-block(axis={self.axis}, block_axis={self.block_axis}, block_size={self.block_size})"
 
 
+@dataclass(frozen=True)
+class LPBQ(PerBlock):
+    """Low-power blockwise quantization: a `PerBlock` grid whose block scales are
+    ``int_scale * channel_scale`` with ``int_scale`` in ``[1, 2^scale_bits]`` and one float
+    ``channel_scale`` per channel (`quantsim.core.lpbq`). AIMET calls ``bits + scale_bits`` the
+    decompressed bitwidth. Symmetric integer grids only."""
+
+    scale_bits: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.scale_bits, bool) or not isinstance(self.scale_bits, int) or not 1 <= self.scale_bits <= 16:
+            raise InvalidArgumentError(f"LPBQ scale_bits must be an integer in 1..16, got {self.scale_bits!r}")
+
+    def describe(self) -> str:
+        return (f"lpbq(axis={self.axis}, block_axis={self.block_axis}, block_size={self.block_size}, "
+                f"scale_bits={self.scale_bits})")
+
+
 Granularity = PerTensor | PerChannel | PerBlock
 
 
@@ -74,6 +95,8 @@ class QSpec:
             object.__setattr__(self, "dtype", qtype.as_qtype(self.dtype))
         if not isinstance(self.granularity, (PerTensor, PerChannel, PerBlock)):
             raise InvalidTypeError(f"unknown granularity {self.granularity!r}")
+        if isinstance(self.granularity, LPBQ) and not self.dtype.is_float and not self.symmetric:
+            raise InvalidArgumentError(f"LPBQ needs a symmetric grid, got {self.describe()}")
 
     @classmethod
     def per_tensor(cls, dtype: qtype | str, *, symmetric: bool = False) -> QSpec:
@@ -89,13 +112,19 @@ class QSpec:
     ) -> QSpec:
         return cls(qtype.as_qtype(dtype), PerBlock(axis, block_axis, block_size), symmetric)
 
+    @classmethod
+    def lpbq(cls, dtype: qtype | str, block_size: int = 64, scale_bits: int = 4, *, axis: int = 0,
+             block_axis: int = 1) -> QSpec:
+        """Symmetric `LPBQ` (AIMET's ``QSpec.lpbq(dtype, block_size=64, scale_bits=4)``)."""
+        return cls(qtype.as_qtype(dtype), LPBQ(axis, block_axis, block_size, scale_bits), True)
+
     def with_(self, **changes) -> QSpec:
         """A copy with some fields changed."""
         return replace(self, **changes)
 
     @property
     def is_float(self) -> bool:
-        """Simulated by a plain cast (float16): no encoding, no calibration. False for the float8 formats,
+        """Whether this is simulated by a plain cast (float16), with no encoding and no calibration. False for the float8 formats,
         which have encodings (a scale per tensor or channel) like integer grids: see `is_fp8`."""
         return self.dtype.is_cast_float
 

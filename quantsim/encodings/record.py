@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from quantsim.core.numerics import Encoding
 from quantsim.errors import InvalidArgumentError
 
@@ -21,7 +23,9 @@ class TensorEncoding:
     `Encoding` (ONNX convention: ``zero_point = -offset`` on unsigned grids) and ``bits`` equal to its
     bitwidth (2..16, or 32 for int32 bias entries); float16 simulation has ``is_float`` set, ``bits`` 16
     and no encoding. ``shape`` is the tensor's shape where known: writing a blockwise encoding in the
-    2.0.0 layout needs it.
+    2.0.0 layout needs it. ``lpbq_scale_bits`` is set for an LPBQ weight (`quantsim.core.spec.LPBQ`): its
+    blockwise encoding's block scales are ``int_scale * channel_scale`` with ``lpbq_scale_bits``-bit
+    ``int_scale`` (AIMET's decompressed bitwidth is ``bits + lpbq_scale_bits``).
     """
 
     name: str
@@ -30,6 +34,7 @@ class TensorEncoding:
     is_float: bool
     encoding: Encoding | None
     shape: tuple[int, ...] | None = None
+    lpbq_scale_bits: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -46,6 +51,10 @@ class TensorEncoding:
                 raise InvalidArgumentError(f"{self.name}: bits {self.bits} != encoding bits {self.encoding.bits}")
         if self.shape is not None:
             object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.lpbq_scale_bits is not None:
+            enc = self.encoding
+            if enc is None or enc.block_size is None or not enc.signed or np.any(enc.zero_point != 0):
+                raise InvalidArgumentError(f"{self.name}: an LPBQ record needs a symmetric signed blockwise encoding")
 
     @property
     def grid(self) -> Encoding:
@@ -56,10 +65,11 @@ class TensorEncoding:
 
     @classmethod
     def from_encoding(
-        cls, name: str, encoding: Encoding, kind: str | None = None, shape: tuple[int, ...] | None = None
+        cls, name: str, encoding: Encoding, kind: str | None = None, shape: tuple[int, ...] | None = None,
+        lpbq_scale_bits: int | None = None,
     ) -> TensorEncoding:
         """An integer-grid record (``bits`` taken from the encoding)."""
-        return cls(name, kind, encoding.bits, False, encoding, shape)
+        return cls(name, kind, encoding.bits, False, encoding, shape, lpbq_scale_bits)
 
     @classmethod
     def float16(cls, name: str, kind: str | None = None, shape: tuple[int, ...] | None = None) -> TensorEncoding:
@@ -70,8 +80,8 @@ class TensorEncoding:
         """Exact equality, comparing encodings with `Encoding.same_as`."""
         if not isinstance(other, TensorEncoding):
             return False
-        if (self.name, self.kind, self.bits, self.is_float, self.shape) != (
-            other.name, other.kind, other.bits, other.is_float, other.shape
+        if (self.name, self.kind, self.bits, self.is_float, self.shape, self.lpbq_scale_bits) != (
+            other.name, other.kind, other.bits, other.is_float, other.shape, other.lpbq_scale_bits
         ):
             return False
         if self.encoding is None or other.encoding is None:

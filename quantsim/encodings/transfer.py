@@ -15,8 +15,9 @@ import numpy as np
 
 from quantsim.core.bias import bias_scale
 from quantsim.core.dtypes import QuantizationDataType, float16, qtype
+from quantsim.core.lpbq import decompose_block_scales
 from quantsim.core.numerics import Encoding, grid_bounds
-from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.core.spec import LPBQ, PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings import (
     TensorEncoding,
     encodings_from_dict,
@@ -75,19 +76,22 @@ def sim_records(sim) -> list[TensorEncoding]:
             if q.spec.is_float:
                 records.append(TensorEncoding.float16(tensor, q.role, shape))
             else:
-                records.append(TensorEncoding.from_encoding(tensor, q.encoding, q.role, shape))
+                scale_bits = q.spec.granularity.scale_bits if isinstance(q.spec.granularity, LPBQ) else None
+                records.append(TensorEncoding.from_encoding(tensor, q.encoding, q.role, shape, scale_bits))
     return records
 
 
 def int32_bias_records(sim, records: list[TensorEncoding] | None = None) -> list[TensorEncoding]:
     """int32 bias encodings with scale ``s_in * s_w`` for Conv/ConvTranspose/Gemm whose input and weight
-    have integer encodings (per channel when the weight is). The input's encoding is its record in
+    have integer encodings (per channel when the weight is; an LPBQ weight contributes its per-channel float
+    scale, as in aimet-onnx; other blockwise weights get none). The input's encoding is its record in
     ``records`` (default: the sim's, plus the derived ones: a Gemm after a Flatten reads the Flatten's
     derived grid, as in the QDQ export)."""
     if records is None:
         records = sim_records(sim)
         records = records + derived_records(sim._index, records)
     by_name = {r.name: r.encoding for r in records if not r.is_float}
+    lpbq_bits = {r.name: r.lpbq_scale_bits for r in records if r.lpbq_scale_bits is not None}
     out = []
     qmin, qmax = grid_bounds(32, signed=True)
     for node in sim._index.nodes:
@@ -97,9 +101,14 @@ def int32_bias_records(sim, records: list[TensorEncoding] | None = None) -> list
         enc_in, enc_w = by_name.get(node.input[0]), by_name.get(node.input[1])
         if enc_in is None or enc_w is None or enc_in.fp8 is not None or enc_w.fp8 is not None:
             continue  # float8 inputs or weights have no integer accumulator (AIMET writes no int32 bias then)
-        if not enc_in.is_per_tensor or enc_w.block_size is not None or enc_in.bits > 16 or enc_w.bits > 16:
+        weight_scale = enc_w.scale
+        if node.input[1] in lpbq_bits:
+            weight_scale = decompose_block_scales(enc_w.scale, lpbq_bits[node.input[1]])[1]
+        elif enc_w.block_size is not None:
             continue
-        scale = bias_scale(enc_in.scale, enc_w.scale).astype(np.float64)  # what the QDQ model uses
+        if not enc_in.is_per_tensor or enc_in.bits > 16 or enc_w.bits > 16:
+            continue
+        scale = bias_scale(enc_in.scale, weight_scale).astype(np.float64)  # what the QDQ model uses
         axis = 0 if scale.ndim else None
         enc = Encoding(scale, np.zeros(scale.shape, np.int64), 32, True, qmin, qmax, True, axis)
         out.append(TensorEncoding.from_encoding(node.input[slot], enc, "param", tuple(sim._index.shape[node.input[slot]])))
@@ -165,7 +174,7 @@ def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, 
     assert enc is not None  # an integer record always carries one (TensorEncoding checks it)
     where = f"{source}: tensor {record.name!r}"
     shape = q.shape
-    granularity: PerTensor | PerChannel | PerBlock
+    granularity: PerTensor | PerChannel | PerBlock | LPBQ
     if enc.scale.ndim == 0:
         granularity = PerTensor()
     else:
@@ -188,6 +197,8 @@ def _bind(q: QcQuantizeOp, record: TensorEncoding, source: str) -> tuple[QSpec, 
                 raise InvalidArgumentError(f"{where}: {enc.scale.size} block scales do not fit shape {tuple(shape)} "
                                  f"with block size {enc.block_size}")
             granularity = PerBlock(axis, block_axis, enc.block_size)
+            if record.lpbq_scale_bits is not None:
+                granularity = LPBQ(axis, block_axis, enc.block_size, record.lpbq_scale_bits)
             enc = replace(enc, scale=enc.scale.reshape(shape[axis], blocks),
                           zero_point=enc.zero_point.reshape(shape[axis], blocks), axis=axis, block_axis=block_axis)
     if enc.fp8 is not None:

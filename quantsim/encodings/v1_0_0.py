@@ -5,8 +5,9 @@ Sections ``param_encodings`` / ``activation_encodings`` are lists of entries: ``
 ``scale`` (list; one value per tensor) and ``offset`` (list of floats, AIMET convention ``<= 0``);
 PER_BLOCK adds ``block_size`` with scales flattened in (channel, block) order. float16 is
 ``{"name", "dtype": "FLOAT", "bw": 16, "enc_type": "PER_TENSOR"}``. On reading, PER_BLOCK scales stay
-flat (1-D) with ``block_size`` set and no axes: the simulator binds the axes to the tensor. LPBQ entries
-and non-zero ``zero_point_shift`` are refused.
+flat (1-D) with ``block_size`` set and no axes: the simulator binds the axes to the tensor.
+LPBQ entries (``enc_type`` "LPBQ") are read and written by `quantsim.encodings.lpbq_entries`; non-zero
+``zero_point_shift`` is refused.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from quantsim.encodings import lpbq_entries
 from quantsim.encodings.grids import (
     check_int_bits,
     check_writable,
@@ -45,6 +47,8 @@ ENC_TYPES = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL", "block": "PER_BLO
 def _write_entry(where: Where, record: TensorEncoding) -> dict[str, Any]:
     if record.is_float:
         return {"name": record.name, "dtype": "FLOAT", "bw": FLOAT16_BITS, "enc_type": "PER_TENSOR"}
+    if record.lpbq_scale_bits is not None:
+        return lpbq_entries.write_1_0_0(where, record)
     enc = record.grid
     check_writable(where, enc)
     kind = granularity(where, enc)
@@ -74,6 +78,8 @@ def write_sections(records: list[TensorEncoding], source: str) -> dict[str, Any]
 def _read_entry(where: Where, raw: Any, kind: str) -> TensorEncoding:
     name = as_str(where, require(where, raw, "name"), "name")
     dtype = as_str(where, require(where, raw, "dtype"), "dtype").upper()
+    if dtype == "INT" and raw.get("enc_type") == "LPBQ":
+        return lpbq_entries.read_1_0_0(where, raw, name, kind)
     bits = as_int(where, require(where, raw, "bw"), "bw")
     if dtype == "FLOAT":
         if bits != FLOAT16_BITS:
@@ -83,8 +89,6 @@ def _read_entry(where: Where, raw: Any, kind: str) -> TensorEncoding:
         raise where.error(f"'dtype' must be \"INT\" or \"FLOAT\", got {dtype!r}")
     check_int_bits(where, bits, "bw")
     enc_type = as_str(where, require(where, raw, "enc_type"), "enc_type")
-    if enc_type == "LPBQ":
-        raise where.error("LPBQ encodings are not supported by quantsim")
     if enc_type not in ENC_TYPES.values():
         raise where.error(f"unknown enc_type {enc_type!r} (expected PER_TENSOR, PER_CHANNEL or PER_BLOCK)")
     symmetric = as_bool(where, require(where, raw, "is_sym"), "is_sym")

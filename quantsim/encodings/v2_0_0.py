@@ -4,7 +4,8 @@ One ``encodings`` list, no param/activation split and no ``quantizer_args``. Ent
 ``output_dtype`` ("int8", "uint8", "int4", "uint16", "int32", ...), ``y_scale`` (number per tensor, list
 per channel, for blockwise a nested list in ONNX's blocked layout: the tensor's shape with the block axis
 divided by ``block_size``), ``y_zero_point`` (omitted when all zero), ``axis`` (channel axis per channel,
-*block* axis blockwise) and ``block_size``.
+*block* axis blockwise) and ``block_size``. LPBQ entries (``per_block_int_scale`` and
+``per_channel_float_scale`` instead of ``y_scale``) are read and written by `quantsim.encodings.lpbq_entries`.
 
 Conventions shared with AIMET: symmetric grids are signed types with no zero point; strict symmetric
 grids are written with zero point -1 (AIMET's ``offset + 2^(b-1)``) and read back as the strict grid;
@@ -24,6 +25,7 @@ import numpy as np
 from quantsim.core.fp8 import FP8_FORMATS
 from quantsim.core.fp8_encodings import fp8_encoding_from_scale
 from quantsim.core.numerics import Encoding, grid_bounds
+from quantsim.encodings import lpbq_entries
 from quantsim.encodings.grids import check_writable, granularity, is_strict
 from quantsim.encodings.record import INT32_BITS, TensorEncoding
 from quantsim.encodings.validate import (
@@ -44,7 +46,6 @@ OUTPUT_DTYPES = {
     f"{'' if signed else 'u'}int{bits}": (bits, signed) for bits in (4, 8, 16, 32) for signed in (True, False)
 }
 FORCE_CHOICES = ("unsigned", "signed", None)  # None: each activation grid's own signedness (AIMET's None)
-_LPBQ_KEYS = ("per_block_int_scale", "per_channel_float_scale")
 
 
 def dtype_name(where: Where, bits: int, signed: bool) -> str:
@@ -124,6 +125,8 @@ def _read_fp8_entry(where: Where, raw: Any, name: str, dtype: str, kind: str | N
 
 
 def _write_entry(where: Where, record: TensorEncoding, force: str | None) -> dict[str, Any]:
+    if record.lpbq_scale_bits is not None:
+        return lpbq_entries.write_2_0_0(where, record)
     enc = record.grid
     if enc.fp8 is not None:
         return _write_fp8_entry(where, record)
@@ -181,9 +184,8 @@ def _read_entry(where: Where, raw: Any, kind: str | None) -> TensorEncoding:
     name = as_str(where, require(where, raw, "name"), "name")
     if "bw" in raw:
         raise where.error("'bw' is not a 2.x field (the bitwidth comes from 'output_dtype')")
-    for key in _LPBQ_KEYS:
-        if key in raw:
-            raise where.error(f"LPBQ entries ('{key}') are not supported by quantsim")
+    if any(key in raw for key in lpbq_entries.LPBQ_KEYS):
+        return lpbq_entries.read_2_0_0(where, raw, name, kind)
     dtype = as_str(where, require(where, raw, "output_dtype"), "output_dtype")
     if dtype in FP8_FORMATS:
         return _read_fp8_entry(where, raw, name, dtype, kind)

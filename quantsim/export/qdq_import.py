@@ -7,7 +7,10 @@ Patterns recognised (everything else is left as it is, with a warning or, when s
   grid to ``[round(lo/s) + z, round(hi/s) + z]`` when that is a strict symmetric or 2..15-bit grid
   inside the container (any other Clip, e.g. a model's Relu6, is the model's own and stays).
 * ``DequantizeLinear(integer initializer)``: a weight; the float weight is the dequantized value and the
-  encoding comes from the DQ (per-axis, or blocked for 2-D weights). int32 biases become float biases.
+  encoding comes from the DQ (per-axis, or blocked: one channel axis, replicas along the others). int32
+  biases become float biases.
+* ``DequantizeLinear(integer constant, float constant) -> scale of a blocked DequantizeLinear``: an LPBQ
+  weight (integer block scales times a per-channel float scale, as `quantsim.sim.lpbq_build` writes it).
 * Q/DQ with a float8 zero point (float8e4m3fn / float8e5m2, which must be 0): a float8 encoding, per tensor
   or per axis.
 * ``Cast(float16) -> Cast(float)``: a float16 quantizer.
@@ -89,11 +92,58 @@ def _fp8_encoding(index, node, storage, shape=None) -> Encoding:
     return fp8_encoding_from_scale(scale.astype(np.float64), _FP8[storage], axis=axis)
 
 
-def _encoding(index, node, storage, clip_bounds=None, shape=None) -> Encoding:
+def _lpbq_scale(index: GraphIndex, name: str) -> tuple[np.ndarray, int] | None:
+    """``(block scales, scale bits)`` when ``name`` is ``DequantizeLinear(integer constant, float constant, 0)``:
+    the integer block scales of an LPBQ weight times its per-channel float scale (`quantsim.sim.lpbq_build`).
+    The scale bits are those of the largest integer scale (LPBQ gives every channel's largest block
+    ``2^scale_bits``)."""
+    producer = index.producer_of(name)
+    if producer is None or producer.op_type != "DequantizeLinear":
+        return None
+    ints, channel = _constant(index, producer.input[0]), _constant(index, producer.input[1])
+    zero_point = _constant(index, producer.input[2]) if len(producer.input) > 2 else None
+    if ints is None or channel is None or ints.dtype.kind not in "iu" or ints.ndim < 2 or np.any(ints < 1) or (
+            zero_point is not None and np.any(zero_point)):
+        return None
+    view = [1] * ints.ndim
+    if channel.ndim == 1:
+        view[node_attributes(producer).get("axis", 1) % ints.ndim] = channel.size
+    scale = ints.astype(np.float64) * channel.astype(np.float64).reshape(view if channel.ndim == 1 else channel.shape)
+    return scale, max(1, (int(ints.max()) - 1).bit_length())
+
+
+def _is_lpbq_scale(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """``node`` computes the scale of a blocked DequantizeLinear (and nothing else)."""
+    reader = index.single_consumer(node.output[0])
+    return (reader is not None and reader.op_type == "DequantizeLinear" and len(reader.input) > 1
+            and reader.input[1] == node.output[0] and "block_size" in node_attributes(reader)
+            and _lpbq_scale(index, node.output[0]) is not None)
+
+
+def _collapse_blocks(node, scale: np.ndarray, zero_point: np.ndarray, block_axis: int):
+    """Blocked-layout scale / zero point -> (channel axis, (C, n_blocks) scale, zero point): the channel axis is
+    the one other axis they vary along; every other axis must hold replicas."""
+    others = [k for k in range(scale.ndim) if k != block_axis]
+    varying = [k for k in others if not (np.all(scale == np.take(scale, [0], axis=k))
+                                         and np.all(zero_point == np.take(zero_point, [0], axis=k)))]
+    if len(varying) > 1:
+        raise NotImplementedError(f"{node.name}: a blocked DequantizeLinear whose scale varies along axes {varying} "
+                                  "(one channel axis is supported)")
+    axis = varying[0] if varying else others[0]
+
+    def pick(values: np.ndarray) -> np.ndarray:
+        moved = np.moveaxis(values, (axis, block_axis), (0, 1))
+        return moved.reshape(moved.shape[0], moved.shape[1], -1)[:, :, 0]
+
+    return axis, pick(scale), pick(zero_point)
+
+
+def _encoding(index, node, storage, clip_bounds=None, shape=None, scale_values=None) -> Encoding:
     if storage in _FP8:
         return _fp8_encoding(index, node, storage, shape)
     bits, signed = _SIGNED[storage]
-    scale_values = _constant(index, node.input[1])
+    if scale_values is None:
+        scale_values = _constant(index, node.input[1])
     if scale_values is None:
         raise InvalidArgumentError(f"node {node.name!r}: the scale {node.input[1]!r} is not a constant")
     scale = scale_values.astype(np.float64)
@@ -115,13 +165,11 @@ def _encoding(index, node, storage, clip_bounds=None, shape=None) -> Encoding:
     symmetric = signed and not np.any(zero_point)
     axis = block_axis = block_size = None
     if scale.ndim >= 1 and "block_size" in attrs:
-        if scale.ndim != 2:
-            raise NotImplementedError(f"{node.name}: blocked DequantizeLinear is only imported for 2-D weights")
-        block_axis = attrs.get("axis", 1) % 2
-        axis = 1 - block_axis
+        if scale.ndim < 2:
+            raise NotImplementedError(f"{node.name}: a blocked DequantizeLinear needs a weight of rank >= 2")
+        block_axis = attrs.get("axis", 1) % scale.ndim
         block_size = attrs["block_size"]
-        if block_axis == 0:
-            scale, zero_point = scale.T, zero_point.T
+        axis, scale, zero_point = _collapse_blocks(node, scale, np.broadcast_to(zero_point, scale.shape), block_axis)
     elif scale.ndim == 1:
         axis = attrs.get("axis", 1) % (len(shape) if shape else 1)
     return Encoding(scale, zero_point, grid_bits, signed, qmin, qmax, symmetric, axis, block_axis, block_size)
@@ -138,14 +186,18 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     new_initializers = []
     for node in graph.node:
         if node.op_type == "DequantizeLinear" and index.is_constant(node.input[0]):
+            remove.add(node.name)
+            if _is_lpbq_scale(index, node):  # read with the weight's DQ below
+                continue
             codes = index.constant_value(node.input[0])
             storage = index.elem_type[node.input[0]]
-            enc = _encoding(index, node, storage, shape=codes.shape)
+            lpbq = _lpbq_scale(index, node.input[1]) if "block_size" in node_attributes(node) else None
+            enc = _encoding(index, node, storage, shape=codes.shape, scale_values=lpbq[0] if lpbq else None)
             values = _dequantize_constant(codes, enc, node)
             new_initializers.append(numpy_helper.from_array(values, node.output[0]))
             if enc.bits <= 16:
-                records.append(TensorEncoding.from_encoding(node.output[0], enc, "param", codes.shape))
-            remove.add(node.name)
+                records.append(TensorEncoding.from_encoding(node.output[0], enc, "param", codes.shape,
+                                                            lpbq[1] if lpbq else None))
             continue
         if node.op_type == "QuantizeLinear":
             dq = index.single_consumer(node.output[0])
@@ -273,6 +325,7 @@ def sim_from_qdq(cls, model, *, strict: bool = False, **init_kwargs):
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
     float_model, records = strip_qdq(model, strict)
+    init_kwargs.setdefault("depthwise_supergroups", True)  # the file's Q/DQ decide what is quantized
     sim = cls(float_model, **init_kwargs)
     load_records(sim, "qdq", records, "QDQ model", strict=strict, allow_overwrite=True,
                  disable_missing_quantizers=True)

@@ -38,6 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.dtypes import int8, int16, qtype
 from quantsim.core.numerics import Encoding, broadcast_param, grid_bounds, quantize
+from quantsim.core.spec import LPBQ
 from quantsim.errors import InvalidArgumentError, InvalidStateError
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import default_opset
@@ -48,6 +49,7 @@ from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES
 from quantsim.graph.wrapped import as_model_proto
 from quantsim.sim.deferral import WeightDeferral
 from quantsim.sim.fake_values import FakeValues
+from quantsim.sim.lpbq_build import lpbq_scale_nodes
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.redundant import redundant_activation_quantizers
 
@@ -228,9 +230,15 @@ class _SimBuilder:
         scale, zero_point, attrs = _qdq_parameters(enc, q, tuple(tensor.dims))
         codes = self.deferral.defer(codes_name, storage, tensor, ("codes", *_constant_key(q)),
                                  lambda: quantize(read(name), enc))
+        if isinstance(q.spec.granularity, LPBQ):  # the scale is the DQ of the integer block scales
+            tensors, scale_node = lpbq_scale_nodes(f"{codes_name}/scale", enc, q.spec.granularity,
+                                                   lambda e: _qdq_parameters(e, q, tuple(tensor.dims))[0])
+            self.new_initializers += tensors
+            self.front.append(scale_node)
+        else:
+            self.new_initializers.append(numpy_helper.from_array(scale, f"{codes_name}/scale"))
         self.new_initializers += [
             codes or _integer_tensor(codes_name, quantize(self.values(name), enc), storage),
-            numpy_helper.from_array(scale, f"{codes_name}/scale"),
             _integer_tensor(f"{codes_name}/zero_point", zero_point, storage),
         ]
         self.replaced[name] = None

@@ -25,7 +25,7 @@ from quantsim.calibration.run import (
 from quantsim.calibration.schemes import CalibrationScheme, get_scheme
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.dtypes import QuantScheme, int8, qtype
-from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError
+from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
 from quantsim.graph import session as session_module
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.large_models import model_from_parts, model_parts
@@ -135,6 +135,9 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
             "user_onnx_libs": user_onnx_libs, "param_type_given": param_type is not None,
             "activation_type_given": activation_type is not None,
         })
+        if options.get("dummy_input") is not None:
+            warn_at_caller("dummy_input has no effect: every tensor's type comes from shape inference on the prepared "
+                           "model (aimet-onnx uses it only where its inference cannot type a tensor)", UserWarning)
         if options.get("user_onnx_libs"):
             raise InvalidArgumentError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
         loaded_here = isinstance(model, (str, os.PathLike))

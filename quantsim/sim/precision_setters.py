@@ -12,6 +12,8 @@
 * `set_param_type`: the parameter quantizers (biases excepted) of the chosen nodes.
 * `set_blockwise_quantization_for_weights`: the weight quantizers of the chosen op types become symmetric
   blockwise grids: one scale per output channel and block of ``block_size`` input channels.
+* `set_lpbq_for_params` / `set_grouped_blockwise_quantization_for_weights`: the same blocks with LPBQ scales
+  (integer block scales under one float scale per channel; `quantsim.core.lpbq`).
 
 Every setter validates all its targets before changing any (a refused name or shape changes nothing), and
 returns the quantizers it changed. Frozen quantizers keep their spec (with the quantizer's own warning).
@@ -22,15 +24,22 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from quantsim.core.dtypes import qtype
-from quantsim.core.spec import PerBlock
-from quantsim.errors import InvalidArgumentError, warn_at_caller
+from quantsim.core.spec import LPBQ, PerBlock, QSpec
+from quantsim.errors import InvalidArgumentError, InvalidTypeError, warn_at_caller
 from quantsim.graph.op_facts import WEIGHTED_OPS, facts_of
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
     from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["deciding_quantizer", "set_tensor_precision", "set_param_type", "set_blockwise_quantization_for_weights"]
+__all__ = [
+    "deciding_quantizer",
+    "set_tensor_precision",
+    "set_param_type",
+    "set_blockwise_quantization_for_weights",
+    "set_lpbq_for_params",
+    "set_grouped_blockwise_quantization_for_weights",
+]
 
 
 def _closest_quantizer(sim: QuantizationSimModel, tensor: str) -> QcQuantizeOp | None:
@@ -149,17 +158,15 @@ def set_param_type(sim: QuantizationSimModel, param_type: qtype | str, *, op_typ
     return list(chosen.values())
 
 
-def set_blockwise_quantization_for_weights(sim: QuantizationSimModel, op_types: str | Iterable[str], bitwidth: int,
-                                           symmetric: bool, block_size: int, strict: bool = False,
-                                           nodes_to_exclude: Iterable[str] | None = None) -> list[QcQuantizeOp]:
-    """Blockwise ``bitwidth``-bit weights for Conv/ConvTranspose/Gemm/MatMul nodes of ``op_types``: one
-    scale per output channel and block of ``block_size`` input channels. A weight whose input-channel count
+def _block_plans(sim: QuantizationSimModel, nodes: list, block_size: int, spec_for, where: str,
+                 strict: bool) -> list[tuple[QcQuantizeOp, QSpec]]:
+    """(weight quantizer, new spec) of each chosen Conv/ConvTranspose/Gemm/MatMul node whose weight has a
+    channel axis; ``spec_for(q, axis, block_axis)`` makes the spec. A weight whose input-channel count
     ``block_size`` does not divide is an error with ``strict``, else left as it is with a warning."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise InvalidArgumentError(f"block_size must be a positive integer, got {block_size!r}")
-    dtype = qtype.int(bitwidth)
+        raise InvalidArgumentError(f"{where}: block_size must be a positive integer, got {block_size!r}")
     plans, skipped = [], []
-    for node in _nodes(sim, op_types, None, nodes_to_exclude, "set_blockwise_quantization_for_weights"):
+    for node in nodes:
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
             continue
         q = sim.qc_quantize_op_dict.get(node.input[1])
@@ -171,14 +178,92 @@ def set_blockwise_quantization_for_weights(sim: QuantizationSimModel, op_types: 
         if q.shape[block_axis] % block_size:
             skipped.append(f"{node.name!r} (weight {q.name!r}: {q.shape[block_axis]} input channels)")
             continue
-        plans.append((q, q.spec.with_(dtype=dtype, symmetric=bool(symmetric), granularity=PerBlock(axis, block_axis,
-                                                                                                    block_size))))
+        plans.append((q, spec_for(q, axis, block_axis)))
     if skipped:
         message = f"block size {block_size} does not divide the input channels of {', '.join(skipped[:5])}"
         if strict:
-            raise InvalidArgumentError(f"set_blockwise_quantization_for_weights: {message}")
-        warn_at_caller(f"set_blockwise_quantization_for_weights: {message}; left as they were")
+            raise InvalidArgumentError(f"{where}: {message}")
+        warn_at_caller(f"{where}: {message}; left as they were")
+    return plans
+
+
+def _apply(sim: QuantizationSimModel, plans: list[tuple[QcQuantizeOp, QSpec]]) -> list[QcQuantizeOp]:
     with sim.transaction():
         for q, spec in plans:
             q.set_qspec(spec)
     return [q for q, _ in plans]
+
+
+def set_blockwise_quantization_for_weights(sim: QuantizationSimModel, op_types: str | Iterable[str], bitwidth: int,
+                                           symmetric: bool, block_size: int, strict: bool = False,
+                                           nodes_to_exclude: Iterable[str] | None = None) -> list[QcQuantizeOp]:
+    """Blockwise ``bitwidth``-bit weights for Conv/ConvTranspose/Gemm/MatMul nodes of ``op_types``: one
+    scale per output channel and block of ``block_size`` input channels. A weight whose input-channel count
+    ``block_size`` does not divide is an error with ``strict``, else left as it is with a warning."""
+    where = "set_blockwise_quantization_for_weights"
+    dtype = qtype.int(bitwidth)
+    nodes = _nodes(sim, op_types, None, nodes_to_exclude, where)
+    plans = _block_plans(sim, nodes, block_size, lambda q, axis, block_axis: q.spec.with_(
+        dtype=dtype, symmetric=bool(symmetric), granularity=PerBlock(axis, block_axis, block_size)), where, strict)
+    return _apply(sim, plans)
+
+
+def _lpbq_plans(sim: QuantizationSimModel, nodes: list, bitwidth: int, block_size: int, scale_bits: int, where: str,
+                strict: bool) -> list[tuple[QcQuantizeOp, QSpec]]:
+    if isinstance(scale_bits, bool) or not isinstance(scale_bits, int) or not 1 <= scale_bits <= 16:
+        raise InvalidArgumentError(f"{where}: the block scales need 1..16 bits, got {scale_bits!r}")
+    dtype = qtype.int(bitwidth)
+    return _block_plans(sim, nodes, block_size, lambda q, axis, block_axis: q.spec.with_(
+        dtype=dtype, symmetric=True, strict_symmetric=False, unsigned_symmetric=False,
+        granularity=LPBQ(axis, block_axis, block_size, scale_bits)), where, strict)
+
+
+def set_lpbq_for_params(sim: QuantizationSimModel, bitwidth: int, block_size: int, *,
+                        op_types: str | Iterable[str] | None = None, nodes_to_exclude: Iterable[str] | None = None,
+                        nodes_to_include: Iterable[str] | None = None, strict: bool | None = None) -> list[QcQuantizeOp]:
+    """Low-power blockwise quantization (`quantsim.core.spec.LPBQ`) of the weights of the nodes of ``op_types``
+    (minus ``nodes_to_exclude``) or of ``nodes_to_include``: ``bitwidth``-bit symmetric codes in blocks of
+    ``block_size`` input channels, each block's scale a ``bitwidth``-bit integer times one float scale per
+    output channel (AIMET's decompressed bitwidth is ``2 * bitwidth``). As in aimet-onnx, ``nodes_to_include``
+    excludes ``op_types``, ``nodes_to_exclude`` and ``strict`` (a weight ``block_size`` does not divide is then
+    an error); with ``op_types`` such a weight is an error only with ``strict=True``, else left with a warning.
+    Returns the quantizers changed; biases keep their quantizers (int32 bias scales are derived at export from
+    the per-channel float scale)."""
+    where = "set_lpbq_for_params"
+    if nodes_to_exclude and nodes_to_include:
+        raise InvalidArgumentError(f"{where}: give nodes_to_exclude or nodes_to_include, not both")
+    if op_types and nodes_to_include:
+        raise InvalidArgumentError(f"{where}: give op_types or nodes_to_include, not both")
+    if op_types is None and nodes_to_include is None:
+        raise InvalidArgumentError(f"{where}: give op_types or nodes_to_include")
+    if nodes_to_include is not None:
+        if strict is not None:
+            raise InvalidTypeError(f"{where}: strict cannot be given with nodes_to_include (those nodes are always "
+                                   "strict)")
+        nodes = _nodes(sim, None, list(nodes_to_include), None, where)
+        strict = True
+    else:
+        nodes = _nodes(sim, op_types, None, nodes_to_exclude, where)
+    return _apply(sim, _lpbq_plans(sim, nodes, bitwidth, block_size, bitwidth, where, bool(strict)))
+
+
+def set_grouped_blockwise_quantization_for_weights(sim: QuantizationSimModel, op_types: str | Iterable[str],
+                                                   bitwidth: int, decompressed_bw: int, block_size: int,
+                                                   strict: bool = False, nodes_to_exclude: Iterable[str] | None = None,
+                                                   *, excluded_nodes: Iterable[str] | None = None) -> list[QcQuantizeOp]:
+    """AIMET's older (deprecated there) form of `set_lpbq_for_params`: LPBQ weights of ``bitwidth`` bits for the
+    nodes of ``op_types`` (minus ``nodes_to_exclude``) whose block scales take ``decompressed_bw - bitwidth``
+    bits. ``excluded_nodes`` is the deprecated alias of ``nodes_to_exclude``. Warns with a DeprecationWarning
+    pointing at `set_lpbq_for_params`, as aimet-onnx does."""
+    where = "set_grouped_blockwise_quantization_for_weights"
+    warn_at_caller(f"{where} is deprecated. Use 'set_lpbq_for_params' instead.", DeprecationWarning)
+    if excluded_nodes is not None:
+        if nodes_to_exclude is not None:
+            raise InvalidArgumentError(f"{where}: give nodes_to_exclude or its deprecated alias excluded_nodes, "
+                                       "not both")
+        warn_at_caller(f"{where}: 'excluded_nodes' is deprecated; use 'nodes_to_exclude'", DeprecationWarning)
+        nodes_to_exclude = excluded_nodes
+    if isinstance(decompressed_bw, bool) or not isinstance(decompressed_bw, int):
+        raise InvalidArgumentError(f"{where}: decompressed_bw must be an integer, got {decompressed_bw!r}")
+    nodes = _nodes(sim, op_types, None, nodes_to_exclude, where)
+    return _apply(sim, _lpbq_plans(sim, nodes, bitwidth, block_size, decompressed_bw - bitwidth, where, strict))

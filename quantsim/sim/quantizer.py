@@ -7,15 +7,16 @@ flags: calibration is a function of the sim, not a state of the quantizer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from quantsim.calibration.schemes import CalibrationScheme, EncodingRequest, get_scheme
 from quantsim.core.dtypes import QuantizationDataType, QuantScheme, float16, qtype
 from quantsim.core.fp8_encodings import fp8_encoding_from_scale
+from quantsim.core.lpbq import compress_block_scales
 from quantsim.core.numerics import Encoding, aimet_offset, encoding_from_aimet
-from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
+from quantsim.core.spec import LPBQ, PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError, InvalidStateError, warn_at_caller
 from quantsim.sim.quantizer_aimet import QuantizerAimetSurface
 
@@ -135,11 +136,14 @@ class QcQuantizeOp(QuantizerAimetSurface):
             self._notify()
 
     def set_encoding(self, encoding: Encoding | None) -> None:
-        """Install an encoding computed or loaded elsewhere (checked against the spec and shape)."""
+        """Install an encoding computed or loaded elsewhere (checked against the spec and shape). With an
+        `LPBQ` spec the block scales are moved onto the LPBQ grid first (`quantsim.core.lpbq`; a no-op
+        for scales already on it), as AIMET's ``load_encodings`` does."""
         if self._frozen:
             raise InvalidStateError(f"quantizer {self.name!r} is frozen: its encoding cannot change")
         if encoding is not None:
             self._check_encoding(encoding, self._spec)
+            encoding = self._on_lpbq_grid(encoding, self._spec)
         self._encoding = encoding
         self._notify()
 
@@ -319,6 +323,16 @@ class QcQuantizeOp(QuantizerAimetSurface):
         self._check_encoding(enc, spec)  # validate before changing anything
         self._spec = spec
         self.set_encoding(enc)
+
+    def _on_lpbq_grid(self, enc: Encoding, spec: QSpec) -> Encoding:
+        """``enc`` with its block scales quantized to ``spec``'s LPBQ grid; ``enc`` itself for other specs."""
+        granularity = spec.granularity
+        if not isinstance(granularity, LPBQ):
+            return enc
+        if not enc.signed or np.any(enc.zero_point != 0):
+            raise InvalidArgumentError(f"quantizer {self.name!r} is LPBQ: it needs a symmetric signed grid with "
+                                       "zero point 0")
+        return replace(enc, scale=compress_block_scales(enc.scale, granularity.scale_bits))
 
     # checks --------------------------------------------------------------------------------------
     def _validate_spec(self, spec: QSpec) -> None:
