@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - t0:5.1f}s] {name}: {'agree' if cells[0][0] else 'DIFFER'} / "
               f"{'agree' if cells[1][0] else 'DIFFER'} with switches", file=sys.stderr, flush=True)
     rows.append(f"\n{agreed} of {len(names)} steps agree with quantsim's defaults; {switched} of {len(names)} with "
-                "AIMET's switches (fold_batchnorm=False, range_health=False, depthwise_supergroups=False).")
+                "AIMET's switches (fold_batchnorm=False, range_health=False, depthwise_supergroups=False, int32_bias=False).")
     table = "\n".join(rows)
     print(table)
     if args.markdown:
