@@ -4,7 +4,9 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
 
 1. Parameters are initializers in the parameter slots of `PARAM_SLOTS` (weights, biases, norm
    statistics), quantized per the config's ``params``/``op_type.params`` flags, per channel where the
-   op type asks for it (channel axis from `channel_axis_of`). Norm-layer parameters keep >= 8 bits.
+   op type asks for it (channel axis from `channel_axis_of`). Norm-layer parameters follow AIMET's exception
+   rules (`_norm_param_exceptions`: >= 8 bits; BN/LayerNorm symmetric only at 16 bits; Group/Instance/RMS
+   normalization follow their output quantizer), applied after step 4's supergroups.
 2. Activations are the model's float inputs (``model_input``), float node outputs (default ops rule;
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
    elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
@@ -47,7 +49,7 @@ from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError
 from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_masked_softmaxes
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
+from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites
@@ -248,6 +250,7 @@ def place_quantizers(
         plan = sites.get(name)
         if plan is not None and not plan.spec.is_float and plan.spec.dtype.bits == 16:
             plan.spec = plan.spec.with_(symmetric=True)
+    _norm_param_exceptions(index, sites)
 
     # 4. ties
     ties = _UnionFind()
@@ -274,6 +277,37 @@ def place_quantizers(
         if root != name:
             groups[root].tensors.append(name)
     return Placement(list(groups.values()), left_in_float, index_tensors, decisions)
+
+
+NORM_PARAM_RULE_OPS = frozenset({"BatchNormalization", "LayerNormalization", "GroupNormalization",
+                                 "InstanceNormalization", "RMSNormalization"})
+_OUTPUT_FOLLOWING_NORMS = frozenset({"GroupNormalization", "InstanceNormalization", "RMSNormalization"})
+
+
+def _norm_param_exceptions(index: GraphIndex, sites: dict[str, QuantizerPlan]) -> None:
+    """AIMET's exception rules for the integer parameter quantizers of norm layers (reference §1.3 step 8), applied
+    after the config and the supergroups, before ties: at least 8 bits; BatchNormalization / LayerNormalization
+    parameters symmetric only at 16 bits or more (an 8-bit scale such as BN's gamma, all positive, gets an
+    asymmetric grid over its range instead of wasting half of a signed one); Group/Instance/RMS normalization
+    parameters take the symmetry and, when it is an integer one, the bitwidth of the op's enabled output
+    quantizer (asymmetric when the output is not quantized)."""
+    for node in index.nodes:
+        if node.op_type not in NORM_PARAM_RULE_OPS or not node.output:
+            continue
+        output = sites.get(node.output[0])
+        out_spec = output.spec if output is not None and output.enabled else None
+        for name in node.input[1:]:
+            plan = sites.get(name)
+            if plan is None or plan.role != "param" or not plan.enabled or plan.spec.dtype.is_float:
+                continue
+            dtype = plan.spec.dtype if plan.spec.dtype.bits >= 8 else int8
+            if node.op_type in _OUTPUT_FOLLOWING_NORMS:
+                symmetric = bool(out_spec.symmetric) if out_spec is not None else False
+                if out_spec is not None and not out_spec.dtype.is_float:
+                    dtype = qtype.int(out_spec.dtype.bits)
+            else:
+                symmetric = dtype.bits >= 16
+            plan.spec = plan.spec.with_(dtype=dtype, symmetric=symmetric)
 
 
 def _merge_clamp_chains(index: GraphIndex, sites: dict[str, QuantizerPlan]) -> None:
@@ -324,9 +358,7 @@ def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:
     name = node.input[slot]
     shape = index.shape.get(name)
     flags = config.param_flags(node.op_type, ptype)
-    dtype = param_type
-    if node.op_type in NORM_OPS and not dtype.is_float and dtype.bits < 8:
-        dtype = int8
+    dtype = param_type  # norm-layer parameters: `_norm_param_exceptions`
     axis = channel_axis_of(node, slot, shape)
     granularity: PerTensor | PerChannel = PerTensor()
     if config.per_channel_for(node.op_type) and axis is not None and shape and len(shape) >= 1:
