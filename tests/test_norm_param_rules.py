@@ -127,3 +127,70 @@ def test_int32_bias_entries_match_aimet(tmp_path):
     for name in ("conv.bias", "bn.B", "bn.scale"):
         assert ours[name]["output_dtype"] == theirs[name]["output_dtype"], name
         np.testing.assert_allclose(ours[name]["y_scale"], theirs[name]["y_scale"], rtol=1e-5, err_msg=name)
+
+
+def _qdq_counts(model: onnx.ModelProto) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return counts
+
+
+def _run(model: onnx.ModelProto, feed) -> np.ndarray:
+    import onnxruntime as ort
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+
+
+def _bias_dq(model: onnx.ModelProto, bias: str) -> tuple[np.ndarray, np.ndarray]:
+    node = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == bias)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return inits[node.input[0]], inits[node.input[1]]
+
+
+def test_qdq_export_gives_the_batchnorm_bias_a_statistical_int32_grid():
+    model = conv_bn_relu()
+    sim = _sim(model)
+    qdq = sim.to_onnx_qdq(export_int32_bias=True)
+    codes, scale = _bias_dq(qdq, "bn.B")
+    bias = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "bn.B"))
+    assert codes.dtype == np.int32 and scale.shape == () and scale == np.float32(np.abs(bias).max() / 2**31)
+    np.testing.assert_allclose(codes * np.float64(scale), bias, atol=float(scale) / 2)  # rounding: half a step
+    float_bias = sim.to_onnx_qdq(export_int32_bias=False)
+    assert not any(n.op_type == "DequantizeLinear" and n.output[0] == "bn.B" for n in float_bias.graph.node)
+    feed = input_feed(model, 4)
+    np.testing.assert_allclose(_run(qdq, feed), _run(float_bias, feed), atol=1e-6)
+
+
+def test_encodings_to_onnx_qdq_applies_a_kept_batchnorm_file_as_given(tmp_path):
+    """A file written with BatchNormalization kept (names bn.scale, bn.B, conv_out) is applied to the model as
+    it is: no fold, so every entry finds its tensor and the QDQ model is the sim's own export."""
+    from quantsim import encodings_to_onnx_qdq
+    model = conv_bn_relu(depthwise=True)
+    sim = _sim(model)
+    _entries(tmp_path, sim)
+    qdq = encodings_to_onnx_qdq(conv_bn_relu(depthwise=True), str(tmp_path / "m.encodings"))
+    own = sim.to_onnx_qdq(export_int32_bias=True, prequantize_constants=False)
+    assert _qdq_counts(qdq) == _qdq_counts(own)
+    dq_outputs = {n.output[0] for n in qdq.graph.node if n.op_type == "DequantizeLinear"}
+    assert {"conv.bias", "bn.B"} <= dq_outputs and any(o.startswith("conv_out") for o in dq_outputs)
+    feed = input_feed(model, 4)
+    np.testing.assert_array_equal(_run(qdq, feed), _run(own, feed))
+
+
+def test_encodings_to_onnx_qdq_matches_aimet_on_a_kept_batchnorm_file(tmp_path):
+    pytest.importorskip("aimet_onnx")
+    import aimet_onnx
+    from aimet_onnx.quantsim import QuantizationSimModel as AimetSim
+
+    from quantsim import encodings_to_onnx_qdq
+    model = conv_bn_relu(depthwise=True)
+    aimet = AimetSim(model)
+    aimet.compute_encodings([input_feed(model)])
+    aimet.export(str(tmp_path), "a", encoding_version="2.0.0")
+    encodings = json.loads((tmp_path / "a.encodings").read_text())
+    theirs = aimet_onnx.encodings_to_onnx_qdq(conv_bn_relu(depthwise=True), json.loads(json.dumps(encodings)))
+    ours = encodings_to_onnx_qdq(conv_bn_relu(depthwise=True), encodings)
+    assert _qdq_counts(ours) == _qdq_counts(theirs)
+    feed = input_feed(model, 4)
+    np.testing.assert_allclose(_run(ours, feed), _run(theirs, feed), atol=1e-5)
