@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from quantsim.core.dtypes import int8, qtype
+from quantsim.core.dtypes import qtype
 from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError
 from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_masked_softmaxes
@@ -54,6 +54,7 @@ from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_s
 from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
+from quantsim.sim.exception_rules import NORM_PARAM_RULE_OPS, norm_param_rule
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
@@ -279,35 +280,21 @@ def place_quantizers(
     return Placement(list(groups.values()), left_in_float, index_tensors, decisions)
 
 
-NORM_PARAM_RULE_OPS = frozenset({"BatchNormalization", "LayerNormalization", "GroupNormalization",
-                                 "InstanceNormalization", "RMSNormalization"})
-_OUTPUT_FOLLOWING_NORMS = frozenset({"GroupNormalization", "InstanceNormalization", "RMSNormalization"})
-
-
 def _norm_param_exceptions(index: GraphIndex, sites: dict[str, QuantizerPlan]) -> None:
-    """AIMET's exception rules for the integer parameter quantizers of norm layers (reference §1.3 step 8), applied
-    after the config and the supergroups, before ties: at least 8 bits; BatchNormalization / LayerNormalization
-    parameters symmetric only at 16 bits or more (an 8-bit scale such as BN's gamma, all positive, gets an
-    asymmetric grid over its range instead of wasting half of a signed one); Group/Instance/RMS normalization
-    parameters take the symmetry and, when it is an integer one, the bitwidth of the op's enabled output
-    quantizer (asymmetric when the output is not quantized)."""
+    """AIMET's exception rules for the integer parameter quantizers of norm layers (`norm_param_rule`), applied
+    after the config and the supergroups, before ties."""
     for node in index.nodes:
         if node.op_type not in NORM_PARAM_RULE_OPS or not node.output:
             continue
-        output = sites.get(node.output[0])
-        out_spec = output.spec if output is not None and output.enabled else None
+        out = sites.get(node.output[0])
+        output = (out.spec.dtype, out.spec.symmetric) if out is not None and out.enabled else None
         for name in node.input[1:]:
             plan = sites.get(name)
-            if plan is None or plan.role != "param" or not plan.enabled or plan.spec.dtype.is_float:
+            if plan is None or plan.role != "param" or not plan.enabled:
                 continue
-            dtype = plan.spec.dtype if plan.spec.dtype.bits >= 8 else int8
-            if node.op_type in _OUTPUT_FOLLOWING_NORMS:
-                symmetric = bool(out_spec.symmetric) if out_spec is not None else False
-                if out_spec is not None and not out_spec.dtype.is_float:
-                    dtype = qtype.int(out_spec.dtype.bits)
-            else:
-                symmetric = dtype.bits >= 16
-            plan.spec = plan.spec.with_(dtype=dtype, symmetric=symmetric)
+            rule = norm_param_rule(node.op_type, plan.spec.dtype, output)
+            if rule is not None:
+                plan.spec = plan.spec.with_(dtype=rule[0], symmetric=rule[1])
 
 
 def _merge_clamp_chains(index: GraphIndex, sites: dict[str, QuantizerPlan]) -> None:
