@@ -194,3 +194,35 @@ def test_encodings_to_onnx_qdq_matches_aimet_on_a_kept_batchnorm_file(tmp_path):
     assert _qdq_counts(ours) == _qdq_counts(theirs)
     feed = input_feed(model, 4)
     np.testing.assert_allclose(_run(ours, feed), _run(theirs, feed), atol=1e-5)
+
+
+def test_matmul_add_bias_gets_the_analytic_per_column_scale(tmp_path):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, .5, (6, 5)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(0, .5, (5,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"], name="mm"),
+             helper.make_node("Add", ["mm", "b"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    sim = QuantizationSimModel(model, progress=False)
+    sim.compute_encodings([{"x": rng.standard_normal((2, 6)).astype(np.float32)}])
+    entry = _entries(tmp_path, sim)["b"]
+    s_in = sim.qc_quantize_op_dict["x"].get_encodings()[0].delta
+    s_w = np.array([e.delta for e in sim.qc_quantize_op_dict["W"].get_encodings()], np.float32)  # one per column
+    assert entry["output_dtype"] == "int32" and entry["axis"] == 0
+    np.testing.assert_allclose(entry["y_scale"], np.float32(s_in) * s_w, rtol=1e-6)
+
+
+def test_apply_exception_rules_restores_the_norm_rule_after_a_precision_change():
+    from quantsim import apply_exception_rules
+    sim = _sim(conv_bn_relu())
+    q = sim.qc_quantize_op_dict["bn.scale"]
+    q.set_precision(int4)
+    q.use_symmetric_encodings = True
+    sim.qc_quantize_op_dict["conv.weight"].set_precision(int4)
+    assert apply_exception_rules(sim) == ["bn.scale"]
+    assert (q.bitwidth, q.use_symmetric_encodings) == (8, False)
+    assert sim.qc_quantize_op_dict["conv.weight"].bitwidth == 4  # other parameters keep what they were given
+    assert apply_exception_rules(sim) == []  # nothing left to change

@@ -23,7 +23,7 @@ from quantsim.core.bias import bias_scale
 from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.encodings.record import TensorEncoding
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.op_facts import BIAS_SLOT, RECURRENT_OPS
+from quantsim.graph.op_facts import BIAS_SLOT
 
 __all__ = ["int32_bias_encodings", "INT32_MINIMUM_SCALE", "statistical_bias_scale"]
 
@@ -82,12 +82,12 @@ def int32_bias_encodings(index: GraphIndex, records: list[TensorEncoding], quant
         enc_in, enc_w = by_name.get(node.input[0]), by_name.get(node.input[1])
         if enc_in is None or enc_w is None or enc_in.fp8 is not None or enc_w.fp8 is not None:
             continue  # float (incl. float8) inputs or weights have no integer accumulator: the bias stays float
-        per_channel = enc_w.axis is not None
+        w_axis = enc_w.axis
+        per_channel = w_axis is not None
         scale = None
-        if node.op_type in _ANALYTIC and enc_in.is_per_tensor and node.op_type not in RECURRENT_OPS:
+        if node.op_type in _ANALYTIC and enc_in.is_per_tensor:
             rank = len(index.shape.get(node.input[1]) or ())
-            axis = enc_w.axis % rank if per_channel and rank else enc_w.axis
-            if not per_channel or axis == _output_axis(node, rank):
+            if w_axis is None or (rank and w_axis % rank == _output_axis(node, rank)):
                 weight_scale = np.asarray(enc_w.scale)
                 if enc_w.block_size is not None and weight_scale.ndim == 2:
                     weight_scale = weight_scale.max(axis=1)
