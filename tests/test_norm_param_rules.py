@@ -226,3 +226,24 @@ def test_apply_exception_rules_restores_the_norm_rule_after_a_precision_change()
     assert (q.bitwidth, q.use_symmetric_encodings) == (8, False)
     assert sim.qc_quantize_op_dict["conv.weight"].bitwidth == 4  # other parameters keep what they were given
     assert apply_exception_rules(sim) == []  # nothing left to change
+
+
+def test_mixed_precision_never_takes_a_batchnorm_scale_below_8_bits(tmp_path):
+    from mixed_precision import CallbackFunc, choose_mixed_precision
+    from quantsim import QuantizationDataType
+    model = conv_bn_relu()
+    feeds = [input_feed(model, s) for s in range(3)]
+    sim = _sim(model, param_type=int4)
+    i = QuantizationDataType.int
+    fp32 = _run(model, feeds[0])
+
+    def closeness(session, _):
+        out = session.run(None, feeds[0])[0]
+        return float(1 - np.linalg.norm(out - fp32) / np.linalg.norm(fp32))
+
+    forward = CallbackFunc(lambda session, batches: [session.run(None, f) for f in batches], feeds)
+    choose_mixed_precision(sim, [((8, i), (4, i)), ((8, i), (8, i))], CallbackFunc(closeness), CallbackFunc(closeness),
+                           1.0, str(tmp_path / "amp"), True, forward)  # any drop allowed: 4-bit weights everywhere
+    assert sim.qc_quantize_op_dict["conv.weight"].bitwidth == 4
+    q = sim.qc_quantize_op_dict["bn.scale"]
+    assert (q.bitwidth, q.use_symmetric_encodings) == (8, False)
