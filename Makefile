@@ -8,7 +8,7 @@ FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 FLOOR_CONSTRAINTS := .ci/floor-constraints.txt
 
-.PHONY: test lint test-floor demo bench clean
+.PHONY: test lint test-floor docs demo bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,26 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# docs first: tests/test_docs_site.py checks the site it builds
 test: lint $(STAMP)
+	$(MAKE) docs
 	$(PY) -m pytest
 	$(MAKE) test-floor
 
 lint: $(STAMP)
 	$(PY) -m ruff check quantsim adaround mixed_precision quantsim_cli tests benchmarks examples
 	$(PY) -m mypy
+
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,docs]'
+	touch $(DOCS_STAMP)
+
+# the documentation site into docs/_build/html; warnings (a broken cross-reference, a bad docstring) fail it
+docs: $(DOCS_STAMP)
+	rm -rf docs/_build/html
+	$(PY) -m sphinx -b html -W --keep-going -q -j auto docs docs/_build/html
 
 $(FLOOR_PY):
 	$(PYTHON) -m venv $(FLOOR_VENV)
@@ -42,7 +55,7 @@ demo: $(STAMP)
 	$(PY) examples/demo_magika.py
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info
+	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info docs/_build docs/_generated
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

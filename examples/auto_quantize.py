@@ -58,11 +58,11 @@ def run(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict],
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_case_arguments(__doc__, argv, extra=[
+    args = parse_case_arguments(__doc__, argv, iterations=1000, extra=[
         ("--drop", {"type": float, "default": 0.01, "help": "allowed drop of the score"})])
     model, calibration, evaluation = load_case(args.model, args.data, args.batch_size)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="quantsim-auto-"))
-    run(model, calibration, evaluation, out_dir, drop=args.drop)
+    run(model, calibration, evaluation, out_dir, drop=args.drop, adaround_iterations=args.iterations)
     return 0
 
 

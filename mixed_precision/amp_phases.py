@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from mixed_precision.amp_cache import ScoreCache
 from mixed_precision.amp_executor import checked_score, run_evaluations
 from mixed_precision.amp_space import AmpSpace, Config, group_label
+from quantsim import apply_exception_rules
 from quantsim.errors import warn_at_caller
 
 __all__ = ["Counts", "phase1_scores", "flip_order", "flip_path"]
@@ -84,6 +85,7 @@ def phase1_scores(space: AmpSpace, cache: ScoreCache, counts: Counts, table: Cal
                         for n in space.controlled[g]:
                             if members[n].precision() != space.requested(n, c):
                                 members[n].set_precision(space.requested(n, c))
+                        apply_exception_rules(sim)  # as AIMET: norm parameters keep >= 8 bits
                         sim.compute_encodings(forward)
                         counts.passes += 1
                         done((g, c), checked_score(eval1(sim.session), f"phase 1: group {g} "

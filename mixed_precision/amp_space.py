@@ -29,7 +29,7 @@ from mixed_precision.bitops import (
     simulated_dtypes,
 )
 from mixed_precision.presets import Precision
-from quantsim import InvalidArgumentError, QcQuantizeOp, QuantizationSimModel, QuantizerGroup, qtype
+from quantsim import InvalidArgumentError, QcQuantizeOp, QuantizationSimModel, QuantizerGroup, apply_exception_rules, qtype
 
 __all__ = ["AmpSpace", "Config", "Observed", "group_label", "distinct", "type_label"]
 
@@ -202,6 +202,7 @@ class AmpSpace:
                         q.set_precision(dtype)
                     if not q.enabled and tuple(q.tensors) == self.base_tensors.get(name):
                         q.enabled = True
+            apply_exception_rules(self.sim)  # as AIMET at every point: norm parameters keep >= 8 bits
 
     def calibrated(self, config: Config, forward_pass_callback: Any, on_pass: Callable[[], None]) -> None:
         """Apply ``config`` and calibrate the sim for it (one pass of the user's forward pass: a callable

@@ -18,6 +18,7 @@ class Precision:
     activation_type: qtype
 
 
+#: the named precisions, by name: W8A8, W4A8, W8A16, W16A16 and FP16 (parameters / output activations)
 PRESETS: dict[str, Precision] = {p.name: p for p in (
     Precision("W8A8", int8, int8),
     Precision("W4A8", int4, int8),

@@ -86,8 +86,9 @@ class _RecordingSession:
 class QuantAnalyzer:
     """AIMET's QuantAnalyzer: ``eval_callback(session) -> float`` (higher is better) scores a session;
     ``forward_pass_callback`` calibrates (AIMET's ``CallbackFunc``, called as ``func(session, args)``, or a plain
-    ``callback(session)``). ``dummy_input`` goes to the sim as in AIMET (where it has no effect: the ONNX model
-    carries its shapes)."""
+    ``callback(session)``). ``dummy_input`` is part of AIMET's signature and is kept, not used: the sims are built
+    without it, since an ONNX model carries its own shapes (`QuantizationSimModel` would warn that it has no
+    effect)."""
 
     def __init__(self, model: onnx.ModelProto, dummy_input: Mapping[str, np.ndarray] | None,
                  forward_pass_callback: Callable[..., Any], eval_callback: Callable[[Any], float]):
@@ -139,8 +140,7 @@ class QuantAnalyzer:
                                       default_activation_bw: int, config_file: str | None) -> QuantizationSimModel:
         """A sim of the model at these bitwidths, calibrated with the forward-pass callback."""
         sim = QuantizationSimModel(self._model, quant_scheme=quant_scheme, param_type=qtype.int(default_param_bw),
-                                   activation_type=qtype.int(default_activation_bw), config_file=config_file,
-                                   dummy_input=self._dummy_input)
+                                   activation_type=qtype.int(default_activation_bw), config_file=config_file)
         self._calibration.close()
         callback = self._forward_pass_callback
         func, args = getattr(callback, "func", None), getattr(callback, "args", None)

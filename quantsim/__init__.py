@@ -57,6 +57,7 @@ from quantsim.sim.aimet_surface import clamp_activation_encodings
 from quantsim.sim.calibrate import compute_encodings
 from quantsim.sim.capture import Capturer, StagedCapturer, TensorCache
 from quantsim.sim.config import QuantsimConfig, load_config
+from quantsim.sim.exception_rules import apply_exception_rules
 from quantsim.sim.groups import QuantizerGroup
 from quantsim.sim.layers import FollowingActivation, FollowingBatchNorm, WeightedLayer
 from quantsim.sim.model import QuantizationSimModel
@@ -80,6 +81,7 @@ __all__ = [
     "compute_encodings",
     "encodings_to_onnx_qdq",
     "set_param_type",
+    "apply_exception_rules",
     "deciding_quantizer",
     "set_blockwise_quantization_for_weights",
     "set_lpbq_for_params",

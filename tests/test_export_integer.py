@@ -1,11 +1,12 @@
 """Integer export: onnx.checker, onnxruntime, and agreement with the sim in output steps.
 
 Tolerances are in steps of the output grid (``|integer - sim| / scale``). Data movement, lookup tables,
-clamps, QLinearSigmoid/LeakyRelu and float fallbacks agree exactly. The one approximation of the
-integer kernels is the int32 bias: the sim (like AIMET) adds the float bias, the kernel adds
-``round(b / (s_in s_w))`` on the accumulator grid, an error of up to ``0.5 * M`` output steps
-(``M = s_in s_w / s_out``), which moves values lying that close to a rounding midpoint by one step; with
-zero biases the models below match the sim bit for bit (`test_without_biases_...`). QLinearSoftmax adds
+clamps, QLinearSigmoid/LeakyRelu and float fallbacks agree exactly. The int32 bias: the kernel adds
+``round(b / (s_in s_w))`` on the accumulator grid; a float-bias sim (``int32_bias=False``, AIMET's) is up to
+``0.5 * M`` output steps (``M = s_in s_w / s_out``) away, which moves values lying that close to a rounding
+midpoint by one step. The default sim adds the same int32 biases (`test_sim_int32_bias`), leaving the
+kernels' float32 requantization; with zero biases the models below match the sim bit for bit
+(`test_without_biases_...`). The figures below were measured with the float-bias sim. QLinearSoftmax adds
 its own one-step differences (about 1% of probabilities on identical inputs).
 
 Observed with biases (ORT 1.32, seeded data, batch 64, fraction of elements off by >= 1 step / max):

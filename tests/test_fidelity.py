@@ -63,7 +63,8 @@ def fp16_cast(x: np.ndarray) -> np.ndarray:
 
 
 def quantizer_functions(sim) -> dict:
-    """``{tensor: x -> x'}`` for every tensor whose quantizer is enabled (and calibrated)."""
+    """``{tensor: x -> x'}`` for every tensor whose quantizer is enabled (and calibrated), and the biases the
+    sim puts on the int32 grid (`int32_bias_functions`)."""
     functions = {}
     for name, q in sim.qc_quantize_op_dict.items():
         if not q.enabled:
@@ -73,6 +74,52 @@ def quantizer_functions(sim) -> dict:
         else:
             assert q.encoding is not None, f"enabled quantizer {name!r} has no encoding after calibration"
             functions[name] = lambda x, enc=q.encoding: fake_quant(x, enc)
+    functions.update(int32_bias_functions(sim, sim.model))
+    return functions
+
+
+def int32_bias_functions(sim, model: onnx.ModelProto) -> dict:
+    """``{bias: b -> b'}`` for the biases the sim adds on the int32 accumulator grid (``int32_bias=True``, as the
+    exports do): ``round(b / (s_in * s_w)) * (s_in * s_w)`` in float32, where the Conv/ConvTranspose/Gemm's data
+    input (through data movement) and weight are quantized on integer grids and the bias has no quantizer."""
+    from quantsim.graph.op_facts import GRID_MOVEMENT_OPS
+
+    if not sim.int32_bias:
+        return {}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    constants = {t.name for t in model.graph.initializer}
+
+    def grid_of(name):
+        q = sim.qc_quantize_op_dict.get(name)
+        return q.encoding if q is not None and q.enabled and not q.spec.is_float and q.encoding is not None \
+            and q.encoding.fp8 is None else None
+
+    functions = {}
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose", "Gemm") or len(node.input) < 3 or node.input[2] not in constants:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Gemm" and (attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0
+                                       or attrs.get("transA", 0)):
+            continue
+        bias, x = node.input[2], node.input[0]
+        own = sim.qc_quantize_op_dict.get(bias)
+        if uses[bias] != 1 or (own is not None and own.enabled):
+            continue
+        while sim.qc_quantize_op_dict.get(x) is None or not sim.qc_quantize_op_dict[x].enabled:
+            if x not in producer or producer[x].op_type not in GRID_MOVEMENT_OPS:
+                break
+            x = producer[x].input[0]
+        x_enc, w_enc = grid_of(x), grid_of(node.input[1])
+        if x_enc is None or w_enc is None or np.ndim(x_enc.scale) or w_enc.block_size is not None:
+            continue
+        grid = (np.float32(x_enc.scale) * np.asarray(w_enc.scale, np.float32)).astype(np.float32).reshape(-1)
+        functions[bias] = lambda b, g=grid: (np.rint(np.asarray(b, np.float32) / g).astype(np.float32) * g
+                                             ).astype(np.float32)
     return functions
 
 

@@ -982,3 +982,18 @@ def test_fold_batchnorm_false_keeps_batchnorm_with_its_own_precision():
     fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
     out = kept.session.run(None, feeds[0])[0]
     assert np.abs(out - fp32).max() < 0.1 * np.abs(fp32).max()
+
+
+def test_aimet_arguments_without_effect_warn_once_and_name_why():
+    import warnings as _warnings
+
+    from tiny_cnn import batch, make_model
+
+    from quantsim import QuantizationSimModel as Sim
+    with pytest.warns(UserWarning, match="dummy_input has no effect"):
+        Sim(make_model(), dummy_input=batch(0), progress=False)
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        Sim(make_model(), default_param_bw=8, use_symmetric_encodings=True, progress=False)
+    said = [str(w.message) for w in caught]
+    assert any("use_symmetric_encodings has no effect" in m for m in said)

@@ -7,7 +7,8 @@ AimetDifferenceWarning naming its switch). A difference that holds with the swit
 Outputs agree when the largest difference of the probe logits is at most one step of aimet's output grid, or
 half of aimet's own largest error against FP32, whichever is larger (AdaRound and CLE, whose optimisation is
 not bit-reproducible across implementations, are held to aimet's error instead of a step). Every other read-
-out (encodings names, bitwidths, dtypes, return types, file lists) must be equal.
+out (encodings names, bitwidths, dtypes, return types, file lists) must be equal, except those a step marks
+``info: `` (shown when they differ, not compared).
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from benchmarks.parity.apis import aimet_api, quantsim_api
 from benchmarks.parity.steps import STEPS, scratch
 
 LOOSE = ("adaround", "seq_mse", "equalize", "choose_mixed")
+INFO = "info: "
+"""Read-outs whose key starts with this are shown when they differ but do not decide agreement."""
 
 
 def run_side(api, name: str) -> tuple[dict | None, str, list[str]]:
@@ -60,10 +63,34 @@ def compare(name: str, a: dict, q: dict, fp32: np.ndarray) -> tuple[bool, str]:
     for key in sorted(set(a) | set(q)):
         if key in ("out", "step"):
             continue
+        if key.startswith(INFO):
+            if a.get(key) != q.get(key):
+                notes.append(f"{key[len(INFO):]} (not compared): aimet {short(a.get(key))} vs {short(q.get(key))}")
+            continue
         if a.get(key) != q.get(key):
             ok = False
-            notes.append(f"{key}: aimet {short(a.get(key))} vs {short(q.get(key))}")
+            notes.extend(differences(key, a.get(key), q.get(key)))
     return ok, "; ".join(notes)
+
+
+def differences(key: str, a, q) -> list[str]:
+    """One note per differing entry when both read-outs are dicts (an entry one side lacks reads ``only aimet`` /
+    ``only quantsim``), else one note for the whole value."""
+    if not (isinstance(a, dict) and isinstance(q, dict)):
+        return [f"{key}: aimet {short(a)} vs {short(q)}"]
+    notes = []
+    for sub in sorted(set(a) | set(q), key=str):
+        if sub not in q:
+            notes.append(f"{key}[{sub!r}]: only aimet ({short(a[sub])})")
+        elif sub not in a:
+            notes.append(f"{key}[{sub!r}]: only quantsim ({short(q[sub])})")
+        elif a[sub] != q[sub]:
+            diff = ""
+            if isinstance(a[sub], list) and isinstance(q[sub], list):
+                diff = f" (only aimet {sorted(set(map(str, a[sub])) - set(map(str, q[sub])))}, only quantsim " \
+                       f"{sorted(set(map(str, q[sub])) - set(map(str, a[sub])))})"
+            notes.append(f"{key}[{sub!r}]: aimet {short(a[sub])} vs {short(q[sub])}{diff}")
+    return notes
 
 
 def short(value) -> str:
@@ -105,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - t0:5.1f}s] {name}: {'agree' if cells[0][0] else 'DIFFER'} / "
               f"{'agree' if cells[1][0] else 'DIFFER'} with switches", file=sys.stderr, flush=True)
     rows.append(f"\n{agreed} of {len(names)} steps agree with quantsim's defaults; {switched} of {len(names)} with "
-                "AIMET's switches (fold_batchnorm=False, range_health=False, depthwise_supergroups=False).")
+                "AIMET's switches (fold_batchnorm=False, range_health=False, depthwise_supergroups=False, int32_bias=False).")
     table = "\n".join(rows)
     print(table)
     if args.markdown:

@@ -68,9 +68,11 @@ class MissingName(AttributeError):
     """A name the step needs is not in this side's package."""
 
 
-AIMET_SWITCHES = {"fold_batchnorm": False, "range_health": False, "depthwise_supergroups": False}
-"""The constructor switches that turn quantsim's three accuracy defaults into aimet-onnx's placement (each one
-warned about by an AimetDifferenceWarning when left at its default)."""
+AIMET_SWITCHES = {"fold_batchnorm": False, "range_health": False, "depthwise_supergroups": False, "int32_bias": False}
+"""The constructor switches that turn quantsim's accuracy and deployment defaults into aimet-onnx's behaviour
+(the first three warned about by an AimetDifferenceWarning when left at their default; ``int32_bias``, the
+biases added on the int32 grid every integer runtime uses, is documented instead: it moves a result by less
+than an output step)."""
 
 
 class _WithSwitches:

@@ -165,7 +165,8 @@ class qtype:  # noqa: N801 - the name users know from AIMET
 
     @property
     def is_fp8(self) -> bool:
-        """A scaled 8-bit float format (float8e4m3fn, float8e5m2): calibrated scale, ONNX float8 Q/DQ."""
+        """Whether this is a scaled 8-bit float format (float8e4m3fn, float8e5m2), with a calibrated scale and
+        ONNX float8 Q/DQ."""
         return self.kind == "float" and self.bits == 8
 
     @property

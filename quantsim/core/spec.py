@@ -124,7 +124,7 @@ class QSpec:
 
     @property
     def is_float(self) -> bool:
-        """Simulated by a plain cast (float16): no encoding, no calibration. False for the float8 formats,
+        """Whether this is simulated by a plain cast (float16), with no encoding and no calibration. False for the float8 formats,
         which have encodings (a scale per tensor or channel) like integer grids: see `is_fp8`."""
         return self.dtype.is_cast_float
 

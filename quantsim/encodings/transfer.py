@@ -13,9 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantsim.core.bias import bias_scale
 from quantsim.core.dtypes import QuantizationDataType, float16, qtype
-from quantsim.core.lpbq import decompose_block_scales
 from quantsim.core.numerics import Encoding, grid_bounds
 from quantsim.core.spec import LPBQ, PerBlock, PerChannel, PerTensor, QSpec
 from quantsim.encodings import (
@@ -26,6 +24,7 @@ from quantsim.encodings import (
 )
 from quantsim.encodings.derived import derived_names, derived_records
 from quantsim.encodings.fit import MSE_RATIO_LIMIT, weight_fit
+from quantsim.encodings.int32_bias import int32_bias_encodings
 from quantsim.errors import (
     EncodingMismatchError,
     InvalidArgumentError,
@@ -34,7 +33,6 @@ from quantsim.errors import (
     warn_at_caller,
 )
 from quantsim.graph.file_set import FileSet, check_file_name
-from quantsim.graph.op_facts import BIAS_SLOT
 from quantsim.sim.quantizer import QcQuantizeOp
 
 __all__ = [
@@ -82,37 +80,15 @@ def sim_records(sim) -> list[TensorEncoding]:
 
 
 def int32_bias_records(sim, records: list[TensorEncoding] | None = None) -> list[TensorEncoding]:
-    """int32 bias encodings with scale ``s_in * s_w`` for Conv/ConvTranspose/Gemm whose input and weight
-    have integer encodings (per channel when the weight is; an LPBQ weight contributes its per-channel float
-    scale, as in aimet-onnx; other blockwise weights get none). The input's encoding is its record in
-    ``records`` (default: the sim's, plus the derived ones: a Gemm after a Flatten reads the Flatten's
-    derived grid, as in the QDQ export)."""
+    """int32 bias encodings by AIMET's rules (`quantsim.encodings.int32_bias`: analytic ``s_in * s_w`` for
+    Conv/ConvTranspose/Gemm/MatMul+Add, statistical ``max|b| / 2^31`` for norm and recurrent layers). The input's
+    encoding is its record in ``records`` (default: the sim's, plus the derived ones: a Gemm after a Flatten
+    reads the Flatten's derived grid, as in the QDQ export)."""
     if records is None:
         records = sim_records(sim)
         records = records + derived_records(sim._index, records)
-    by_name = {r.name: r.encoding for r in records if not r.is_float}
-    lpbq_bits = {r.name: r.lpbq_scale_bits for r in records if r.lpbq_scale_bits is not None}
-    out = []
-    qmin, qmax = grid_bounds(32, signed=True)
-    for node in sim._index.nodes:
-        slot = BIAS_SLOT.get(node.op_type)
-        if slot is None or len(node.input) <= slot or not sim._index.is_constant(node.input[slot]):
-            continue
-        enc_in, enc_w = by_name.get(node.input[0]), by_name.get(node.input[1])
-        if enc_in is None or enc_w is None or enc_in.fp8 is not None or enc_w.fp8 is not None:
-            continue  # float8 inputs or weights have no integer accumulator (AIMET writes no int32 bias then)
-        weight_scale = enc_w.scale
-        if node.input[1] in lpbq_bits:
-            weight_scale = decompose_block_scales(enc_w.scale, lpbq_bits[node.input[1]])[1]
-        elif enc_w.block_size is not None:
-            continue
-        if not enc_in.is_per_tensor or enc_in.bits > 16 or enc_w.bits > 16:
-            continue
-        scale = bias_scale(enc_in.scale, weight_scale).astype(np.float64)  # what the QDQ model uses
-        axis = 0 if scale.ndim else None
-        enc = Encoding(scale, np.zeros(scale.shape, np.int64), 32, True, qmin, qmax, True, axis)
-        out.append(TensorEncoding.from_encoding(node.input[slot], enc, "param", tuple(sim._index.shape[node.input[slot]])))
-    return out
+    quantized = {tensor for q in sim.quantizers for tensor in q.tensors}
+    return int32_bias_encodings(sim._index, records, quantized)
 
 
 def _quantizer_args(sim) -> dict:

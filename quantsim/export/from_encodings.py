@@ -9,7 +9,12 @@ import onnx
 
 from quantsim.export.qdq_forms import check_activation_signedness
 
-__all__ = ["encodings_to_onnx_qdq"]
+__all__ = ["encodings_to_onnx_qdq", "AS_GIVEN"]
+
+AS_GIVEN = {"fold_batchnorm": False, "range_health": False, "depthwise_supergroups": False}
+"""The sim an encodings file is applied to is the model as given, with AIMET's placement: BatchNormalization kept
+(a file written by aimet-onnx names the BN scale and output), no calibrated decisions (there is no calibration:
+every grid comes from the file) and a quantizer between a depthwise convolution and its activation."""
 
 
 def _has_int32_entries(encodings: str | os.PathLike | Mapping[str, Any]) -> bool:
@@ -27,7 +32,9 @@ def encodings_to_onnx_qdq(model: onnx.ModelProto | str | os.PathLike, encodings:
     """The QDQ model of ``model`` quantized exactly as ``encodings`` (a 0.6.1 / 1.0.0 / 2.0.0 / 2.1.0 file
     or dict) says; tensors the encodings do not name stay float.
 
-    It builds a sim of ``model`` (``sim_kwargs`` go to `QuantizationSimModel`, e.g. ``config_file``),
+    It builds a sim of ``model`` as given (`AS_GIVEN`: no BatchNormalization fold, no calibrated decisions,
+    AIMET's depthwise placement; ``sim_kwargs`` go to `QuantizationSimModel` and may override them, e.g.
+    ``config_file``),
     loads the encodings non-strictly and returns `QuantizationSimModel.to_onnx_qdq`, as AIMET does: biases
     become int32 codes behind DequantizeLinear when the encodings carry int32 entries (a 2.0.0 export) and
     stay float otherwise; ``prequantize_constants`` (default False, as in AIMET: weights as fake-quantized
@@ -42,6 +49,8 @@ def encodings_to_onnx_qdq(model: onnx.ModelProto | str | os.PathLike, encodings:
     check_activation_signedness(force_activation_as)
     int32_bias = _has_int32_entries(encodings)
     sim_kwargs.setdefault("progress", False)
+    for switch, value in AS_GIVEN.items():
+        sim_kwargs.setdefault(switch, value)
     sim = QuantizationSimModel(model, **sim_kwargs)
     load_encodings_to_sim(sim, encodings, strict=False)
     return sim.to_onnx_qdq(export_int32_bias=int32_bias, prequantize_constants=prequantize_constants,

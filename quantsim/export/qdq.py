@@ -6,7 +6,8 @@ integer kernels and other toolchains expect:
 
 * **int32 bias**: a float bias of Conv / ConvTranspose / Gemm whose input and weight both come from
   DequantizeLinear (input per tensor) becomes ``DequantizeLinear(int32 codes, s_in * s_w)`` with zero
-  point 0 (per output channel when the weight is per channel); see `quantsim.core.bias`.
+  point 0 (per output channel when the weight is per channel); see `quantsim.core.bias`. A norm layer's
+  bias gets AIMET's statistical int32 grid instead (`quantsim.export.qdq_norm_bias`).
 * **derived Q/DQ after data movement**: the output of a Reshape, Flatten, Transpose, MaxPool, ... whose
   input is quantized holds values of the same grid; a Q/DQ pair with the input's parameters is added
   after it (exact: an identity on those values) so onnxruntime sees a complete node unit and keeps the
@@ -474,6 +475,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     from quantsim.export.qdq_constants import codes_for_elementwise_constants
     from quantsim.export.qdq_forms import float_constants, set_activation_signedness
     from quantsim.export.qdq_hardswish import hardswish_for_gated_products
+    from quantsim.export.qdq_norm_bias import quantize_norm_biases
     from quantsim.export.weight_codes import resolve_weight_codes, shift_weight_codes
     from quantsim.sim.build import build_sim_model
 
@@ -490,6 +492,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     model = protect_float_weights(model, deferred)
     if int32_bias:
         model = quantize_biases(model, deferred)
+        model = quantize_norm_biases(model, deferred)
     model = drop_zero_zero_points(model, deferred)
     model = drop_dead_qdq(model)
     if codes == "uint8":

@@ -136,12 +136,9 @@ def float_constants(model: onnx.ModelProto, weights: DeferredWeights | None = No
             name=index.fresh_name(f"{node.output[0]}/quantize"), **attrs))
         replaced.add(codes_name)
     if replaced:
-        ordered: list[onnx.NodeProto] = []
-        for position, node in enumerate(model.graph.node):
-            ordered.extend(before.get(position, ()))
-            ordered.append(node)
-        del model.graph.node[:]
-        model.graph.node.extend(ordered)
+        from quantsim.export.qdq import _insert_before  # one home for inserting nodes by position (qdq imports us lazily)
+
+        _insert_before(model, before)
         kept = [t for t in model.graph.initializer if t.name not in replaced]
         del model.graph.initializer[:]
         model.graph.initializer.extend(kept)

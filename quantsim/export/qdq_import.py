@@ -325,6 +325,7 @@ def sim_from_qdq(cls, model, *, strict: bool = False, **init_kwargs):
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
     float_model, records = strip_qdq(model, strict)
+    init_kwargs.setdefault("depthwise_supergroups", True)  # the file's Q/DQ decide what is quantized
     sim = cls(float_model, **init_kwargs)
     load_records(sim, "qdq", records, "QDQ model", strict=strict, allow_overwrite=True,
                  disable_missing_quantizers=True)

@@ -1,12 +1,8 @@
 """Persistent on-disk cache of prepared models.
 
-Key: sha256 over a format tag, the input model's `model_digest` (`digest.content_digest`: sha256 of
-its ``skeleton``, serialised deterministically, and of its big weights' bytes, never the whole model serialised;
-for a model file, `inputs` recalls it while the file is unchanged), each pass's identity (module, qualified
-name, and a digest of the module's source file), a digest of the sources of this package and of
-``quantsim/graph/`` (so editing a pass or a helper it uses invalidates the entries), the options, and the
-versions of onnx, onnxruntime and quantsim. A pass without a stable identity (a lambda, a closure) makes
-the call uncacheable (``cache_key`` returns None).
+Key: `cache_keys.cache_key` (the input model's content, each pass's identity and source, the options, the
+sources of this package and ``quantsim/graph/``, and the library versions); a pass without a stable identity
+(a lambda, a closure) makes the call uncacheable (``cache_key`` returns None).
 
 Location: ``cache_dir`` argument, else ``$QUANTSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantsim`` (default
 ``~/.cache/quantsim``); entries live in its ``prepared/`` subfolder.
@@ -37,7 +33,6 @@ cache (read-only disk, quota) only warns: the prepared model is still returned.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -45,7 +40,6 @@ import os
 import re
 import shutil
 import stat
-import sys
 import tempfile
 import time
 import uuid
@@ -61,7 +55,8 @@ from quantsim.graph.large_models import payload_bytes, save_model, value_bytes
 from quantsim.graph.loading import file_signature
 from quantsim.graph.mapped import MappedWeights, is_mapped
 from quantsim.graph.model_io import write_text_atomic
-from quantsim.prepare.digest import ContentDigest, content_digest, mapped_layout
+from quantsim.prepare.cache_keys import cache_key, key_for_digest, model_digest, pass_identities, pass_identity
+from quantsim.prepare.digest import ContentDigest, mapped_layout
 from quantsim.prepare.entry_sync import fresh_signatures, stamp_when_synced
 from quantsim.prepare.eviction import (
     LOCK_FILE,
@@ -84,7 +79,6 @@ __all__ = ["ENV_VAR", "EXTERNAL_DATA_BYTES", "CacheEntry", "cache_root", "cache_
 ENV_VAR = "QUANTSIM_CACHE_DIR"
 EXTERNAL_DATA_BYTES = 64 << 20
 """Entries of models with at least this many bytes of initializers keep them in an external-data file."""
-_FORMAT = b"quantsim-prepared-cache-v3"
 _MODEL, _MANIFEST, _KEY_FILE, _STAMP = "model.onnx", "SHA256SUMS", "KEY", ".verified"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _STALE_SECONDS = 3600
@@ -109,53 +103,6 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     if not base:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quantsim"
     return Path(base).expanduser() / "prepared"
-
-
-def cache_key(model: onnx.ModelProto, passes, options: dict) -> str | None:
-    """Hex sha256 naming the prepared form of ``model``; None when a pass has no stable identity."""
-    identities = pass_identities(passes)
-    if identities is None:
-        return None
-    return key_for_digest(model_digest(model), identities, options)
-
-
-def model_digest(model: onnx.ModelProto, weights: MappedWeights | None = None) -> str:
-    """Hex sha256 of ``model``'s content (`digest.content_digest`: its skeleton and its big weights' bytes,
-    those ``weights`` maps read from their files): the part of the cache key that `inputs.remembered_digest`
-    can recall for an unchanged file without reading it."""
-    return content_digest(model, weights).digest
-
-
-def key_for_digest(content: str, identities: list, options: dict) -> str:
-    """The cache key of a model whose `model_digest` is ``content``, for passes of these identities."""
-    import onnxruntime
-
-    import quantsim
-
-    digest = hashlib.sha256(_FORMAT)
-    digest.update(content.encode())
-    header = {"passes": identities, "options": options, "code": _code_digest(), "onnx": onnx.__version__,
-              "onnxruntime": onnxruntime.__version__, "quantsim": quantsim.__version__}
-    digest.update(json.dumps(header, sort_keys=True, default=repr).encode())
-    return digest.hexdigest()
-
-
-def pass_identities(passes) -> list[str] | None:
-    """`pass_identity` of each pass; None when one has no stable identity (the call is uncacheable)."""
-    identities = [pass_identity(run_pass) for run_pass in passes]
-    return None if None in identities else identities  # type: ignore[return-value]
-
-
-def pass_identity(run_pass) -> str | None:
-    """``module.qualname@source-digest`` of a pass (with the arguments of a ``functools.partial``)."""
-    if isinstance(run_pass, functools.partial):
-        inner = pass_identity(run_pass.func)
-        return None if inner is None else f"{inner}{run_pass.args!r}{sorted(run_pass.keywords.items())!r}"
-    module, name = getattr(run_pass, "__module__", None), getattr(run_pass, "__qualname__", None)
-    if not module or not name or "<" in name:
-        return None
-    source = getattr(sys.modules.get(module), "__file__", None)
-    return f"{module}.{name}@{_source_digest(source) if source else ''}"
 
 
 def load_cached(key: str, cache_dir: str | os.PathLike | None = None) -> onnx.ModelProto | None:
@@ -365,25 +312,6 @@ def _size_if_present(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-@functools.cache
-def _source_digest_cached(path: str, mtime_ns: int, size: int) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
-def _code_digest() -> str:
-    here = Path(__file__).parent
-    return "".join(_source_digest(str(path)) for path in [*sorted(here.glob("*.py")),
-                                                          *sorted((here.parent / "graph").glob("*.py"))])
-
-
-def _source_digest(path: str) -> str:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return ""
-    return _source_digest_cached(path, info.st_mtime_ns, info.st_size)
 
 
 def _file_digest(path: Path, sync: bool = False) -> str:

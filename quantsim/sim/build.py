@@ -425,6 +425,7 @@ def build_sim_model(
     memo: dict[str, tuple] | None = None,
     integer_weights: bool = False,
     deferred: DeferredWeights | None = None,
+    int32_bias: bool = False,
 ) -> onnx.ModelProto:
     """A new model: ``model`` (left unchanged) with every enabled, initialised quantizer applied (see module
     docstring).
@@ -445,6 +446,8 @@ def build_sim_model(
     mapped ones (with ``external`` and no ``memo``), and with ``deferred`` (exports, without ``external``) big
     quantized constants and mapped weights, are deferred (`quantsim.sim.deferral`): computed only when written,
     one at a time, a session's keyed so that its weight files are reused while they are unchanged.
+    ``int32_bias`` (fake weights only) puts the biases the exports add as int32 codes on that grid
+    (`quantsim.sim.int32_bias`).
     """
     model = as_model_proto(model)  # sim.model (a view) too
     if weights not in ("fake", "qdq"):
@@ -478,4 +481,9 @@ def build_sim_model(
             builder.add_constant_quantizer(name, q)
         elif name not in redundant:
             builder.add_activation_quantizer(name, q)
-    return builder.finish()
+    built = builder.finish()
+    if int32_bias and weights == "fake":
+        from quantsim.sim.int32_bias import int32_bias_values
+
+        int32_bias_values(built, model, active, builder.values, external)
+    return built

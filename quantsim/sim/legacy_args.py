@@ -49,7 +49,9 @@ def map_legacy_arguments(args: tuple, legacy: dict, current: dict) -> dict:
     rounding = legacy.pop("rounding_mode", None)
     if rounding and rounding != "nearest":  # None (the legacy positional default) means "nearest", as in AIMET
         raise InvalidTypeError(f"rounding_mode {rounding!r} is not supported; only 'nearest'")
-    legacy.pop("use_symmetric_encodings", None)
+    if legacy.pop("use_symmetric_encodings", None) is not None:
+        warn_at_caller("use_symmetric_encodings has no effect (as in aimet-onnx 2.x): the config file decides "
+                       "which quantizers are symmetric (its 'is_symmetric' keys)", UserWarning)
     use_cuda, device = legacy.pop("use_cuda", None), legacy.pop("device", None)
     if use_cuda is not None or device is not None:
         if current.get("providers") is not None:

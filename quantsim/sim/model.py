@@ -25,7 +25,7 @@ from quantsim.calibration.run import (
 from quantsim.calibration.schemes import CalibrationScheme, get_scheme
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.dtypes import QuantScheme, int8, qtype
-from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError
+from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
 from quantsim.graph import session as session_module
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.large_models import model_from_parts, model_parts
@@ -93,7 +93,9 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
     `quantsim.sim.placement` rule 3) and ``depthwise_supergroups`` (default: one quantizer after a depthwise / 3-D
     Conv and its activation; False: AIMET's rule, a quantizer on the convolution's output too). Left at None,
     ``fold_batchnorm``, ``range_health`` and ``depthwise_supergroups`` warn once where they differ from aimet-onnx
-    (`quantsim.sim.aimet_differences`). Every automatic
+    (`quantsim.sim.aimet_differences`). ``int32_bias`` (default True) adds the biases of Conv/Gemm with
+    quantized input and weight on the int32 grid ``s_in * s_w``, as the exports do (`quantsim.sim.int32_bias`;
+    False: float biases, as aimet-onnx). Every automatic
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.
     AIMET's legacy positional and bitwidth keywords are accepted with a DeprecationWarning.
     Exports are in `quantsim.sim.model_exports`, the extension hooks in `quantsim.sim.model_hooks`, the rest
@@ -124,6 +126,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
         linear_ops_in_norm_blocks: bool | str = False,
         depthwise_supergroups: bool | None = None,
         target=None,
+        int32_bias: bool = True,
         **legacy,
     ):
         options = map_legacy_arguments(args, legacy, {
@@ -132,6 +135,9 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
             "user_onnx_libs": user_onnx_libs, "param_type_given": param_type is not None,
             "activation_type_given": activation_type is not None,
         })
+        if options.get("dummy_input") is not None:
+            warn_at_caller("dummy_input has no effect: every tensor's type comes from shape inference on the prepared "
+                           "model (aimet-onnx uses it only where its inference cannot type a tensor)", UserWarning)
         if options.get("user_onnx_libs"):
             raise InvalidArgumentError("user_onnx_libs is not supported: the sim only uses standard ONNX operators")
         loaded_here = isinstance(model, (str, os.PathLike))
@@ -159,6 +165,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
         self.range_health = range_health is None or bool(range_health)
         self.depthwise_supergroups = depthwise_supergroups is not False
         self.linear_ops_in_norm_blocks = checked_norm_block_option(linear_ops_in_norm_blocks)
+        self.int32_bias = bool(int32_bias)  # biases on the exports' int32 grid (`quantsim.sim.int32_bias`)
         folds = announce_batchnorm_folds(proto if cached is None else None, fold_batchnorm)
         try:
             if cached is not None:
@@ -383,7 +390,8 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
     def _built_sim_model(self, external: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
         with self._index.cached_constants():
             self._ensure_param_encodings()
-            return build_sim_model(self._model, self._quantizers, source=self._index, external=external)
+            return build_sim_model(self._model, self._quantizers, source=self._index, external=external,
+                                   int32_bias=self.int32_bias)
 
     @property
     def session(self) -> ort.InferenceSession:
@@ -400,7 +408,8 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
                     model = self.to_onnx_qdq(weight_codes="auto", target=False)  # in-process: exact kernels here
                 else:
                     model = build_sim_model(self._model, self._quantizers, source=self._index, external=weights,
-                                            memo=self._session_memo(), integer_weights=self._integer_weights())
+                                            memo=self._session_memo(), integer_weights=self._integer_weights(),
+                                            int32_bias=self.int32_bias)
             self._session = None  # the old session's weights go before the new one's arrive
             self._session = make_session(model, self.providers, fuse_qdq=self.use_integer_kernels,
                                          session_options_kwargs=self._session_options_kwargs,

@@ -71,12 +71,14 @@ class SimExports:
                     force_activation_as: str | None = "unsigned", path: str | os.PathLike | None = None,
                     weight_codes: str = "int8", int32_bias: bool | None = None, target=None) -> onnx.ModelProto | None:
         """Standard QDQ model: integer weights + DequantizeLinear, activation Q/DQ pairs, int32 biases
-        (scale ``s_in * s_w``); within one output step of the sim (the sim keeps float biases).
+        (scale ``s_in * s_w``): run without Q/DQ fusion it computes what the sim computes (the sim adds the same
+        int32 biases; with ``QuantizationSimModel(..., int32_bias=False)`` it keeps float biases, one output step
+        away on near-ties).
 
         AIMET's keywords: ``export_int32_bias`` (default True here, False in AIMET: the int32 biases are what
-        integer runtimes fuse; False keeps the float biases, as the sim computes them; ``int32_bias`` is an
-        alias, quantsim's earlier name), ``prequantize_constants`` (default True here: weights as integer codes behind
-        DequantizeLinear; False stores their fake-quantized float values behind QuantizeLinear ->
+        integer runtimes fuse; False keeps the float biases, as a sim built with ``int32_bias=False`` computes
+        them; ``int32_bias`` is an alias, quantsim's earlier name), ``prequantize_constants`` (default True here:
+        weights as integer codes behind DequantizeLinear; False stores their fake-quantized float values behind QuantizeLinear ->
         DequantizeLinear, AIMET's default; the same values) and ``force_activation_as`` ("unsigned", the
         default, "signed" or None: the storage type of activation codes, the same values; see
         `quantsim.export.qdq_forms`). With ``path`` the model is written there instead (plus ``<path>.data``
@@ -103,12 +105,14 @@ class SimExports:
         return None
 
     def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
-                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8", target=None):
+                       input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8", target=None,
+                       exact: bool = False):
         """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
         fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both.
         ``input_shapes`` (``{input: dims}``) exports for those input shapes only, folding shape arithmetic
         (a detector's anchors and strides) into constants so that it runs on integer kernels too.
-        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) and ``target`` as in `to_onnx_qdq`."""
+        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) and ``target`` as in `to_onnx_qdq`. ``exact=True``: no
+        accepted approximation (HardSwish/HardSigmoid as exact tables, not kernel chains within one step)."""
         from quantsim.export.integer.export import export_integer
         from quantsim.export.weight_codes import resolve_weight_codes
 
@@ -116,7 +120,8 @@ class SimExports:
 
         codes = resolve_weight_codes(weight_codes, self.providers, warn_as="export_integer")
         self._ensure_param_encodings()
-        return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes, weight_codes=codes)
+        return export_integer(self, integer_io=integer_io, opset=opset, input_shapes=input_shapes, weight_codes=codes,
+                              exact=exact)
 
     def export(self, path, filename_prefix: str, export_model: bool = True, *, encoding_version: str = "1.0.0",
                export_int32_bias: bool | None = None, force_activation_as: str | None = "unsigned",

@@ -40,7 +40,7 @@ class ModelView:
 
     @property
     def model(self) -> onnx.ModelProto:
-        """The ModelProto (AIMET: ``sim.model.model``)."""
+        """Return the ModelProto itself, as AIMET's ``sim.model.model`` does."""
         return self._fetch()
 
     def __getattr__(self, name: str) -> Any:

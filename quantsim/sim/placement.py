@@ -4,7 +4,9 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
 
 1. Parameters are initializers in the parameter slots of `PARAM_SLOTS` (weights, biases, norm
    statistics), quantized per the config's ``params``/``op_type.params`` flags, per channel where the
-   op type asks for it (channel axis from `channel_axis_of`). Norm-layer parameters keep >= 8 bits.
+   op type asks for it (channel axis from `channel_axis_of`). Norm-layer parameters follow AIMET's exception
+   rules (`_norm_param_exceptions`: >= 8 bits; BN/LayerNorm symmetric only at 16 bits; Group/Instance/RMS
+   normalization follow their output quantizer), applied after step 4's supergroups.
 2. Activations are the model's float inputs (``model_input``), float node outputs (default ops rule;
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
    elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
@@ -42,16 +44,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from quantsim.core.dtypes import int8, qtype
+from quantsim.core.dtypes import qtype
 from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError
 from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_masked_softmaxes
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, NORM_OPS, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
+from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
+from quantsim.sim.exception_rules import NORM_PARAM_RULE_OPS, norm_param_rule
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
@@ -248,6 +251,7 @@ def place_quantizers(
         plan = sites.get(name)
         if plan is not None and not plan.spec.is_float and plan.spec.dtype.bits == 16:
             plan.spec = plan.spec.with_(symmetric=True)
+    _norm_param_exceptions(index, sites)
 
     # 4. ties
     ties = _UnionFind()
@@ -274,6 +278,23 @@ def place_quantizers(
         if root != name:
             groups[root].tensors.append(name)
     return Placement(list(groups.values()), left_in_float, index_tensors, decisions)
+
+
+def _norm_param_exceptions(index: GraphIndex, sites: dict[str, QuantizerPlan]) -> None:
+    """AIMET's exception rules for the integer parameter quantizers of norm layers (`norm_param_rule`), applied
+    after the config and the supergroups, before ties."""
+    for node in index.nodes:
+        if node.op_type not in NORM_PARAM_RULE_OPS or not node.output:
+            continue
+        out = sites.get(node.output[0])
+        output = (out.spec.dtype, out.spec.symmetric) if out is not None and out.enabled else None
+        for name in node.input[1:]:
+            plan = sites.get(name)
+            if plan is None or plan.role != "param" or not plan.enabled:
+                continue
+            rule = norm_param_rule(node.op_type, plan.spec.dtype, output)
+            if rule is not None:
+                plan.spec = plan.spec.with_(dtype=rule[0], symmetric=rule[1])
 
 
 def _merge_clamp_chains(index: GraphIndex, sites: dict[str, QuantizerPlan]) -> None:
@@ -324,9 +345,7 @@ def _param_plan(index, config, node, slot, ptype, param_type) -> QuantizerPlan:
     name = node.input[slot]
     shape = index.shape.get(name)
     flags = config.param_flags(node.op_type, ptype)
-    dtype = param_type
-    if node.op_type in NORM_OPS and not dtype.is_float and dtype.bits < 8:
-        dtype = int8
+    dtype = param_type  # norm-layer parameters: `_norm_param_exceptions`
     axis = channel_axis_of(node, slot, shape)
     granularity: PerTensor | PerChannel = PerTensor()
     if config.per_channel_for(node.op_type) and axis is not None and shape and len(shape) >= 1:

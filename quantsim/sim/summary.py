@@ -1,8 +1,10 @@
 """Readable text summary of a sim: quantizers by tensor, the automatic decisions and what stays in float,
-and why."""
+and why, and what still separates it from its deployed models (`deployment_gap`)."""
 from __future__ import annotations
 
 import numpy as np
+
+from quantsim.sim.deployment_gap import deployment_differences
 
 __all__ = ["summarize"]
 
@@ -37,4 +39,8 @@ def summarize(sim) -> str:
     if sim.left_in_float:
         lines.append("left in float:")
         lines += [f"  {what}: {why}" for what, why in sim.left_in_float]
+    gap = deployment_differences(sim)
+    if gap:
+        lines.append("sim vs deployed (QDQ / integer exports on onnxruntime's integer kernels):")
+        lines += [f"  {line}" for line in gap]
     return "\n".join(lines)

@@ -161,6 +161,8 @@ class LoweringContext:
         self.memo: dict[tuple, str] = {}  # shared scalars and casts: key -> tensor name
         self._copied: set[str] = set()
         self._node_names: set[str] = set()
+        self._sim_biases: dict[str, np.ndarray] | None = None  # `sim_constant`, computed on first use
+        self.exact = False  # True: elementwise functions only as exact kernel chains or tables (`piecewise`)
 
     def snapshot(self) -> tuple:
         return (len(self.nodes), len(self.initializers), dict(self.ints), dict(self.floats), set(self.absorbed),
@@ -225,6 +227,18 @@ class LoweringContext:
         if q.spec.is_float:
             return fp16_round_trip(values).astype(values.dtype)
         return fake_quantize(values, q.encoding).astype(values.dtype)
+
+    def sim_constant(self, name: str) -> np.ndarray:
+        """`constant`, except for a bias the sim adds on the int32 accumulator grid (``sim.int32_bias``,
+        `quantsim.sim.int32_bias`): its value there, so that a float island computes what the sim does."""
+        if self._sim_biases is None:
+            self._sim_biases = {}
+            if getattr(self.sim, "int32_bias", False):
+                from quantsim.sim.int32_bias import sim_bias_values
+
+                self._sim_biases = sim_bias_values(self.index.model.graph, list(self.sim.quantizers),
+                                                   self.index.constant_value, self.index.is_constant)
+        return self._sim_biases[name] if name in self._sim_biases else self.constant(name)
 
     def param_encoding(self, name: str) -> Encoding:
         """Encoding of a weight usable by 8-bit kernels (int grid of at most 8 bits), else Unsupported."""
@@ -374,9 +388,9 @@ class LoweringContext:
                 stored = self.index.initializers[tensor]
                 if self.deferred is not None and self.deferred.accepts(stored.data_type, tuple(stored.dims)):
                     self.initializers.append(self.deferred.add(tensor, stored.data_type, tuple(stored.dims),
-                                                               lambda: self.constant(tensor)))
+                                                               lambda: self.sim_constant(tensor)))
                 else:
-                    self.initializers.append(numpy_helper.from_array(self.constant(tensor), tensor))
+                    self.initializers.append(numpy_helper.from_array(self.sim_constant(tensor), tensor))
             return tensor
         if not self.index.is_float(tensor):
             return tensor  # shape / index arithmetic keeps its name

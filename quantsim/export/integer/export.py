@@ -310,12 +310,15 @@ def _value_info(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
 
 
 def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
-                   input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8") -> IntegerExport:
+                   input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8",
+                   exact: bool = False) -> IntegerExport:
     """Lower a calibrated sim to an integer ONNX model (see the module docstring). ``input_shapes``
     (``{input: dims}``) fixes dynamic input dims: the model is exported for those shapes only, with its
     shape arithmetic folded into constants (`shapes`); models whose inputs are all static get that fold
     without it. ``weight_codes`` ("int8", "uint8" or "auto") is the storage type of the 8-bit weight codes
-    of the integer kernels (`quantsim.export.weight_codes`); the requant table does not depend on it."""
+    of the integer kernels (`quantsim.export.weight_codes`); the requant table does not depend on it.
+    ``exact=True`` lowers elementwise functions only to exact forms: HardSwish / HardSigmoid as lookup tables
+    instead of the kernel chains accepted within one output step (`piecewise.TOLERANCE`); slower on them."""
     code_type = resolve_weight_codes(weight_codes, getattr(sim, "providers", None))
     _check_sim(sim)
     model, weights, opset = _prepared_model(sim, opset)
@@ -330,6 +333,7 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     # every lookup table and kernel probe the rules will ask for, computed up front in one session per kind
     code_graphs = prefetch(sim, index, opset, LOWERINGS, exact_grids)
     ctx = LoweringContext(sim, index, opset, deferred, code_graphs, exact_grids)
+    ctx.exact = bool(exact)
     report: list[ReportEntry] = []
     io: dict = {}
     inputs = []

@@ -21,7 +21,11 @@ HardSigmoid within one output step (``TOLERANCE``: the gate is rounded to 8 bits
 ``|x| / (510 s_y)`` output steps; about 1-3% of HardSwish outputs move by one step); of the candidates
 that pass, the one with the fewest differing codes is used. A function without a passing candidate keeps
 the table. Tables themselves are a ``GatherElements`` on the flattened codes (about 4x faster than
-``Gather`` in onnxruntime 1.3x; exact).
+``Gather`` in onnxruntime 1.3x; exact). ``export_integer(..., exact=True)`` (``ctx.exact``) accepts no
+approximation: HardSwish and HardSigmoid then keep their exact tables, so the integer model computes what
+the sim computes on them (their one-step errors otherwise grow through the layers that follow: PicoDet's
+detection F1 0.625 instead of the sim's 0.722, benchmarks/README.md "Sim vs deployed models"), at the speed
+of a table lookup.
 """
 from __future__ import annotations
 
@@ -189,7 +193,7 @@ def fast_form(ctx: LoweringContext, x: QTensor, y: Grid, function: onnx.NodeProt
               table: np.ndarray, low: int, high: int, base: str) -> str | None:
     """Codes of ``function`` (None: identity) on ``y`` from integer kernels matching ``table`` (already
     clamped to ``[low, high]``) within `TOLERANCE`, emitted into ``ctx``; None when no candidate does."""
-    tolerance = TOLERANCE.get(function.op_type, 0) if function is not None else 0
+    tolerance = TOLERANCE.get(function.op_type, 0) if function is not None and not ctx.exact else 0
     exact = np.asarray(table, np.int64)
     best, fewest = None, 257
     chains = _candidates(ctx, function, data_slot, x.grid, y)

@@ -1,0 +1,71 @@
+"""What still separates the sim from its deployed models, and how big each difference is (for `summary`).
+
+Read from the prepared graph and the sim's settings, without running anything but onnxruntime's one-off
+integer-kernel probe (`graph.int8_kernels`). Each line names a difference between the sim (fake quantization:
+float arithmetic between Q/DQ pairs) and what onnxruntime's integer kernels compute from the exports, with its
+size per op; the end-to-end size on a model is measured by ``benchmarks/bench_agreement.py``. Per-op sizes
+are those the project's tests and benchmarks measure (benchmarks/README.md, "Sim vs deployed models").
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from quantsim.graph.op_facts import BIAS_SLOT
+
+__all__ = ["deployment_differences"]
+
+_REQUANTIZED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_GATES = ("HardSwish", "HardSigmoid")
+_AVERAGES = ("AveragePool", "GlobalAveragePool", "ReduceMean")
+
+
+def deployment_differences(sim) -> list[str]:
+    """Lines naming each remaining sim-vs-deployment difference of ``sim`` and its size."""
+    from quantsim.sim.int32_bias import eligible_biases
+
+    graph = sim._model.graph
+    ops = Counter(node.op_type for node in graph.node)
+    quantizers = list(sim.quantizers)
+    lines = []
+    biased = [n for n in graph.node if n.op_type in BIAS_SLOT and len(n.input) > BIAS_SLOT[n.op_type]
+              and n.input[BIAS_SLOT[n.op_type]]]
+    if biased:
+        constants = {t.name for t in graph.initializer}
+        on_grid = len(eligible_biases(graph, quantizers, constants.__contains__)) if all(
+            q.is_initialized() for q in quantizers if q.enabled) else None
+        count = f"{len(biased)} (once calibrated: those with quantized input and weight)" if on_grid is None else (
+            f"{on_grid} of {len(biased)}")
+        if getattr(sim, "int32_bias", False):
+            lines.append(f"biases: {count} on the int32 accumulator grid as the exports add them "
+                         "(int32_bias=True): no difference")
+        else:
+            lines.append(f"biases: {count} are int32 in the exports but float here "
+                         "(int32_bias=False): up to 0.5 accumulator units, one output step where a value lies "
+                         "that close to a rounding midpoint")
+    linear = sum(ops[op] for op in _REQUANTIZED)
+    if linear:
+        lines.append(f"requantization: {linear} Conv/Gemm/MatMul; the integer kernels scale the int32 accumulator "
+                     "by a float32 multiplier s_in*s_w/s_out where the sim rounds its float result: one output "
+                     "step on near-ties (measured: 0-0.002% of outputs)")
+    gates = sum(ops[op] for op in _GATES)
+    if gates:
+        lines.append(f"HardSwish/HardSigmoid: {gates}; export_integer runs them as kernel chains within one output "
+                     "step (1-3% of outputs); export_integer(exact=True) keeps exact tables (slower)")
+    if ops["Softmax"]:
+        lines.append(f"Softmax: {ops['Softmax']}; QLinearSoftmax differs by one step on about 1-4% of outputs")
+    averages = sum(ops[op] for op in _AVERAGES)
+    if averages:
+        lines.append(f"averages: {averages} AveragePool/GlobalAveragePool/ReduceMean; integer averages round the "
+                     "sum once: one output step on near-ties")
+    if lines:
+        lines.append("one-step differences grow through the layers after them (tens of steps deep in a CNN); "
+                     "measure a model with benchmarks/bench_agreement.py")
+    if linear:
+        from quantsim.graph.int8_kernels import uint8_int8_kernels_saturate
+
+        provider = sim.providers[0] if sim.providers else "CPUExecutionProvider"
+        provider = provider[0] if isinstance(provider, tuple) else provider
+        if uint8_int8_kernels_saturate(provider):
+            lines.append("int8 weight codes: onnxruntime's uint8 x int8 kernels saturate on this CPU (AVX2 without "
+                         "VNNI): many output steps; export with weight_codes='uint8' (or 'auto') to run exactly")
+    return lines

@@ -1,0 +1,142 @@
+"""The sim's biases on their int32 accumulator grid, as the deployed models add them.
+
+Every export adds the bias of a Conv / ConvTranspose / Gemm whose input and weight are quantized as int32
+codes on the accumulator grid ``s_in * s_w`` (zero point 0, per output channel with a per-channel weight):
+the QDQ model as ``DequantizeLinear(int32 codes, s_in * s_w)`` (`quantsim.export.qdq.quantize_biases`), the
+integer model inside ``QLinearConv`` / ``QGemm`` (`quantsim.export.integer.linear`). A float bias differs from
+that by up to half an accumulator unit, which moves values near a rounding midpoint of the output grid by
+one step; on a deep net such one-step flips grow layer by layer (PP-OCR's direction classifier: 4 dB of
+output SQNR to FP32 between the float-bias sim and its own QDQ model run without fusion, see
+benchmarks/README.md "Sim vs deployed models"). `int32_bias_values` gives the sim's graph the same biases:
+each eligible bias initializer is replaced by ``float32(codes) * scale``, the value DequantizeLinear computes
+from the codes, so the sim and the unfused QDQ export compute the same floats.
+
+Eligibility follows `quantize_biases`, read from the sim's quantizer table over the prepared graph (names
+are the same in the sim graph and the exports): the bias is a constant read by this node only, without an
+enabled quantizer of its own (the exports dequantize such a bias from its codes); the op's data
+input has an enabled, calibrated per-tensor integer quantizer (not float8), or comes from one through
+grid-preserving data movement (`op_facts.GRID_MOVEMENT_OPS`, whose outputs the QDQ export gives a derived Q/DQ
+pair); the weight has an enabled integer quantizer (not float8, not block-wise) whose per-channel axis, if
+any, is the op's output-channel axis; Gemm only with ``alpha = beta = 1`` and no ``transA``; grouped
+ConvTranspose only per tensor. The integer export's float islands use the same values
+(`LoweringContext.sim_constant`), so a Conv it leaves in float (16-bit activations) computes what the sim does.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from quantsim.core.bias import quantize_bias
+from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, facts_of
+from quantsim.sim.quantizer import QcQuantizeOp
+
+__all__ = ["int32_bias_values", "sim_bias_values", "eligible_biases", "on_int32_grid"]
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _integer_encoding(q: QcQuantizeOp | None):
+    if q is None or not q.enabled or q.spec.is_float or q.encoding is None or q.encoding.fp8 is not None:
+        return None
+    return q.encoding
+
+
+def _input_scale(name: str, producer: dict[str, onnx.NodeProto], table: dict[str, QcQuantizeOp]) -> np.ndarray | None:
+    """The per-tensor scale of the activation grid ``name`` is on (its own quantizer's, or through data
+    movement its source's), or None when it is not on an integer grid."""
+    for _ in range(64):
+        q = table.get(name)
+        if q is not None and q.enabled:
+            enc = _integer_encoding(q)
+            return None if enc is None or not enc.is_per_tensor else np.asarray(enc.scale, np.float32)
+        node = producer.get(name)
+        if node is None or node.op_type not in GRID_MOVEMENT_OPS or not node.input:
+            return None
+        name = node.input[0]
+    return None
+
+
+def _output_axis(node: onnx.NodeProto) -> int | None:
+    attrs = _attrs(node)
+    if node.op_type == "Gemm":
+        if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0):
+            return None
+        return 0 if attrs.get("transB", 0) else 1
+    return facts_of(node.op_type).weight_output_axis
+
+
+def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_constant: Callable[[str], bool]
+                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{bias name: (input scale, weight scale)}`` of the biases of ``graph`` (the sim's prepared graph) that
+    the exports put on an int32 grid (module docstring)."""
+    producer = {out: node for node in graph.node for out in node.output}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    table = {t: q for q in quantizers for t in q.tensors}
+    found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for node in graph.node:
+        slot = BIAS_SLOT.get(node.op_type)
+        if slot is None or len(node.input) <= slot or not node.input[slot] or len(node.input) < 2:
+            continue
+        bias = node.input[slot]
+        own = table.get(bias)
+        if uses.get(bias, 0) != 1 or not is_constant(bias) or (own is not None and own.enabled):
+            continue  # a bias with its own quantizer is on that grid in the sim and the exports
+        q = table.get(node.input[1])
+        enc = _integer_encoding(q)
+        if q is None or enc is None or enc.block_size is not None:
+            continue
+        x_scale = _input_scale(node.input[0], producer, table)
+        axis = _output_axis(node)
+        if x_scale is None or axis is None:
+            continue
+        w_scale = np.asarray(enc.scale, np.float32)
+        if w_scale.ndim:
+            if node.op_type == "ConvTranspose" and _attrs(node).get("group", 1) != 1:
+                continue
+            rank = len(q.shape) if q.shape else 2
+            if enc.axis is None or enc.axis % rank != axis:
+                continue
+            w_scale = w_scale.reshape(-1)
+        found[bias] = (x_scale, w_scale)
+    return found
+
+
+def on_int32_grid(value: np.ndarray, x_scale: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """``value`` as DequantizeLinear computes it from its int32 codes: ``float32(codes) * (s_in * s_w)``."""
+    codes, scale = quantize_bias(value, x_scale, w_scale)
+    return (codes.astype(np.float32) * scale).astype(np.float32).reshape(np.shape(value))
+
+
+def sim_bias_values(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], value_of: Callable[[str], np.ndarray],
+                    is_constant: Callable[[str], bool]) -> dict[str, np.ndarray]:
+    """``{bias name: its value on the int32 grid}`` for the float32 biases of ``graph`` that the exports add as
+    int32 codes (float16/float64 models keep theirs: the sim's Cast pairs keep the model's own types)."""
+    values = {}
+    for name, (x_scale, w_scale) in eligible_biases(graph, quantizers, is_constant).items():
+        value = np.asarray(value_of(name))
+        if value.dtype == np.float32:
+            values[name] = on_int32_grid(value, x_scale, w_scale)
+    return values
+
+
+def int32_bias_values(built: onnx.ModelProto, source: onnx.ModelProto, quantizers: list[QcQuantizeOp],
+                      value_of: Callable[[str], np.ndarray], external: dict[str, np.ndarray] | None = None) -> int:
+    """Put, in place, the int32-grid value of each eligible bias of ``source`` (the prepared model) into
+    ``built`` (its sim graph in the fake-weight form; big constants possibly in ``external``); returns how
+    many biases were replaced."""
+    initializers = {t.name: t for t in built.graph.initializer}
+    constants = {t.name for t in source.graph.initializer}
+    values = sim_bias_values(source.graph, quantizers, value_of, constants.__contains__)
+    for name, value in values.items():
+        if external is not None and name in external:
+            external[name] = value
+        elif name in initializers:
+            initializers[name].CopyFrom(numpy_helper.from_array(value, name))
+    return len(values)
