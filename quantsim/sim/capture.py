@@ -31,6 +31,7 @@ from quantsim.graph.large_models import copy_without_initializers
 from quantsim.graph.session import make_session
 from quantsim.sim.build import _constant_key
 from quantsim.sim.fake_values import FakeValues
+from quantsim.sim.int32_bias import sim_bias_values
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
@@ -119,7 +120,25 @@ class _SimGraph:
         for tensor in rewritten:  # a weight no active quantizer reads: its own values
             if not self._put(tensor, np.array(sim._index.constant_value(tensor))):
                 return False
+        if (changed or rewritten) and getattr(sim, "int32_bias", False) and not self._int32_biases(sim):
+            return False
         self.written = dict(writes)
+        return True
+
+    def _int32_biases(self, sim: QuantizationSimModel) -> bool:
+        """Biases on the int32 grid ``s_in * s_w`` (`quantsim.sim.int32_bias`, as `build_sim_model` puts them)
+        for the current weight encodings and values; only those whose value moved are put (and counted as
+        patched)."""
+        active = [q for q in sim._quantizers if q.enabled and q.is_initialized()]
+        index = sim._index
+        values = sim_bias_values(sim._model.graph, active, index.constant_value, index.initializers.__contains__)
+        for name, value in values.items():
+            current = self.external.get(name)
+            if current is None and name in self.positions:
+                current = numpy_helper.to_array(self.model.graph.initializer[self.positions[name]])
+            if current is None or not np.array_equal(np.asarray(current), value):
+                if not self._put(name, value):
+                    return False
         return True
 
     def _put(self, tensor: str, values: np.ndarray) -> bool:
