@@ -201,7 +201,7 @@ def test_real_cnn_prefixes_are_fully_integer_and_their_exports_match_the_sim(nam
     feed = feeds(100, 2)
     for output, steps in _steps(sim, exported, feed).items():
         assert steps.max() <= 2 and np.mean(steps > 0) <= 0.03, (output, steps.max(), np.mean(steps > 0))
-    exact = _exact_session(sim.to_onnx_qdq(int32_bias=False))  # the QDQ model, every Q/DQ as written
+    exact = _exact_session(sim.to_onnx_qdq())  # the QDQ model, every Q/DQ as written (int32 biases, as the sim)
     for got, want in zip(exact.run(None, feed), sim.session.run(None, feed)):
         np.testing.assert_array_equal(got, want)
     default = _run(sim.to_onnx_qdq(weight_codes="auto"), feed)[0]  # fused integer kernels, int32 biases

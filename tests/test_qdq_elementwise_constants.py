@@ -56,8 +56,9 @@ def _sim(model: onnx.ModelProto, float_constants: tuple[str, ...] = ()) -> Quant
 
 
 def _assert_exact_export_is_the_sim(sim: QuantizationSimModel, inputs: list[np.ndarray]) -> None:
-    """The exact QDQ export (no int32 biases, Q/DQ fusion off) computes the sim's outputs bit for bit."""
-    exact = _session(sim.to_onnx_qdq(int32_bias=False, weight_codes="auto"), fused=False)
+    """The exact QDQ export (int32 biases, as the sim adds them; Q/DQ fusion off) computes the sim's outputs bit
+    for bit."""
+    exact = _session(sim.to_onnx_qdq(weight_codes="auto"), fused=False)
     for x in inputs:
         np.testing.assert_array_equal(exact.run(None, {"x": x})[0], sim.session.run(None, {"x": x})[0])
 
