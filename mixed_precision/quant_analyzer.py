@@ -83,15 +83,23 @@ class _RecordingSession:
         return getattr(self._session, name)
 
 
+AIMET_ANALYZER_SIM = {"fold_batchnorm": True, "range_health": False, "depthwise_supergroups": False,
+                      "int32_bias": False}
+"""How aimet-onnx 2.42's QuantAnalyzer builds its sims (it folds BatchNormalization first), as constructor options."""
+
+
 class QuantAnalyzer:
     """AIMET's QuantAnalyzer: ``eval_callback(session) -> float`` (higher is better) scores a session;
     ``forward_pass_callback`` calibrates (AIMET's ``CallbackFunc``, called as ``func(session, args)``, or a plain
     ``callback(session)``). ``dummy_input`` is part of AIMET's signature and is kept, not used: the sims are built
     without it, since an ONNX model carries its own shapes (`QuantizationSimModel` would warn that it has no
-    effect)."""
+    effect). The sims it builds place quantizers as aimet-onnx's QuantAnalyzer does (`AIMET_ANALYZER_SIM`:
+    BatchNormalization folded, a depthwise convolution's output quantized, no calibrated decisions, float
+    biases); ``sim_options`` (ours) override any of them for every `QuantizationSimModel` it builds."""
 
     def __init__(self, model: onnx.ModelProto, dummy_input: Mapping[str, np.ndarray] | None,
-                 forward_pass_callback: Callable[..., Any], eval_callback: Callable[[Any], float]):
+                 forward_pass_callback: Callable[..., Any], eval_callback: Callable[[Any], float], *,
+                 sim_options: Mapping[str, Any] | None = None):
         if not callable(forward_pass_callback):
             raise InvalidTypeError(f"forward_pass_callback must be callable, got {type(forward_pass_callback).__name__}")
         if not callable(eval_callback):
@@ -101,6 +109,7 @@ class QuantAnalyzer:
         if not isinstance(self._model, onnx.ModelProto):
             raise InvalidTypeError(f"QuantAnalyzer takes an onnx.ModelProto, got {type(model).__name__}")
         self._dummy_input = dummy_input
+        self._sim_options = {**AIMET_ANALYZER_SIM, **(sim_options or {})}
         self._forward_pass_callback = forward_pass_callback
         self._eval_callback = eval_callback
         self._mse_data: Iterable | None = None
@@ -140,7 +149,8 @@ class QuantAnalyzer:
                                       default_activation_bw: int, config_file: str | None) -> QuantizationSimModel:
         """A sim of the model at these bitwidths, calibrated with the forward-pass callback."""
         sim = QuantizationSimModel(self._model, quant_scheme=quant_scheme, param_type=qtype.int(default_param_bw),
-                                   activation_type=qtype.int(default_activation_bw), config_file=config_file)
+                                   activation_type=qtype.int(default_activation_bw), config_file=config_file,
+                                   **self._sim_options)
         self._calibration.close()
         callback = self._forward_pass_callback
         func, args = getattr(callback, "func", None), getattr(callback, "args", None)

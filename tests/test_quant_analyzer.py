@@ -70,7 +70,8 @@ def _read(path):
 
 
 def _sim_like_the_analyzer(scheme=QuantScheme.post_training_tf_enhanced):
-    sim = quantsim.QuantizationSimModel(small_model(), quant_scheme=scheme, progress=False)
+    from mixed_precision.quant_analyzer import AIMET_ANALYZER_SIM  # aimet-onnx's QuantAnalyzer placement
+    sim = quantsim.QuantizationSimModel(small_model(), quant_scheme=scheme, progress=False, **AIMET_ANALYZER_SIM)
     sim.compute_encodings(CALIB)
     return sim
 
