@@ -228,16 +228,18 @@ class QuantAnalyzer:
         `create_quantsim_and_encodings` (or `analyze`)."""
         folder = Path(results_dir)
         activation_files: dict[str, QcQuantizeOp] = {}
+        weights = []
         for node, inputs, outputs, params in _op_quantizers(sim):
             op = _clean(node)
             for kind, quantizers in (("input", inputs), ("output", outputs)):
                 for i, q in enumerate(quantizers):
                     activation_files[f"{op}_{kind}_q{i}_0"] = q
-            for param_type, q in params.items():
-                self._weight_histograms(sim, q, folder / "weights_pdf" / op, f"{op}_{_clean(param_type)}")
-        if activation_files and not len(self._calibration):
+            weights += [(q, folder / "weights_pdf" / op, f"{op}_{_clean(param_type)}") for param_type, q in params.items()]
+        if activation_files and not len(self._calibration):  # refused before any file is written
             raise InvalidArgumentError("no calibration feeds recorded: activation histograms need the sim from "
                                        "create_quantsim_and_encodings (or analyze)")
+        for q, where, stem in weights:
+            self._weight_histograms(sim, q, where, stem)
         tensors = {stem: q.tensors[0] for stem, q in activation_files.items() if q.encoding is not None}
         values = _stream_histograms(sim, sorted(set(tensors.values())), self._calibration)
         out = {}

@@ -191,7 +191,7 @@ def test_per_layer_mse_is_aimets_figure(analyzer, tmp_path):
     assert mse["relu1"] > 0
 
 
-def test_bad_arguments():
+def test_bad_arguments(tmp_path):
     with pytest.raises(InvalidTypeError, match="forward_pass_callback"):
         QuantAnalyzer(small_model(), None, None, evaluate)
     with pytest.raises(InvalidTypeError, match="eval_callback"):
@@ -202,7 +202,8 @@ def test_bad_arguments():
     with pytest.raises(InvalidArgumentError, match="can not fetch 3 batches"):
         analyzer.enable_per_layer_mse_loss([EVAL[0]["x"]], 3)
     with pytest.raises(InvalidArgumentError, match="enable_per_layer_mse_loss"):
-        analyzer.export_per_layer_mse_loss(_sim_like_the_analyzer(), "unused")
+        analyzer.export_per_layer_mse_loss(_sim_like_the_analyzer(), tmp_path / "unused")
     sim = _sim_like_the_analyzer()  # a sim the analyzer did not calibrate: no recorded feeds for histograms
     with pytest.raises(InvalidArgumentError, match="calibration feeds"):
-        analyzer.export_per_layer_stats_histogram(sim, "unused")
+        analyzer.export_per_layer_stats_histogram(sim, tmp_path / "unused")
+    assert not (tmp_path / "unused").exists()  # refused before writing anything
