@@ -99,6 +99,7 @@ _CLS = Path.home() / ".cache/quantsim/models/ppocr"
 @pytest.mark.skipif(not _CLS.exists(), reason="the PP-OCR models are not cached (benchmarks/suite/fetch.py)")
 def test_real_model_ranges_are_those_of_a_rebuild_per_layer(monkeypatch):
     import sys
+    pytest.importorskip("PIL", reason="the text lines of the real model's data are rendered with Pillow (bench extra)")
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:
         sys.path.insert(0, root)
