@@ -145,13 +145,7 @@ def quantize_biases(model: onnx.ModelProto, weights: DeferredWeights | None = No
             "DequantizeLinear", [codes_name, scale_name], [bias_name], name=index.fresh_name(f"{bias_name}/dequantize"),
             **dq_attrs,
         )
-    if replaced:
-        kept = [t for t in model.graph.initializer if t.name not in replaced]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
-        nodes = list(replaced.values()) + list(model.graph.node)
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
+    initializers_to_nodes(model, replaced)
     return model
 
 
@@ -296,6 +290,19 @@ def _boolean_cast_source(index: GraphIndex, name: str) -> str | None:
     if cast is None or cast.op_type != "Cast" or node_attributes(cast).get("to") != TensorProto.FLOAT:
         return None
     return cast.input[0] if index.elem_type.get(cast.input[0]) == TensorProto.BOOL else None
+
+
+def initializers_to_nodes(model: onnx.ModelProto, replaced: dict[str, onnx.NodeProto]) -> None:
+    """Drop the initializers named in ``replaced`` and put the node computing each in front of the graph, in
+    place (a bias becoming ``DequantizeLinear`` of its int32 codes)."""
+    if not replaced:
+        return
+    kept = [t for t in model.graph.initializer if t.name not in replaced]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    nodes = list(replaced.values()) + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def _insert_before(model: onnx.ModelProto, before: dict[int, list[onnx.NodeProto]]) -> None:

@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.encodings.int32_bias import statistical_bias_scale
+from quantsim.export.qdq import initializers_to_nodes
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.index import GraphIndex
 
@@ -66,11 +67,5 @@ def quantize_norm_biases(model: onnx.ModelProto, weights: DeferredWeights | None
         attrs: dict = {"axis": 0} if scale.ndim else {}
         replaced[bias_name] = helper.make_node("DequantizeLinear", [codes_name, scale_name], [bias_name],
                                                name=index.fresh_name(f"{bias_name}/dequantize"), **attrs)
-    if replaced:
-        kept = [t for t in model.graph.initializer if t.name not in replaced]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
-        nodes = list(replaced.values()) + list(model.graph.node)
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
+    initializers_to_nodes(model, replaced)
     return model
