@@ -21,21 +21,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from benchmarks.bench_adaround import _outputs, _sqnr  # one home for the output SQNR of the suite runs
 from benchmarks.suite import cases as C
 from benchmarks.suite import fetch
 
 PROVIDERS = ["CPUExecutionProvider"]
 OP_TYPES = ("Conv", "Gemm", "MatMul")
-
-
-def _outputs(session, feeds):
-    return [session.run(None, f) for f in feeds]
-
-
-def _sqnr(reference, outputs) -> float:
-    ref = np.concatenate([r[0].reshape(-1) for r in reference]).astype(np.float64)
-    out = np.concatenate([o[0].reshape(-1) for o in outputs]).astype(np.float64)
-    return float(10 * np.log10(np.sum(ref ** 2) / max(np.sum((ref - out) ** 2), 1e-30)))
 
 
 def _sim(case, config: str, block_size: int, seq_mse: bool):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import warnings
 from pathlib import Path
 
 import onnx
 import pytest
 
-from tests.test_readme import python_blocks, tour_model
+from tests.test_readme import python_blocks, run_blocks, tour_model
 
 GUIDES = sorted((Path(__file__).resolve().parent.parent / "docs" / "guides").glob("*.md"))
 #: guides whose code needs an optional extra, and the module that extra brings
@@ -29,11 +28,4 @@ def test_every_python_block_of_the_guide_runs_in_order(guide, tmp_path, monkeypa
     assert blocks, f"{guide.name} has no python block"
     onnx.save(tour_model(), str(tmp_path / "model.onnx"))
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "guide"}
-    for number, block in enumerate(blocks):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                exec(compile(block, f"{guide.name} python block {number + 1}", "exec"), namespace)
-            except Exception as error:  # noqa: BLE001 - re-raised with the block that failed
-                raise AssertionError(f"{guide.name} python block {number + 1} failed: {error!r}\n{block}") from error
+    run_blocks(blocks, guide.name, "guide")

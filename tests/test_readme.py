@@ -48,19 +48,25 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
 
 
+def run_blocks(blocks: list[str], source: str, module_name: str) -> dict:
+    """Run ``blocks`` in order in one namespace; a failure names the block and shows it."""
+    namespace: dict = {"__name__": module_name}
+    for number, block in enumerate(blocks):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                exec(compile(block, f"{source} python block {number + 1}", "exec"), namespace)
+            except Exception as error:  # noqa: BLE001 - re-raised with the block that failed
+                raise AssertionError(f"{source} python block {number + 1} failed: {error!r}\n{block}") from error
+    return namespace
+
+
 def test_every_python_block_of_the_readme_runs_in_order(tmp_path, monkeypatch):
     blocks = python_blocks(README.read_text())
     assert len(blocks) >= 4
     onnx.save(tour_model(), str(tmp_path / "model.onnx"))
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "readme"}
-    for number, block in enumerate(blocks):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                exec(compile(block, f"README.md python block {number + 1}", "exec"), namespace)
-            except Exception as error:  # noqa: BLE001 - re-raised with the block that failed
-                raise AssertionError(f"README python block {number + 1} failed: {error!r}\n{block}") from error
+    run_blocks(blocks, "README.md", "readme")
     assert (tmp_path / "out" / "model.encodings").exists()
 
 
