@@ -317,6 +317,42 @@ def _unmatched(node: onnx.NodeProto, strict: bool) -> None:
     warn_at_caller(message)
 
 
+def _bias_form(model: onnx.ModelProto) -> bool | None:
+    """Whether the file adds its quantized linear layers' biases as int32 codes (``DequantizeLinear`` of an
+    int32 constant: the sim's ``int32_bias=True``) or as float constants (``int32_bias=False``); None when it
+    has no such bias. A file with both
+    forms on layers whose input and weight are quantized cannot be followed by one sim-wide switch: it
+    warns, naming a layer of the minority form, and follows the majority."""
+    from quantsim.graph.op_facts import BIAS_SLOT
+
+    index = GraphIndex(model)
+    int32_dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"
+                and index.is_constant(n.input[0]) and index.elem_type.get(n.input[0]) == TensorProto.INT32}
+    dq_outputs = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    forms: dict[bool, list[str]] = {True: [], False: []}
+    for node in model.graph.node:
+        slot = BIAS_SLOT.get(node.op_type)
+        if slot is None or len(node.input) <= slot or not node.input[slot]:
+            continue
+        if node.input[0] not in dq_outputs or node.input[1] not in dq_outputs:
+            continue  # not a quantized layer: its bias is float in every form
+        bias = node.input[slot]
+        if bias in int32_dq:
+            forms[True].append(node.name)
+        elif index.is_constant(bias):
+            forms[False].append(node.name)
+    if not forms[True] and not forms[False]:
+        return None
+    chosen = len(forms[True]) >= len(forms[False])
+    if forms[True] and forms[False]:
+        other = forms[not chosen]
+        warn_at_caller(f"QDQ model: {len(forms[True])} quantized layers add int32 biases and {len(forms[False])} "
+                       f"float biases (e.g. {other[0]!r}); the sim adds every bias as "
+                       f"{'int32 codes' if chosen else 'float'} (int32_bias={chosen}), so layers like "
+                       f"{other[0]!r} may differ from the file by half an accumulator unit")
+    return chosen
+
+
 def sim_from_qdq(cls, model, *, strict: bool = False, **init_kwargs):
     """Build a ``cls`` sim from a QDQ model; quantizers without a Q/DQ in the model are disabled, so the
     sim computes what the QDQ model computes."""
@@ -325,7 +361,12 @@ def sim_from_qdq(cls, model, *, strict: bool = False, **init_kwargs):
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
     float_model, records = strip_qdq(model, strict)
-    init_kwargs.setdefault("depthwise_supergroups", True)  # the file's Q/DQ decide what is quantized
+    # The file's Q/DQ decide what is quantized: AIMET's placement has a quantizer wherever ours may (a depthwise
+    # output too), and the ones the file lacks are disabled below.
+    init_kwargs.setdefault("depthwise_supergroups", False)
+    form = _bias_form(model)
+    if "int32_bias" not in init_kwargs and form is not None:
+        init_kwargs["int32_bias"] = form
     sim = cls(float_model, **init_kwargs)
     load_records(sim, "qdq", records, "QDQ model", strict=strict, allow_overwrite=True,
                  disable_missing_quantizers=True)
