@@ -69,7 +69,7 @@ def sim_records(sim) -> list[TensorEncoding]:
         if not q.enabled or not q.is_initialized():
             continue
         for tensor in q.tensors:
-            shape = sim._index.shape.get(tensor)
+            shape = sim.graph_index.shape.get(tensor)
             shape = tuple(shape) if shape and all(isinstance(d, int) for d in shape) else None
             if q.spec.is_float:
                 records.append(TensorEncoding.float16(tensor, q.role, shape))
@@ -86,9 +86,9 @@ def int32_bias_records(sim, records: list[TensorEncoding] | None = None) -> list
     reads the Flatten's derived grid, as in the QDQ export)."""
     if records is None:
         records = sim_records(sim)
-        records = records + derived_records(sim._index, records)
+        records = records + derived_records(sim.graph_index, records)
     quantized = {tensor for q in sim.quantizers for tensor in q.tensors}
-    return int32_bias_encodings(sim._index, records, quantized)
+    return int32_bias_encodings(sim.graph_index, records, quantized)
 
 
 def _quantizer_args(sim) -> dict:
@@ -121,7 +121,7 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
         warn_at_caller(f"{len(uncalibrated)} enabled quantizer(s) have no encoding and are not exported, "
                       f"e.g. {uncalibrated[:3]}", RuntimeWarning)
     own = sim_records(sim)
-    derived = derived_records(sim._index, own)
+    derived = derived_records(sim.graph_index, own)
     records = own + derived if version == "2.0.0" else list(own)  # AIMET's 2.0.0 lists data movement's outputs too
     if export_int32_bias if export_int32_bias is not None else version == "2.0.0":
         known = {r.name for r in records}
@@ -136,7 +136,7 @@ def export_sim(sim, path: Path, prefix: str, export_model: bool, version: str, e
     with FileSet(path, prefix) as files:
         files.add_json(f"{prefix}.encodings", data)
         if export_model:
-            files.add_model(sim._model, f"{prefix}.onnx", weights=sim._index.weights)  # mapped weights stay mapped
+            files.add_model(sim.prepared_model, f"{prefix}.onnx", weights=sim.graph_index.weights)  # mapped weights stay mapped
         for name, (model, weights) in (extra_models or {}).items():
             files.add_model(model, f"{prefix}{name}", weights=weights)
         files.commit()
@@ -254,11 +254,11 @@ def _split_wide_records(sim, records: list[TensorEncoding]) -> tuple[list[Tensor
 
 def _check_for_model(sim, records: list[TensorEncoding], source: str) -> list[str]:
     """Names of ``records`` that are not tensors of the sim's model; raises if that is all of them."""
-    model_tensors = set(sim._index.elem_type) | set(sim._index.producer)
+    model_tensors = set(sim.graph_index.elem_type) | set(sim.graph_index.producer)
     unknown = [r.name for r in records if r.name not in model_tensors]
     if records and len(unknown) == len(records):
-        raise InvalidArgumentError(f"{source}: none of its {len(records)} tensors (e.g. {unknown[:3]}) exist in {sim._label}; "
-                         "is it for another model?")
+        raise InvalidArgumentError(f"{source}: none of its {len(records)} tensors (e.g. {unknown[:3]}) exist in "
+                                   f"{sim.source_label}; is it for another model?")
     return unknown
 
 
@@ -271,7 +271,7 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
                  allow_overwrite: bool, disable_missing_quantizers: bool) -> list[EncodingMismatch]:
     """`load_encodings_to_sim` on records already read (``version`` says which format they came from)."""
     records, wide = _split_wide_records(sim, records)
-    derived = derived_names(sim._index, records)
+    derived = derived_names(sim.graph_index, records)
     records = [r for r in records if r.name not in derived or _enabled(sim, r.name)]
     unknown = set(_check_for_model(sim, records, source))
     mismatches, plan, to_float = [], [], []
@@ -331,7 +331,7 @@ def _warn_unfitting(sim, plan: list, source: str) -> None:
     """One warning naming the weights whose loaded encodings do not fit their values (`fit.weight_fit`)."""
     bad = []
     for q, _, enc in plan:
-        if enc is None or q.role != "param" or not sim._index.is_constant(q.tensors[0]):
+        if enc is None or q.role != "param" or not sim.graph_index.is_constant(q.tensors[0]):
             continue
         fit = weight_fit(q.tensors[0], sim.get_weight(q.tensors[0]), enc)
         if not fit.fits:
@@ -339,7 +339,7 @@ def _warn_unfitting(sim, plan: list, source: str) -> None:
     if not bad:
         return
     bad.sort(key=lambda f: -f.mse_ratio)
-    unfolded = any(node.op_type == "BatchNormalization" for node in sim._index.nodes)
+    unfolded = any(node.op_type == "BatchNormalization" for node in sim.graph_index.nodes)
     cause = ("this sim keeps BatchNormalization unfolded, so encodings computed on a sim that folded it (the "
              "default) do not fit its weights" if unfolded else
              "encodings computed with BatchNormalization unfolded (fold_batchnorm=False) do not fit a sim that "

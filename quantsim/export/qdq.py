@@ -488,7 +488,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
 
     codes = resolve_weight_codes(weight_codes, sim.providers)
     deferred = weights if weights is not None else DeferredWeights()
-    model = build_sim_model(sim._model, sim.quantizers, weights="qdq", source=sim.graph_index, deferred=deferred)
+    model = build_sim_model(sim.prepared_model, sim.quantizers, weights="qdq", source=sim.graph_index, deferred=deferred)
     model = add_derived_qdq(model, deferred)
     model = codes_for_boolean_inputs(model)
     model = codes_for_elementwise_constants(model, deferred)

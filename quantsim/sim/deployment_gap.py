@@ -23,7 +23,7 @@ def deployment_differences(sim) -> list[str]:
     """Lines naming each remaining sim-vs-deployment difference of ``sim`` and its size."""
     from quantsim.sim.int32_bias import eligible_biases
 
-    graph = sim._model.graph
+    graph = sim.prepared_model.graph
     ops = Counter(node.op_type for node in graph.node)
     quantizers = list(sim.quantizers)
     lines = []

@@ -230,8 +230,20 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
 
     @model.setter
     def model(self, value: onnx.ModelProto | ModelView) -> None:
-        self._model, self._weights = as_model_proto(value), None
+        """Replace the prepared float model by one with the same tensors (edited weights, say): the index is
+        rebuilt and the session follows. A model without some quantized tensor is refused, naming them."""
+        proto = as_model_proto(value)
+        index = GraphIndex(proto)
+        known = set(index.elem_type) | set(index.producer)
+        missing = sorted(t for q in self._quantizers for t in q.tensors if t not in known)
+        if missing:
+            raise InvalidArgumentError(f"sim.model = ...: the new model lacks {len(missing)} tensors the sim "
+                                       f"quantizes (e.g. {missing[:3]}); build a new sim for a different graph")
+        self._model, self._weights, self._index = proto, None, index
         self._weight_files = None
+        self._constant_memo.clear()  # fake-quantized weights of the old model
+        self._calibration_cache = None  # its key holds quantizer state, not weight values
+        self._invalidate()
 
     def _materialized_model(self) -> onnx.ModelProto:
         if self._weights is not None:
@@ -260,6 +272,22 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
             if decision not in self._decisions:
                 self._decisions.append(decision)
                 _log.info("sim %s: %s", self._label, decision)
+
+    @property
+    def prepared_model(self) -> onnx.ModelProto:
+        """The prepared float model as the sim holds it: a large model's weights stay memory-mapped (read them
+        through `graph_index`), where `model` brings them into memory."""
+        return self._model
+
+    @property
+    def source_label(self) -> str:
+        """Where the model came from (its file, or a description), as messages name it."""
+        return self._label
+
+    @property
+    def version(self) -> int:
+        """A counter that every change of the sim's quantizers, encodings or model increases."""
+        return self._version
 
     @property
     def graph_index(self) -> GraphIndex:

@@ -29,7 +29,7 @@ def summarize(sim) -> str:
             rows.append((tensor + tied, q.role, q.spec.describe(), "yes" if q.enabled else "no",
                          "yes" if q.is_encoding_frozen() else "no", _range(q)))
     widths = [min(max(len(r[i]) for r in rows), 60) for i in range(len(rows[0]))]
-    lines = [f"QuantizationSimModel of {sim._label}: {len(sim.quantizers)} quantizers "
+    lines = [f"QuantizationSimModel of {sim.source_label}: {len(sim.quantizers)} quantizers "
              f"({sum(q.enabled for q in sim.quantizers)} enabled), param {sim.param_type}, "
              f"activation {sim.activation_type}, scheme {sim.quant_scheme_name}, config {sim.config.source}"]
     lines += ["  ".join(cell[:60].ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -205,7 +205,7 @@ def _float_model(sim) -> tuple[onnx.ModelProto, WeightSource | None]:
     index = getattr(sim, "_index", None)
     if index is None:
         return sim.model.model, None
-    return sim._model, index.weights
+    return sim.prepared_model, index.weights
 
 
 def _check_sim(sim) -> None:
@@ -400,7 +400,7 @@ def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
     _check_loads(checked)
     version = getattr(sim, "_version", None)
     return IntegerExport(result, report, ctx.requant, io, weights=deferred,
-                         current=None if version is None else lambda: sim._version == version)
+                         current=None if version is None else lambda: sim.version == version)
 
 
 def _without_placeholders(model: onnx.ModelProto, weights: DeferredWeights) -> onnx.ModelProto:
