@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 
 from mixed_precision.amp_cache import ScoreCache, cache_key
 from mixed_precision.amp_executor import checked_score
-from mixed_precision.amp_kernels import supported_candidates
+from mixed_precision.amp_kernels import supported_candidates, target_candidates
 from mixed_precision.amp_phases import Counts, flip_order, flip_path, phase1_scores
 from mixed_precision.amp_refine import default_limit
 from mixed_precision.amp_refine import refine as refine_flips
@@ -142,6 +142,8 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     space = AmpSpace.build(sim, precisions, sample)
     space = replace(space, candidates=[precisions[c] for c in space.order_by_cost()])  # costliest first
     allowed = supported_candidates(sim, space.groups, space.candidates, bool(use_all_amp_candidates))
+    allowed = target_candidates(sim, space.controlled, [", ".join(g.nodes or g.quantizers) for g in space.groups],
+                                space.requested, allowed)
     space = replace(space, allowed=None if all(len(a) == len(space.candidates) for a in allowed) else allowed)
     names = [p.name for p in space.candidates]
     cache = ScoreCache(results, cache_key(sim, names, space.groups, (eval_callback_for_phase1,

@@ -12,16 +12,21 @@ candidate everywhere. A group left without a candidate is an error naming it and
 
 Where a group does not support a candidate, "that candidate everywhere" gives the group its costliest
 supported candidate instead (AIMET: the group's first candidate).
+
+A sim built with a ``target`` profile narrows the lists further, whatever ``use_all_amp_candidates`` says
+(`target_candidates`): a candidate stays for a group only when the target takes its types on the group's
+quantizers, the other groups at the baseline (`QuantizationSimModel.target_findings`). A group left with
+no legal candidate is a `TargetError` naming it and the target's first objection.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mixed_precision.presets import Precision
-from quantsim import ConfigError, QuantizationDataType, QuantizationSimModel, QuantizerGroup, qtype
+from quantsim import ConfigError, QuantizationDataType, QuantizationSimModel, QuantizerGroup, TargetError, qtype
 
-__all__ = ["supported_candidates"]
+__all__ = ["supported_candidates", "target_candidates"]
 
 
 def _kernel(entry: Mapping[str, Any]) -> tuple[qtype, qtype | None]:
@@ -88,3 +93,23 @@ def supported_candidates(sim: QuantizationSimModel, groups: Sequence[QuantizerGr
                 f"{ops}); add a supported candidate, or pass use_all_amp_candidates=True to ignore supported_kernels")
         allowed.append(tuple(keep))
     return allowed
+
+
+def target_candidates(sim: QuantizationSimModel, controlled: Sequence[Sequence[str]], labels: Sequence[str],
+                      requested: Callable[[str, int], qtype | None], allowed: Sequence[tuple[int, ...]],
+                      ) -> list[tuple[int, ...]]:
+    """``allowed`` narrowed to what the sim's target runs (module docstring): ``controlled[g]`` are the
+    quantizers of group ``g`` (``labels[g]`` names it), ``requested(name, c)`` the type candidate ``c``
+    gives quantizer ``name``."""
+    if getattr(sim, "target", None) is None:
+        return list(allowed)
+    narrowed = []
+    for g, (names, options) in enumerate(zip(controlled, allowed)):
+        objections = {c: sim.target_findings({name: requested(name, c) for name in names}) for c in options}
+        keep = tuple(c for c in options if not objections[c])
+        if not keep:
+            first = next(iter(objections.values()), ["no candidate"])
+            raise TargetError(f"AMP: quantizer group {labels[g]} has no candidate its target "
+                              f"{sim.target.name} runs: {first[0]}")
+        narrowed.append(keep)
+    return narrowed

@@ -289,6 +289,14 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
         """A counter that every change of the sim's quantizers, encodings or model increases."""
         return self._version
 
+    def target_findings(self, changes: dict[str, qtype | str | None]) -> list[str]:
+        """What the sim's target would refuse if the named quantizers took these types together (None: float32):
+        the new findings, each naming its node and rule; [] without a target or when all is legal. A dry run:
+        nothing changes (`quantsim.sim.target_rules.change_findings`)."""
+        from quantsim.sim.target_rules import change_findings
+
+        return change_findings(self, changes)
+
     @property
     def graph_index(self) -> GraphIndex:
         """The read-only index of the prepared model (producers, consumers, shapes, constants; mapped weights are

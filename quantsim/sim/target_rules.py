@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from quantsim.core.dtypes import float32
+from quantsim.core.dtypes import float32, qtype
 from quantsim.core.spec import PerBlock, PerChannel, PerTensor, QSpec
-from quantsim.errors import ExportLegalityError, TargetError, warn_at_caller
+from quantsim.errors import ExportLegalityError, InvalidArgumentError, TargetError, warn_at_caller
 from quantsim.graph.op_facts import facts_of
 from quantsim.graph.tensor_roles import find_index_tensors
 from quantsim.target.legality import FLOAT, Finding, LegalityReport, TensorPrecision, analyze
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
     from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["SimView", "TargetGuard", "TargetProfile", "attach_target", "legal_option", "check_export", "sim_report",
-           "LOCAL_RULES", "commit_pending"]
+__all__ = ["SimView", "change_findings", "TargetGuard", "TargetProfile", "attach_target", "legal_option", "check_export",
+           "sim_report", "LOCAL_RULES", "commit_pending"]
 
 _log = logging.getLogger(__name__)
 
@@ -175,8 +175,8 @@ class TargetRules:
 
     def new_errors(self, q: QcQuantizeOp, spec: QSpec | None, local_only: bool) -> list[Finding]:
         nodes = _affected_nodes(self.sim, q)
-        before = _keys(self.report(nodes))
-        after = self.report(nodes, {id(q): spec})
+        before = _keys(self.report(nodes, io=True))
+        after = self.report(nodes, {id(q): spec}, io=True)
         return [f for f in after.errors if (f.node, f.rule, f.tensors) not in before
                 and (not local_only or f.rule in LOCAL_RULES)]
 
@@ -239,6 +239,30 @@ def legal_option(sim: QuantizationSimModel, q: QcQuantizeOp, options: list[QSpec
     errors = [_keys(rules.report(nodes, {id(q): o})) for o in [current, *options]]
     shared = set.intersection(*errors)
     return [o for o, found in zip(options, errors[1:]) if found <= shared]
+
+
+def change_findings(sim: QuantizationSimModel, changes) -> list[str]:
+    """What the sim's target would refuse if the quantizers named in ``changes`` (``{quantizer name: type}``,
+    None = left in float32) took those types together, the others staying as they are: the new findings,
+    as messages naming the node and the rule; [] when the sim has no target. Nothing is changed."""
+    rules: TargetRules | None = getattr(sim, "_target_rules", None)
+    if rules is None:
+        return []
+    by_name = {q.name: q for q in sim.quantizers}
+    overrides: dict[int, QSpec | None] = {}
+    nodes: list[onnx.NodeProto] = []
+    seen: set[int] = set()
+    for name, dtype in changes.items():
+        q = by_name.get(name) or sim.qc_quantize_op_dict.get(name)
+        if q is None:
+            raise InvalidArgumentError(f"target_findings: no quantizer named {name!r}")
+        overrides[id(q)] = None if dtype is None else q.spec.with_(dtype=qtype.as_qtype(dtype))
+        for node in _affected_nodes(sim, q):
+            if id(node) not in seen:
+                seen.add(id(node))
+                nodes.append(node)
+    before = _keys(rules.report(nodes, io=True))  # io: a graph input or output is checked as such
+    return [str(f) for f in rules.report(nodes, overrides, io=True).errors if (f.node, f.rule, f.tensors) not in before]
 
 
 def sim_report(sim, target=None) -> LegalityReport | None:
