@@ -480,6 +480,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
     type of the 8-bit weight codes of fused Conv/MatMul/Gemm (`quantsim.export.weight_codes`). ``activations_as``
     and ``prequantize_constants`` choose between equivalent spellings (`quantsim.export.qdq_forms`)."""
     from quantsim.export.qdq_constants import codes_for_elementwise_constants
+    from quantsim.export.qdq_float8_relu import keep_relus_before_float8
     from quantsim.export.qdq_forms import float_constants, set_activation_signedness
     from quantsim.export.qdq_hardswish import hardswish_for_gated_products
     from quantsim.export.qdq_norm_bias import quantize_norm_biases
@@ -502,6 +503,7 @@ def to_qdq_model(sim, *, int32_bias: bool = True, weights: DeferredWeights | Non
         model = quantize_norm_biases(model, deferred)
     model = drop_zero_zero_points(model, deferred)
     model = drop_dead_qdq(model)
+    model = keep_relus_before_float8(model)
     if codes == "uint8":
         model, _ = shift_weight_codes(model, deferred)
     if not prequantize_constants:

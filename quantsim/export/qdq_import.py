@@ -31,6 +31,7 @@ from quantsim.core.fp8_encodings import fp8_encoding_from_scale
 from quantsim.core.numerics import Encoding
 from quantsim.encodings import TensorEncoding
 from quantsim.errors import InvalidArgumentError, warn_at_caller
+from quantsim.export.qdq_float8_relu import restore_relus_before_float8
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.prepare.naming import name_nodes
@@ -179,6 +180,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     """The float model hidden in a QDQ model and the encodings its Q/DQ (and Cast pairs) describe."""
     work = onnx.ModelProto()
     work.CopyFrom(model)
+    restore_relus_before_float8(work)  # the export's Max/Min spelling of a Relu/Clip before float8 Q
     work, _ = name_nodes(work)  # nodes are removed by name below: unnamed ones need names first
     graph = work.graph
     index = GraphIndex(work)
