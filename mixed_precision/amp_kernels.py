@@ -101,7 +101,8 @@ def target_candidates(sim: QuantizationSimModel, controlled: Sequence[Sequence[s
     """``allowed`` narrowed to what the sim's target runs (module docstring): ``controlled[g]`` are the
     quantizers of group ``g`` (``labels[g]`` names it), ``requested(name, c)`` the type candidate ``c``
     gives quantizer ``name``."""
-    if getattr(sim, "target", None) is None:
+    profile = getattr(sim, "target", None)
+    if profile is None:
         return list(allowed)
     narrowed = []
     for g, (names, options) in enumerate(zip(controlled, allowed)):
@@ -110,6 +111,6 @@ def target_candidates(sim: QuantizationSimModel, controlled: Sequence[Sequence[s
         if not keep:
             first = next(iter(objections.values()), ["no candidate"])
             raise TargetError(f"AMP: quantizer group {labels[g]} has no candidate its target "
-                              f"{sim.target.name} runs: {first[0]}")
+                              f"{profile.name} runs: {first[0]}")
         narrowed.append(keep)
     return narrowed

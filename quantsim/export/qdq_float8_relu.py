@@ -98,9 +98,10 @@ def restore_relus_before_float8(model: onnx.ModelProto) -> onnx.ModelProto:
         bound = _scalar(index, node.input[1])
         if bound is None:
             continue
-        inner = index.producer_of(node.input[0]) if node.op_type == "Min" else None
-        if inner is not None and inner.op_type == "Max" and len(inner.input) == 2 \
-                and _scalar(index, inner.input[1]) is not None and index.single_consumer(inner.output[0]) is node:
+        found = index.producer_of(node.input[0]) if node.op_type == "Min" else None
+        inner = found if found is not None and found.op_type == "Max" and len(found.input) == 2 \
+            and _scalar(index, found.input[1]) is not None and index.single_consumer(found.output[0]) is node else None
+        if inner is not None:
             replaced[positions[id(inner)]] = None
             replaced[position] = helper.make_node("Clip", [inner.input[0], inner.input[1], node.input[1]],
                                                   [node.output[0]], name=node.name)
