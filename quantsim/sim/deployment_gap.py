@@ -49,8 +49,9 @@ def deployment_differences(sim) -> list[str]:
                      "step on near-ties (measured: 0-0.002% of outputs)")
     gates = sum(ops[op] for op in _GATES)
     if gates:
-        lines.append(f"HardSwish/HardSigmoid: {gates}; export_integer runs them as kernel chains within one output "
-                     "step (1-3% of outputs); export_integer(exact=True) keeps exact tables (slower)")
+        lines.append(f"HardSwish/HardSigmoid: {gates}; export_integer keeps exact tables (no difference); "
+                     "export_integer(exact=False) runs them as faster kernel chains within one output step "
+                     "(1-3% of outputs one step off, growing downstream)")
     if ops["Softmax"]:
         lines.append(f"Softmax: {ops['Softmax']}; QLinearSoftmax differs by one step on about 1-4% of outputs")
     averages = sum(ops[op] for op in _AVERAGES)
