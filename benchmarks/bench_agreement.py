@@ -208,7 +208,7 @@ def main(argv=None) -> None:
     for name in args.models:
         try:
             new = bench_model(name, args.quick, args.codes, args.reference_feeds, options,
-                              {"no": (False,), "yes": (True,), "both": (False, True)}[args.exact])
+                              {"no": (False,), "yes": (True,), "both": (True, False)}[args.exact])
         except Exception as error:  # noqa: BLE001 - one model's failure is a row, not the end of the run
             new = [{"model": name, "variant": "sim", "metric": float("nan"), "sqnr": float("nan"), "steps": "",
                     "ref_steps": "", "note": f"failed: {type(error).__name__}: {str(error)[:100]}"}]
