@@ -74,6 +74,7 @@ def test_default_is_bit_exact_and_the_chains_are_within_one_step():
     assert before["y"].max() > 1
     # after: bit for bit, HardSwish and what follows it
     assert after["h"].max() == 0 and after["y"].max() == 0
+    assert "HardSwish/HardSigmoid: 2; export_integer keeps exact tables" in str(sim)
 
 
 def test_exact_tables_equal_the_hand_computed_functions():

@@ -146,6 +146,7 @@ def test_summary_names_what_still_differs_from_the_exports():
     assert "biases: 4 of 4 on the int32 accumulator grid" in section
     assert "requantization: 4 Conv/Gemm/MatMul" in section
     assert "HardSwish" not in section  # none in this net
+    assert "fixed-point targets" in section and "rounding='single'" in section
     floats = str(_sim(_net(), int32_bias=False))
     assert "biases: 4 of 4 are int32 in the exports but float here (int32_bias=False)" in floats
     # the Gemm that the export leaves float (alpha != 1) is not counted
@@ -197,6 +198,7 @@ def test_matmul_bias_add_on_the_int32_grid():
     assert sum(n.op_type == "DequantizeLinear" and n.output[0] in ("b1", "b2") for n in qdq.graph.node) == 2
     ours = _outputs(sim.session, feeds)
     np.testing.assert_array_equal(ours[0], _outputs(_unfused(qdq), feeds)[0])
+    assert "biases: 2 of 2 on the int32 accumulator grid" in str(sim)
     integer = sim.export_integer(weight_codes="uint8").model
     assert [n.op_type for n in integer.graph.node].count("QGemm") == 2
     got = _outputs(ort.InferenceSession(integer.SerializeToString(), providers=["CPUExecutionProvider"]), feeds)

@@ -39,7 +39,7 @@ from quantsim.core.bias import quantize_bias
 from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, facts_of
 from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["int32_bias_values", "sim_bias_values", "eligible_biases", "on_int32_grid", "matmul_bias"]
+__all__ = ["int32_bias_values", "sim_bias_values", "eligible_biases", "on_int32_grid", "matmul_bias", "biased_ops"]
 
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -92,7 +92,7 @@ def matmul_bias(node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]]
     return others[0]
 
 
-def _biased_ops(graph: onnx.GraphProto, is_constant: Callable[[str], bool]):
+def biased_ops(graph: onnx.GraphProto, is_constant: Callable[[str], bool]):
     """``(node, bias name, output axis of the weight)`` of each Conv / ConvTranspose / Gemm with a bias input and
     each MatMul with a bias Add (`matmul_bias`)."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -121,7 +121,7 @@ def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_c
             uses[name] = uses.get(name, 0) + 1
     table = {t: q for q in quantizers for t in q.tensors}
     found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for node, bias, axis in _biased_ops(graph, is_constant):
+    for node, bias, axis in biased_ops(graph, is_constant):
         if node.op_type == "MatMul" and (out := table.get(node.output[0])) is not None and out.enabled:
             continue  # quantized before the Add: an ordinary QLinearAdd in the integer model
         own = table.get(bias)
