@@ -651,3 +651,14 @@ def test_single_rounding_matches_onnxruntime_where_double_rounding_misses():
     assert double["max_lsb_diff"] == 1 and double["frac_exact"] < 0.9
     with pytest.raises(InvalidArgumentError, match="rounding"):
         IntegerReferenceExecutor(model, rounding="truncate")
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7), (1, 3, 4, 5), (2, 3, 2, 3, 4)])
+def test_global_max_pool_of_any_rank(shape):
+    """GlobalMaxPool (a float op in the standard: a float island of an integer model) with 1-D, 2-D and 3-D
+    spatial axes: onnxruntime's values and shape (onnx's own kernel drops the channels of a 3-D input)."""
+    node = helper.make_node("GlobalMaxPool", ["x"], ["y"])
+    model = _model([node], {"x": np.float32}, {"y": np.float32}, {})
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    report = compare_with_onnxruntime(model, {"x": x}, float_fallback=True)
+    assert report["y"]["max_abs_diff"] == 0.0 and report["y"]["num_elements"] == shape[0] * shape[1]

@@ -52,7 +52,7 @@ __all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxru
 STANDARD_OPS = frozenset(
     """Reshape Flatten Transpose Squeeze Unsqueeze Slice Pad Resize MaxPool Gather GatherElements Clip Div
     Constant Shape Concat Cast Identity Relu Max Min Expand Tile Add Sub Mul DepthToSpace SpaceToDepth
-    ReduceMax ReduceMin Size Dropout Split GatherND""".split()
+    ReduceMax ReduceMin Size Dropout Split GatherND GlobalMaxPool""".split()
 )
 
 #: (domain, op_type) pairs the executor runs
@@ -73,6 +73,13 @@ def _gather_elements(ins, attrs, opset):
     axis = int(attrs.get("axis", 0)) % data.ndim
     indices = np.where(indices < 0, indices + data.shape[axis], indices).astype(np.int64)
     return [np.take_along_axis(data, indices, axis=axis)]
+
+
+def _global_max_pool(ins, attrs, opset):
+    """GlobalMaxPool over every axis after the channels (onnx 1.x's kernel reduces the wrong axes of inputs that
+    are not 4-D: magika's ``[N, C, L]`` pooling came out ``[N, 1]``)."""
+    x = np.asarray(ins[0])
+    return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 
 def _nhwc_max_pool(ins, attrs, opset):
@@ -98,6 +105,7 @@ def _custom_ops(opsets: dict[str, int]) -> list[type[OpRun]]:
     kernels[("", "Div")] = _integer_div
     kernels[("com.microsoft", "NhwcMaxPool")] = _nhwc_max_pool
     kernels[("", "GatherElements")] = _gather_elements  # the integer export's lookup tables (256 rows)
+    kernels[("", "GlobalMaxPool")] = _global_max_pool
     kernels[("", "Resize")] = nearest_resize  # onnx.reference lacks tf_half_pixel_for_nn (onnxruntime has it)
     kernels[("", "Pad")] = pad  # onnx.reference refuses negative pads (crops), which onnxruntime applies
     return [_kernel_class(domain, op, fn, opsets.get(domain, 1)) for (domain, op), fn in kernels.items()]
