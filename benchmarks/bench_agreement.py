@@ -1,11 +1,16 @@
 """Agreement benchmark: does the deployed model score what the sim promised?
 
-    python -m benchmarks.bench_agreement [--quick] [--models cls layout ...] [--codes int8 uint8]
-        [--reference-feeds 1] [--sim-option kernel_exact=1 ...]
+    python -m benchmarks.bench_agreement [--quick] [--models cls layout light:resnet50 file:model.onnx ...]
+        [--codes int8 uint8] [--reference-feeds 1] [--reference-rounding single double] [--exact yes|no|both]
+        [--sim-option int32_bias=False ...]
 
 Per suite model (`benchmarks.suite.cases.BUILDERS` + `benchmarks.suite.wide_cases.BUILDERS`, models cached
 by `benchmarks.suite.fetch` in ~/.cache/quantsim/models; W8A8 defaults, min-max, the case's calibration split)
-and per 8-bit weight code type (int8, uint8), on the case's evaluation split:
+and per 8-bit weight code type (int8, uint8), on the case's evaluation split. ``light:<name>`` is one of the
+``onnx`` wheel's light models (`benchmarks.suite.light_models`, random weights; ``light`` alone: all of
+`benchmarks.bench_light.MODELS`) and ``file:<path>`` any ONNX file (a torch / tf2onnx export), both on seeded
+N(0, 1) inputs (4 calibration / 8 evaluation feeds, QUICK: 2 / 4), scored by top-1 agreement of the first
+output with FP32:
 
 * the task metric (the case's primary score against FP32) and the output SQNR to FP32 (all float outputs
   together: ``10 log10(sum fp32^2 / sum (q - fp32)^2)``) of the sim (``sim.session``), of the QDQ export
@@ -14,7 +19,9 @@ and per 8-bit weight code type (int8, uint8), on the case's evaluation split:
 * the worst output difference between the sim and each export, in steps of the output's grid (the output
   quantizer's scale; outputs without one are reported as absolute floats, marked ``f``), and between the sim
   and the integer model run by the integer reference executor (`quantsim.export.reference.run_integer_model`,
-  numpy: int32 accumulation, fixed-point requantization) on the first ``--reference-feeds`` evaluation feeds.
+  numpy: int32 accumulation, fixed-point requantization) on the first ``--reference-feeds`` evaluation feeds,
+  with each ``--reference-rounding``: ``single`` (one rounding of the fixed-point product, as onnxruntime's
+  float multiplier up to ties) and ``double`` (gemmlowp's SRDHM + rounding shift, TFLite's reference kernels).
 
 Target (issue 29): metric within 0.01 and SQNR within 0.5 dB of the sim for both exports on every model, at
 most one output step between the sim and the reference executor. The table is printed and written to
@@ -37,15 +44,48 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from benchmarks.bench_light import MODELS as LIGHT_MODELS
 from benchmarks.common import cpu_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALL_MODELS = ("cls", "rec", "det", "minilm", "magika", "nudenet", "layout", "orientation", "ddddocr", "silero")
 
 
+def random_input_case(name: str, model: onnx.ModelProto, quick: bool):
+    """A case over ``model`` (saved to a temporary folder) on seeded N(0, 1) inputs, scored by top-1 agreement."""
+    import tempfile
+
+    from benchmarks.common import top1_agreement
+    from benchmarks.suite.cases import Case
+
+    folder = Path(tempfile.mkdtemp(prefix="agreement-"))
+    path = folder / "model.onnx"
+    onnx.save(model, str(path))
+    constants = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in constants]
+    rng = np.random.default_rng(0)
+    n_cal, n_eval = (2, 4) if quick else (4, 8)
+    feeds = [{i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+              for i in inputs} for _ in range(n_cal + n_eval)]
+
+    def score(ref, q) -> dict[str, float]:
+        return {"top-1": float(np.mean([top1_agreement(a[0], b[0]) for a, b in zip(ref, q)]))}
+    return Case(name, path, feeds[:n_cal], feeds[n_cal:], score, "top-1", True, "N(0, 1) inputs")
+
+
 def load_case(name: str, quick: bool):
     from benchmarks.suite import cases, wide_cases
     from benchmarks.suite.fetch import cache_dir
+
+    if name.startswith("light:"):
+        from benchmarks.suite.light_models import light_model, randomized
+
+        base = light_model(name.split(":", 1)[1])
+        if base is None:
+            raise SystemExit(f"{name}: not in this onnx wheel")
+        return random_input_case(name, randomized(base), quick)
+    if name.startswith("file:"):
+        return random_input_case(name, onnx.load(name.split(":", 1)[1]), quick)
 
     builders = {**cases.BUILDERS, **wide_cases.BUILDERS}
     if name not in builders:
@@ -102,7 +142,7 @@ def _best_ms(session, feed, repeats: int = 3) -> float:
 
 
 def bench_model(name: str, quick: bool, codes: list[str], reference_feeds: int, sim_options: dict,
-                exact: tuple[bool, ...] = (False,)) -> list[dict]:
+                exact: tuple[bool, ...] = (True,), roundings: tuple[str, ...] = ("single", "double")) -> list[dict]:
     import quantsim
 
     case = load_case(name, quick)
@@ -130,7 +170,7 @@ def bench_model(name: str, quick: bool, codes: list[str], reference_feeds: int, 
                      "ref_steps": "", "note": f"{_best_ms(qdq_session, case.eval[0]):.1f} ms"})
         for exact_mode in exact:
             rows += _integer_rows(sim, name, code, exact_mode, case, names, fp32, sim_outs, score,
-                                  reference_feeds if code == codes[0] and exact_mode == exact[0] else 0)
+                                  reference_feeds if code == codes[0] and exact_mode == exact[0] else 0, roundings)
     base = rows[0]
     for row in rows[1:]:
         if np.isfinite(row["metric"]):
@@ -139,10 +179,11 @@ def bench_model(name: str, quick: bool, codes: list[str], reference_feeds: int, 
     return rows
 
 
-def _integer_rows(sim, name, code, exact_mode, case, names, fp32, sim_outs, score, reference_feeds) -> list[dict]:
+def _integer_rows(sim, name, code, exact_mode, case, names, fp32, sim_outs, score, reference_feeds,
+                  roundings=("single", "double")) -> list[dict]:
     from quantsim.export.reference import run_integer_model
 
-    variant = f"integer, {code}" + (", exact" if exact_mode else "")
+    variant = f"integer, {code}" + ("" if exact_mode else ", exact=False")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exported = sim.export_integer(weight_codes=code, exact=exact_mode)
@@ -153,16 +194,17 @@ def _integer_rows(sim, name, code, exact_mode, case, names, fp32, sim_outs, scor
     except Exception as error:  # noqa: BLE001 - a model onnxruntime refuses is a result to report
         return [{"model": name, "variant": variant, "metric": float("nan"), "sqnr": float("nan"),
                  "steps": "", "ref_steps": "", "note": f"onnxruntime failed: {str(error)[:80]}"}]
-    ref_text = ""
-    if reference_feeds:
+    texts = []
+    for rounding in roundings if reference_feeds else ():
         t1 = time.perf_counter()
         try:
-            ref = [list(run_integer_model(exported.model, f, float_fallback=True).values())
+            ref = [list(run_integer_model(exported.model, f, float_fallback=True, rounding=rounding).values())
                    for f in case.eval[:reference_feeds]]
-            ref_text = output_steps(sim, names, sim_outs[:reference_feeds], ref)
-            ref_text += f" ({time.perf_counter() - t1:.0f} s)"
+            texts.append(f"{rounding} {output_steps(sim, names, sim_outs[:reference_feeds], ref)}"
+                         f" ({time.perf_counter() - t1:.0f} s)")
         except Exception as error:  # noqa: BLE001
-            ref_text = f"failed: {type(error).__name__}: {str(error)[:60]}"
+            texts.append(f"{rounding} failed: {type(error).__name__}: {str(error)[:60]}")
+    ref_text = "; ".join(texts)
     return [{"model": name, "variant": variant, "metric": score(int_outs), "sqnr": sqnr_db(fp32, int_outs),
              "steps": output_steps(sim, names, sim_outs, int_outs), "ref_steps": ref_text,
              "note": f"{float_nodes} float nodes; {_best_ms(session, case.eval[0]):.1f} ms"}]
@@ -193,9 +235,12 @@ def main(argv=None) -> None:
     parser.add_argument("--codes", nargs="+", choices=("int8", "uint8"), default=["int8", "uint8"])
     parser.add_argument("--reference-feeds", type=int, default=1,
                         help="evaluation feeds run by the integer reference executor (0: skip; it is numpy, slow)")
+    parser.add_argument("--reference-rounding", nargs="+", choices=("single", "double"), default=["single", "double"],
+                        help="the reference executor's fixed-point rounding(s)")
     parser.add_argument("--sim-option", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--exact", choices=("no", "yes", "both"), default="no",
-                        help="integer export with exact=True (HardSwish/HardSigmoid as exact tables); both: side by side")
+    parser.add_argument("--exact", choices=("no", "yes", "both"), default="yes",
+                        help="the integer export's exact= (yes, the default: HardSwish/HardSigmoid as exact tables; "
+                             "no: their faster kernel chains within one step); both: side by side")
     args = parser.parse_args(argv)
     options = {}
     for item in args.sim_option:
@@ -204,10 +249,13 @@ def main(argv=None) -> None:
     logging.getLogger().setLevel(logging.ERROR)
     ort.set_default_logger_severity(3)
     rows: list[dict] = []
-    for name in args.models:
+    models = [m for name in args.models for m in
+              ([f"light:{n}" for n in LIGHT_MODELS] if name == "light" else [name])]
+    for name in models:
         try:
             new = bench_model(name, args.quick, args.codes, args.reference_feeds, options,
-                              {"no": (False,), "yes": (True,), "both": (False, True)}[args.exact])
+                              {"no": (False,), "yes": (True,), "both": (True, False)}[args.exact],
+                              tuple(args.reference_rounding))
         except Exception as error:  # noqa: BLE001 - one model's failure is a row, not the end of the run
             new = [{"model": name, "variant": "sim", "metric": float("nan"), "sqnr": float("nan"), "steps": "",
                     "ref_steps": "", "note": f"failed: {type(error).__name__}: {str(error)[:100]}"}]

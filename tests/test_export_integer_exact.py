@@ -1,8 +1,8 @@
-"""``export_integer(exact=True)``: no accepted approximation, HardSwish / HardSigmoid as exact tables.
+"""``export_integer(exact=True)`` (the default): no accepted approximation, HardSwish / HardSigmoid as exact tables.
 
-By default HardSwish and HardSigmoid run as QLinearAdd/QLinearMul chains accepted within one output step of
-the exact table (`quantsim.export.integer.piecewise.TOLERANCE`); those one-step errors then grow through the
-layers after them. With ``exact=True`` they keep the table, so the integer model equals the (int32-bias) sim.
+With ``exact=False`` HardSwish and HardSigmoid run as QLinearAdd/QLinearMul chains accepted within one output
+step of the exact table (`quantsim.export.integer.piecewise.TOLERANCE`); those one-step errors then grow
+through the layers after them. By default they keep the table, so the integer model equals the (int32-bias) sim.
 Oracle for the tables: the function in float64 numpy on each code's real value, rounded ties-to-even.
 """
 from __future__ import annotations
@@ -61,10 +61,10 @@ def _entry(exported, function: str) -> dict:
     return next(e for e in exported.requant.values() if e.get("function") == function)
 
 
-def test_default_chain_is_within_one_step_and_exact_mode_is_bit_exact():
+def test_default_is_bit_exact_and_the_chains_are_within_one_step():
     sim = _sim()
-    chain = sim.export_integer(weight_codes="uint8")
-    exact = sim.export_integer(weight_codes="uint8", exact=True)
+    chain = sim.export_integer(weight_codes="uint8", exact=False)
+    exact = sim.export_integer(weight_codes="uint8")
     assert _entry(chain, "HardSwish")["op"] != "LUT" and _entry(exact, "HardSwish")["op"] == "LUT"
     assert _entry(exact, "HardSigmoid")["op"] == "LUT"
     before, after = _steps(sim, chain), _steps(sim, exact)
@@ -74,10 +74,11 @@ def test_default_chain_is_within_one_step_and_exact_mode_is_bit_exact():
     assert before["y"].max() > 1
     # after: bit for bit, HardSwish and what follows it
     assert after["h"].max() == 0 and after["y"].max() == 0
+    assert "HardSwish/HardSigmoid: 2; export_integer keeps exact tables" in str(sim)
 
 
 def test_exact_tables_equal_the_hand_computed_functions():
-    exact = _sim().export_integer(weight_codes="uint8", exact=True)
+    exact = _sim().export_integer(weight_codes="uint8")
     for function, f in [("HardSwish", lambda x: x * np.clip(x / 6 + 0.5, 0, 1)),
                         ("HardSigmoid", lambda x: np.clip(0.2 * x + 0.5, 0, 1))]:
         entry = _entry(exact, function)

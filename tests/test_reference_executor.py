@@ -23,6 +23,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from quantsim.core.fixed_point import quantize_multiplier, requantize
+from quantsim.errors import InvalidArgumentError
 from quantsim.export.reference.executor import (
     SUPPORTED_OPS,
     IntegerReferenceExecutor,
@@ -630,3 +631,34 @@ def test_unsupported_op_names_the_node():
     with pytest.raises(NotImplementedError, match="com.microsoft::QLinearReduceMean in node 'qrm'"):
         IntegerReferenceExecutor(_model([bad], {"x": U8}, {"y": U8}, {}))
     assert ("com.microsoft", "QLinearSoftmax") in SUPPORTED_OPS
+
+
+def test_single_rounding_matches_onnxruntime_where_double_rounding_misses():
+    """A QLinearMatMul whose multiplier ``s_a s_b / s_y`` lies in [0.25, 0.5) (right shift 1): gemmlowp's double
+    rounding (SRDHM to half steps, then a rounding shift by one) rounds an odd half-step count away from zero,
+    whichever side of the midpoint the exact value lies; one rounding (``rounding="single"``) gives
+    onnxruntime's fp32-multiplier codes (measured: 0 of 1920 differ; double: 575 of 1920, all by one)."""
+    rng = np.random.default_rng(7)
+    k, n = 4, 24
+    inits = {"as": np.float32(0.05), "az": U8(128), "b": _codes(rng, (k, n)).clip(110, 146), "bs": np.float32(0.02),
+             "bz": U8(128), "ys": np.float32(0.05 * 0.02 / 0.3717), "yz": U8(128)}
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    model = _model([node], {"a": U8}, {"y": U8}, inits)
+    feeds = {"a": _codes(rng, (80, k)).clip(122, 134)}  # small |acc|: 92% of results inside the uint8 range
+    double = compare_with_onnxruntime(model, feeds)["y"]
+    single = compare_with_onnxruntime(model, feeds, rounding="single")["y"]
+    assert single["frac_exact"] == 1.0
+    assert double["max_lsb_diff"] == 1 and double["frac_exact"] < 0.9
+    with pytest.raises(InvalidArgumentError, match="rounding"):
+        IntegerReferenceExecutor(model, rounding="truncate")
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7), (1, 3, 4, 5), (2, 3, 2, 3, 4)])
+def test_global_max_pool_of_any_rank(shape):
+    """GlobalMaxPool (a float op in the standard: a float island of an integer model) with 1-D, 2-D and 3-D
+    spatial axes: onnxruntime's values and shape (onnx's own kernel drops the channels of a 3-D input)."""
+    node = helper.make_node("GlobalMaxPool", ["x"], ["y"])
+    model = _model([node], {"x": np.float32}, {"y": np.float32}, {})
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    report = compare_with_onnxruntime(model, {"x": x}, float_fallback=True)
+    assert report["y"]["max_abs_diff"] == 0.0 and report["y"]["num_elements"] == shape[0] * shape[1]

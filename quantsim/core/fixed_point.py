@@ -26,7 +26,15 @@ Applying it (``multiply_by_quantized_multiplier``, TFLite's ``MultiplyByQuantize
   ties away from zero.
 
 The two roundings make ``y`` differ from ``round(x * M)`` by at most one step (double rounding), which the
-tests check against exact rational arithmetic. ``requantize`` adds the output zero point and clamps to
+tests check against exact rational arithmetic. The first rounding is at ``2^-e`` of an output step, so
+results within ``2^-(e+1)`` of a midpoint can move: with small right shifts ``e`` (multipliers near 1,
+depthwise convolutions) that is several percent of a layer's outputs.
+
+``single_rounding_multiply`` is the one-rounding form (TFLite's ``TFLITE_SINGLE_ROUNDING``, CMSIS-NN,
+TOSA ``RESCALE`` with ``double_round = false``): ``y = (x * mantissa + 2^(30 - shift)) >> (31 - shift)``, the
+exact 64-bit product rounded once (ties toward +infinity), i.e. ``round(x * M)`` up to the stored
+multiplier's ``2^-31`` relative error: the same codes as a float multiplier except within about
+``|y| 2^-31`` of a midpoint. ``requantize`` adds the output zero point and clamps to
 ``[qmin, qmax]`` (a fused ReLU/ReLU6 is a tighter clamp in codes). Everything is computed in int64 numpy
 arrays, so no intermediate overflows.
 """
@@ -42,6 +50,8 @@ __all__ = [
     "saturating_rounding_doubling_high_mul",
     "rounding_right_shift",
     "multiply_by_quantized_multiplier",
+    "single_rounding_multiply",
+    "ROUNDINGS",
     "requantize",
     "multiplier_record",
     "INT32_MIN",
@@ -51,6 +61,8 @@ __all__ = [
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
 _MAX_LEFT_SHIFT = 30  # a larger left shift cannot keep any non-zero int32 input in range
+#: requantization rounding modes: gemmlowp's two roundings (TFLite's reference kernels) or one
+ROUNDINGS = ("double", "single")
 
 
 def quantize_multiplier(real) -> tuple[np.ndarray, np.ndarray]:
@@ -120,9 +132,27 @@ def multiply_by_quantized_multiplier(x, mantissa, shift) -> np.ndarray:
     return rounding_right_shift(saturating_rounding_doubling_high_mul(shifted, mantissa), right)
 
 
-def requantize(acc, mantissa, shift, zero_point, qmin: int = 0, qmax: int = 255) -> np.ndarray:
-    """Output codes ``clamp(zero_point + MBQM(acc), qmin, qmax)`` of an int32 accumulator (int64 array)."""
-    scaled = multiply_by_quantized_multiplier(acc, mantissa, shift)
+def single_rounding_multiply(x, mantissa, shift) -> np.ndarray:
+    """``x * mantissa * 2^(shift - 31)`` rounded once, ties toward +infinity (TFLite ``TFLITE_SINGLE_ROUNDING``).
+
+    ``x`` must fit in int32 (the 64-bit product then cannot overflow); broadcasting, int64 out."""
+    x = np.asarray(x, dtype=np.int64)
+    mantissa = np.asarray(mantissa, dtype=np.int64)
+    total = 31 - np.asarray(shift, dtype=np.int64)  # >= 1: quantize_multiplier keeps shift <= 30
+    if np.any(np.abs(x) > INT32_MAX + 1):
+        raise InvalidArgumentError("single_rounding_multiply: x must fit in int32")
+    rounded = (x * mantissa + np.left_shift(np.int64(1), total - 1)) >> total
+    return np.where(mantissa == 0, 0, rounded).astype(np.int64)
+
+
+def requantize(acc, mantissa, shift, zero_point, qmin: int = 0, qmax: int = 255,
+               rounding: str = "double") -> np.ndarray:
+    """Output codes ``clamp(zero_point + MBQM(acc), qmin, qmax)`` of an int32 accumulator (int64 array);
+    ``rounding="single"``: `single_rounding_multiply` instead of gemmlowp's two roundings."""
+    if rounding not in ROUNDINGS:
+        raise InvalidArgumentError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    multiply = single_rounding_multiply if rounding == "single" else multiply_by_quantized_multiplier
+    scaled = multiply(acc, mantissa, shift)
     return np.clip(scaled + np.asarray(zero_point, dtype=np.int64), qmin, qmax)
 
 

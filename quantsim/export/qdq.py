@@ -4,7 +4,8 @@ Starting from the sim graph built with prequantized weights (integer initializer
 activation Q/DQ pairs; see `quantsim.sim.build`), two rewrites make it the form onnxruntime fuses into
 integer kernels and other toolchains expect:
 
-* **int32 bias**: a float bias of Conv / ConvTranspose / Gemm whose input and weight both come from
+* **int32 bias**: a float bias of Conv / ConvTranspose / Gemm (or the per-column bias Add after a MatMul
+  with a constant 2-D weight) whose input and weight both come from
   DequantizeLinear (input per tensor) becomes ``DequantizeLinear(int32 codes, s_in * s_w)`` with zero
   point 0 (per output channel when the weight is per channel); see `quantsim.core.bias`. A norm layer's
   bias gets AIMET's statistical int32 grid instead (`quantsim.export.qdq_norm_bias`).
@@ -134,19 +135,54 @@ def quantize_biases(model: onnx.ModelProto, weights: DeferredWeights | None = No
                 continue
         if w_scale.ndim and w_axis % len(index.shape.get(node.input[1]) or (0, 0)) != output_axis:
             continue
-        bias = index.constant_value(bias_name)
-        codes, scale = quantize_bias(bias, x_params[0], w_scale)
-        codes_name = index.fresh_name(f"{bias_name}/int32")
-        scale_name = index.fresh_name(f"{bias_name}/int32_scale")
-        model.graph.initializer.extend([numpy_helper.from_array(codes, codes_name),
-                                        numpy_helper.from_array(scale, scale_name)])
-        dq_attrs: dict = {"axis": 0} if scale.ndim else {}
-        replaced[bias_name] = helper.make_node(
-            "DequantizeLinear", [codes_name, scale_name], [bias_name], name=index.fresh_name(f"{bias_name}/dequantize"),
-            **dq_attrs,
-        )
+        replaced[bias_name] = _int32_bias_node(model, index, bias_name, x_params[0], w_scale)
+    for node in index.nodes:
+        bias_name = _matmul_bias(index, node)
+        if bias_name is not None and bias_name not in replaced:
+            replaced[bias_name] = _int32_bias_node(model, index, bias_name, *_matmul_bias_scales(index, node))
     initializers_to_nodes(model, replaced)
     return model
+
+
+def _int32_bias_node(model: onnx.ModelProto, index: GraphIndex, bias_name: str, x_scale, w_scale) -> onnx.NodeProto:
+    """``DequantizeLinear(int32 codes, s_in * s_w)`` writing ``bias_name`` (per channel along its last axis)."""
+    bias = index.constant_value(bias_name)
+    codes, scale = quantize_bias(bias, x_scale, w_scale)
+    codes_name = index.fresh_name(f"{bias_name}/int32")
+    scale_name = index.fresh_name(f"{bias_name}/int32_scale")
+    model.graph.initializer.extend([numpy_helper.from_array(codes, codes_name),
+                                    numpy_helper.from_array(scale, scale_name)])
+    dq_attrs: dict = {"axis": codes.ndim - 1} if scale.ndim else {}
+    return helper.make_node("DequantizeLinear", [codes_name, scale_name], [bias_name],
+                            name=index.fresh_name(f"{bias_name}/dequantize"), **dq_attrs)
+
+
+def _matmul_bias(index: GraphIndex, node: onnx.NodeProto) -> str | None:
+    """The float32 per-column bias a dequantized MatMul's only consumer adds (`quantsim.sim.int32_bias`), when its
+    input is per tensor and its weight per tensor or per column (axis 1); else None."""
+    if node.op_type != "MatMul" or len(node.input) != 2:
+        return None
+    add = index.single_consumer(node.output[0])
+    weight_dq = index.producer_of(node.input[1])
+    if add is None or add.op_type != "Add" or len(add.input) != 2 or weight_dq is None:
+        return None
+    others = [n for n in add.input if n != node.output[0]]
+    codes = index.initializers.get(weight_dq.input[0]) if weight_dq.input else None
+    bias = index.initializers.get(others[0]) if len(others) == 1 else None
+    if (codes is None or bias is None or len(codes.dims) != 2 or bias.data_type != TensorProto.FLOAT
+            or len(index.uses(others[0])) != 1 or not bias.dims or bias.dims[-1] != codes.dims[1]
+            or int(np.prod(bias.dims[:-1], dtype=np.int64)) != 1):
+        return None
+    x_params, w_params = _dq_params(index, node.input[0]), _dq_params(index, node.input[1])
+    if x_params is None or w_params is None or x_params[0].ndim != 0 or (w_params[0].ndim and w_params[1] % 2 != 1):
+        return None
+    return others[0]
+
+
+def _matmul_bias_scales(index: GraphIndex, node: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray]:
+    x_params, w_params = _dq_params(index, node.input[0]), _dq_params(index, node.input[1])
+    assert x_params is not None and w_params is not None  # checked by `_matmul_bias`
+    return x_params[0], w_params[0]
 
 
 def _pad_value_on_grid(index: GraphIndex, pad: onnx.NodeProto, params: list[str]) -> bool:

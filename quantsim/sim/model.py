@@ -93,7 +93,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
     `quantsim.sim.placement` rule 3) and ``depthwise_supergroups`` (default: one quantizer after a depthwise / 3-D
     Conv and its activation; False: AIMET's rule, a quantizer on the convolution's output too). Left at None,
     ``fold_batchnorm``, ``range_health`` and ``depthwise_supergroups`` warn once where they differ from aimet-onnx
-    (`quantsim.sim.aimet_differences`). ``int32_bias`` (default True) adds the biases of Conv/Gemm with
+    (`quantsim.sim.aimet_differences`). ``int32_bias`` (default True) adds the biases of Conv/Gemm (and MatMul bias Adds) with
     quantized input and weight on the int32 grid ``s_in * s_w``, as the exports do (`quantsim.sim.int32_bias`;
     False: float biases, as aimet-onnx). Every automatic
     decision, with its reason, is in ``sim.decisions`` and ``sim.summary()``.

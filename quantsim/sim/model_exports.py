@@ -106,13 +106,15 @@ class SimExports:
 
     def export_integer(self, *, integer_io: bool = False, opset: int | None = None,
                        input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8", target=None,
-                       exact: bool = False):
+                       exact: bool = True):
         """Fully integer ONNX model (QLinear*/QGemm kernels, lookup tables for other activations) and its
         fixed-point requantization table; see `quantsim.export.integer.export`. ``.save(prefix)`` writes both.
         ``input_shapes`` (``{input: dims}``) exports for those input shapes only, folding shape arithmetic
         (a detector's anchors and strides) into constants so that it runs on integer kernels too.
-        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) and ``target`` as in `to_onnx_qdq`. ``exact=True``: no
-        accepted approximation (HardSwish/HardSigmoid as exact tables, not kernel chains within one step)."""
+        ``weight_codes`` (``"int8"``, ``"uint8"``, ``"auto"``) and ``target`` as in `to_onnx_qdq`. ``exact=True``
+        (default): no accepted approximation, so the integer model computes what the sim computes (HardSwish /
+        HardSigmoid as exact tables unless a kernel chain reproduces the table on all 256 codes);
+        ``exact=False``: their kernel chains within one output step (faster, but the steps grow downstream)."""
         from quantsim.export.integer.export import export_integer
         from quantsim.export.weight_codes import resolve_weight_codes
 

@@ -162,7 +162,7 @@ class LoweringContext:
         self._copied: set[str] = set()
         self._node_names: set[str] = set()
         self._sim_biases: dict[str, np.ndarray] | None = None  # `sim_constant`, computed on first use
-        self.exact = False  # True: elementwise functions only as exact kernel chains or tables (`piecewise`)
+        self.exact = True  # elementwise functions only as exact kernel chains or tables (`piecewise`); False: accept TOLERANCE
 
     def snapshot(self) -> tuple:
         return (len(self.nodes), len(self.initializers), dict(self.ints), dict(self.floats), set(self.absorbed),

@@ -311,14 +311,18 @@ def _value_info(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
 
 def export_integer(sim, *, integer_io: bool = False, opset: int | None = None,
                    input_shapes: dict[str, list[int]] | None = None, weight_codes: str = "int8",
-                   exact: bool = False) -> IntegerExport:
+                   exact: bool = True) -> IntegerExport:
     """Lower a calibrated sim to an integer ONNX model (see the module docstring). ``input_shapes``
     (``{input: dims}``) fixes dynamic input dims: the model is exported for those shapes only, with its
     shape arithmetic folded into constants (`shapes`); models whose inputs are all static get that fold
     without it. ``weight_codes`` ("int8", "uint8" or "auto") is the storage type of the 8-bit weight codes
     of the integer kernels (`quantsim.export.weight_codes`); the requant table does not depend on it.
-    ``exact=True`` lowers elementwise functions only to exact forms: HardSwish / HardSigmoid as lookup tables
-    instead of the kernel chains accepted within one output step (`piecewise.TOLERANCE`); slower on them."""
+    ``exact=True`` (default) lowers elementwise functions only to exact forms: a kernel chain is used where
+    the 256-code probe finds it equal to the function's table, the table otherwise, so the integer model
+    computes what the sim computes on them. ``exact=False`` accepts HardSwish / HardSigmoid kernel chains
+    within one output step of the table (`piecewise.TOLERANCE`): 1.1-1.3x faster on models full of
+    HardSwish, but their one-step errors grow through the following layers (benchmarks/README.md, "Sim
+    vs deployed models")."""
     code_type = resolve_weight_codes(weight_codes, getattr(sim, "providers", None))
     _check_sim(sim)
     model, weights, opset = _prepared_model(sim, opset)

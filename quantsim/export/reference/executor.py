@@ -17,7 +17,12 @@ saturation and float32 arithmetic), integer Div (C truncation toward zero, where
 floats), GatherElements (onnx's kernel handles at most 64 rows) and com.microsoft NhwcMaxPool.
 
 onnxruntime's QLinearConv / QLinearMatMul / QGemm requantize with an fp32 multiplier, so ORT agreeing with
-the sim says nothing about a fixed-point deployment; this executor is one. `compare_with_onnxruntime`
+the sim says nothing about a fixed-point deployment; this executor is one. ``rounding`` picks its
+requantization: ``"double"`` (default; gemmlowp's SRDHM + rounding shift, TFLite's reference kernels) rounds
+twice, so results within ``2^-(e+1)`` of a midpoint move by one step (``e`` the right shift: 0.2-0.3% of
+MiniLM's Gemm outputs, 5.4% of a PP-OCR det depthwise layer's); ``"single"`` (TFLite's
+``TFLITE_SINGLE_ROUNDING``, CMSIS-NN, TOSA ``double_round=false``) rounds the 64-bit product once and gives
+onnxruntime's (and the sim's) codes except within about ``2^-31`` of a midpoint. `compare_with_onnxruntime`
 states per output the largest difference in output steps (LSB) and the fraction within one LSB.
 
 `SUPPORTED_OPS` lists the (domain, op) pairs it runs: the custom kernels plus the standard data-movement
@@ -34,8 +39,10 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from quantsim.core.fixed_point import ROUNDINGS
 from quantsim.errors import InvalidArgumentError
 from quantsim.export.reference.movement import nearest_resize, pad
+from quantsim.export.reference.numerics import rounding_mode
 from quantsim.export.reference.qlinear_linear import BOUNDARY_OPS, QUANT_KERNELS
 
 __all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxruntime", "SUPPORTED_OPS",
@@ -45,7 +52,7 @@ __all__ = ["IntegerReferenceExecutor", "run_integer_model", "compare_with_onnxru
 STANDARD_OPS = frozenset(
     """Reshape Flatten Transpose Squeeze Unsqueeze Slice Pad Resize MaxPool Gather GatherElements Clip Div
     Constant Shape Concat Cast Identity Relu Max Min Expand Tile Add Sub Mul DepthToSpace SpaceToDepth
-    ReduceMax ReduceMin Size Dropout Split GatherND""".split()
+    ReduceMax ReduceMin Size Dropout Split GatherND GlobalMaxPool""".split()
 )
 
 #: (domain, op_type) pairs the executor runs
@@ -66,6 +73,13 @@ def _gather_elements(ins, attrs, opset):
     axis = int(attrs.get("axis", 0)) % data.ndim
     indices = np.where(indices < 0, indices + data.shape[axis], indices).astype(np.int64)
     return [np.take_along_axis(data, indices, axis=axis)]
+
+
+def _global_max_pool(ins, attrs, opset):
+    """GlobalMaxPool over every axis after the channels (onnx 1.x's kernel reduces the wrong axes of inputs that
+    are not 4-D: magika's ``[N, C, L]`` pooling came out ``[N, 1]``)."""
+    x = np.asarray(ins[0])
+    return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 
 def _nhwc_max_pool(ins, attrs, opset):
@@ -91,6 +105,7 @@ def _custom_ops(opsets: dict[str, int]) -> list[type[OpRun]]:
     kernels[("", "Div")] = _integer_div
     kernels[("com.microsoft", "NhwcMaxPool")] = _nhwc_max_pool
     kernels[("", "GatherElements")] = _gather_elements  # the integer export's lookup tables (256 rows)
+    kernels[("", "GlobalMaxPool")] = _global_max_pool
     kernels[("", "Resize")] = nearest_resize  # onnx.reference lacks tf_half_pixel_for_nn (onnxruntime has it)
     kernels[("", "Pad")] = pad  # onnx.reference refuses negative pads (crops), which onnxruntime applies
     return [_kernel_class(domain, op, fn, opsets.get(domain, 1)) for (domain, op), fn in kernels.items()]
@@ -105,9 +120,12 @@ class IntegerReferenceExecutor:
     chain after MatMulInteger), so a test can assert where float arithmetic happens.
     """
 
-    def __init__(self, model: onnx.ModelProto, *, float_fallback: bool = False):
+    def __init__(self, model: onnx.ModelProto, *, float_fallback: bool = False, rounding: str = "double"):
+        if rounding not in ROUNDINGS:
+            raise InvalidArgumentError(f"IntegerReferenceExecutor: rounding must be one of {ROUNDINGS}, got {rounding!r}")
         self.model = model
         self.float_fallback = float_fallback
+        self.rounding = rounding
         graph = model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
         self.initializers = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
@@ -150,7 +168,8 @@ class IntegerReferenceExecutor:
         if evaluator is None:
             evaluator = ReferenceEvaluator(node, opsets=dict(self.opsets), new_ops=self._new_ops)
             self._node_evaluators[index] = evaluator
-        outputs = evaluator.run(None, {n: env[n] for n in node.input if n})
+        with rounding_mode(self.rounding):
+            outputs = evaluator.run(None, {n: env[n] for n in node.input if n})
         return [np.asarray(v) for v in outputs]
 
     @staticmethod
@@ -172,7 +191,8 @@ class IntegerReferenceExecutor:
             for index, node in enumerate(self.model.graph.node):
                 env.update((o, v) for o, v in zip(node.output, self.run_node(index, env)) if o)
         else:
-            results = self._evaluator.run(None, inputs, intermediate=True)
+            with rounding_mode(self.rounding):
+                results = self._evaluator.run(None, inputs, intermediate=True)
             assert isinstance(results, dict)  # intermediate=True: every named result
             env = {**self.initializers, **inputs, **results}
         self.trace = [(node.name, node.op_type, self._kind(node.op_type, [env[o] for o in node.output if o]))
@@ -197,13 +217,14 @@ class IntegerReferenceExecutor:
 
 
 def run_integer_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *,
-                      float_fallback: bool = False) -> dict[str, np.ndarray]:
+                      float_fallback: bool = False, rounding: str = "double") -> dict[str, np.ndarray]:
     """Run ``model`` in the integer reference executor; ``{graph output name: numpy array}``.
 
     ``float_fallback=True`` runs unsupported standard ops whose data inputs are float (islands between
     DequantizeLinear and QuantizeLinear) with ``onnx.reference``; they show as "float" in the trace.
+    ``rounding``: ``"double"`` (gemmlowp) or ``"single"`` fixed-point requantization (module docstring).
     """
-    return IntegerReferenceExecutor(model, float_fallback=float_fallback).run(feeds)
+    return IntegerReferenceExecutor(model, float_fallback=float_fallback, rounding=rounding).run(feeds)
 
 
 # ------------------------------------------------------------------------------------------------ comparison
@@ -242,7 +263,7 @@ def _onnxruntime_values(model: onnx.ModelProto, feeds, extra: dict[str, np.dtype
 
 
 def compare_with_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, layerwise: bool = False,
-                             float_fallback: bool = False) -> dict[str, dict]:
+                             float_fallback: bool = False, rounding: str = "double") -> dict[str, dict]:
     """Run ``model`` in onnxruntime (default CPU session) and in the reference executor.
 
     Returns ``{output name: {"max_lsb_diff", "frac_within_1_lsb", "frac_exact", "max_abs_diff",
@@ -252,9 +273,10 @@ def compare_with_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray
 
     ``layerwise=True`` reports every node output instead, each computed by the executor from
     onnxruntime's values of that node's inputs: per-op agreement, free of differences propagated from
-    earlier layers (end to end, a one-LSB difference can grow through the following layers).
+    earlier layers (end to end, a one-LSB difference can grow through the following layers). ``rounding``
+    as in `run_integer_model`.
     """
-    executor = IntegerReferenceExecutor(model, float_fallback=float_fallback)
+    executor = IntegerReferenceExecutor(model, float_fallback=float_fallback, rounding=rounding)
     env = executor.run_all(feeds)
     names = list(executor.output_names)
     if layerwise:

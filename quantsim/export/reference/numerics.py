@@ -6,11 +6,21 @@ Quantization ranges, zero points and code checks, int32 wrap-around, fixed-point
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from quantsim.core.fixed_point import quantize_multiplier, requantize
-from quantsim.errors import InvalidTypeError
+from quantsim.core.fixed_point import (
+    ROUNDINGS,
+    multiply_by_quantized_multiplier,
+    quantize_multiplier,
+    requantize,
+    single_rounding_multiply,
+)
+from quantsim.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = [
     "qrange",
@@ -24,6 +34,8 @@ __all__ = [
     "wrap_int32",
     "requantize_real",
     "requantize_fine",
+    "fixed_point_multiply",
+    "rounding_mode",
     "grid_span",
     "result_dtype",
 ]
@@ -68,10 +80,34 @@ def wrap_int32(acc) -> np.ndarray:
     return np.asarray(acc, dtype=np.int64).astype(np.int32)
 
 
+_ROUNDING: ContextVar[str] = ContextVar("quantsim_reference_rounding", default="double")
+
+
+@contextmanager
+def rounding_mode(rounding: str) -> Iterator[None]:
+    """Within the block the kernels requantize with ``rounding`` (`quantsim.core.fixed_point.ROUNDINGS`):
+    ``"double"`` (gemmlowp / TFLite reference kernels) or ``"single"`` (one rounding of the 64-bit product)."""
+    if rounding not in ROUNDINGS:
+        raise InvalidArgumentError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    token = _ROUNDING.set(rounding)
+    try:
+        yield
+    finally:
+        _ROUNDING.reset(token)
+
+
+def fixed_point_multiply(x, mantissa, shift) -> np.ndarray:
+    """``x`` times a stored multiplier with the current `rounding_mode`."""
+    if _ROUNDING.get() == "single":
+        return single_rounding_multiply(x, mantissa, shift)
+    return multiply_by_quantized_multiplier(x, mantissa, shift)
+
+
 def requantize_real(acc, real_multiplier, zero_point, out_dtype) -> np.ndarray:
     mantissa, shift = quantize_multiplier(real_multiplier)
     lo, hi = qrange(out_dtype)
-    return requantize(acc, mantissa, shift, zero_point_of(zero_point), lo, hi).astype(out_dtype)
+    return requantize(acc, mantissa, shift, zero_point_of(zero_point), lo, hi,
+                      rounding=_ROUNDING.get()).astype(out_dtype)
 
 
 def requantize_fine(d, real_multiplier, zero_point, out_dtype, bound: int) -> np.ndarray:

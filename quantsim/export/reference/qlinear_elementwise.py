@@ -10,10 +10,11 @@ import math
 
 import numpy as np
 
-from quantsim.core.fixed_point import multiply_by_quantized_multiplier, quantize_multiplier
+from quantsim.core.fixed_point import quantize_multiplier
 from quantsim.export.reference.numerics import (
     codes_of,
     extract_windows,
+    fixed_point_multiply,
     float64_of,
     grid_span,
     pool_geometry,
@@ -45,8 +46,8 @@ def qlinear_add(ins, attrs, opset):
     twice_max = 2.0 * max(float(sa), float(sb))
     ma, sha = quantize_multiplier(sa / twice_max)
     mb, shb = quantize_multiplier(sb / twice_max)
-    ra = multiply_by_quantized_multiplier(da << left_shift, ma, sha).astype(np.int64)
-    rb = multiply_by_quantized_multiplier(db << left_shift, mb, shb).astype(np.int64)
+    ra = fixed_point_multiply(da << left_shift, ma, sha).astype(np.int64)
+    rb = fixed_point_multiply(db << left_shift, mb, shb).astype(np.int64)
     total = (ra + rb).astype(np.int32)  # each |r| <= 2**27: no overflow
     return [requantize_real(total, twice_max / (2.0**left_shift * sc), cz, result_dtype(cz, a))]
 
