@@ -322,9 +322,9 @@ def _unmatched(node: onnx.NodeProto, strict: bool) -> None:
 def _bias_form(model: onnx.ModelProto) -> bool | None:
     """Whether the file adds its quantized linear layers' biases as int32 codes (``DequantizeLinear`` of an
     int32 constant: the sim's ``int32_bias=True``) or as float constants (``int32_bias=False``); None when it
-    has no such bias. A file with both
-    forms on layers whose input and weight are quantized cannot be followed by one sim-wide switch: it
-    warns, naming a layer of the minority form, and follows the majority."""
+    has no such bias. Biases are those of Conv / ConvTranspose / Gemm and the Add after a MatMul. A file with
+    both forms cannot be followed by one sim-wide switch: it warns, naming a layer of the minority form, and
+    follows the majority."""
     from quantsim.graph.op_facts import BIAS_SLOT
 
     index = GraphIndex(model)
@@ -333,12 +333,16 @@ def _bias_form(model: onnx.ModelProto) -> bool | None:
     dq_outputs = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
     forms: dict[bool, list[str]] = {True: [], False: []}
     for node in model.graph.node:
-        slot = BIAS_SLOT.get(node.op_type)
-        if slot is None or len(node.input) <= slot or not node.input[slot]:
-            continue
-        if node.input[0] not in dq_outputs or node.input[1] not in dq_outputs:
+        if len(node.input) < 2 or node.input[0] not in dq_outputs or node.input[1] not in dq_outputs:
             continue  # not a quantized layer: its bias is float in every form
-        bias = node.input[slot]
+        slot = BIAS_SLOT.get(node.op_type)
+        if slot is not None and len(node.input) > slot and node.input[slot]:
+            bias = node.input[slot]
+        elif node.op_type == "MatMul" and (add := index.single_consumer(node.output[0])) is not None \
+                and add.op_type == "Add" and len(add.input) == 2:
+            bias = add.input[1] if add.input[0] == node.output[0] else add.input[0]  # the per-column bias Add
+        else:
+            continue
         if bias in int32_dq:
             forms[True].append(node.name)
         elif index.is_constant(bias):
