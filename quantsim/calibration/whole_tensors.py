@@ -159,7 +159,13 @@ class CalibrationSessions:
 
     @property
     def current(self) -> ort.InferenceSession | None:
+        """The last session made (None before the first batch)."""
         return None if self._made is None else self._made[1]
+
+    @property
+    def whole(self) -> frozenset[str]:
+        """The tensors the last session fetches whole."""
+        return frozenset() if self._made is None else self._made[0]
 
     def session_for(self, feed: Mapping[str, np.ndarray] | None) -> tuple[ort.InferenceSession, StatisticsOutputs]:
         """The session for a batch of ``feed`` (None: one with in-graph statistics only)."""
