@@ -171,3 +171,47 @@ def test_calibration_session_describes_its_inputs_before_the_first_batch():
     sim.compute_encodings(callback)
     assert seen == {"inputs": [("x", "tensor(float)", ["N", 3, 8, 8])], "outputs": ["y", "z"]}
     assert sim.qc_quantize_op_dict["y"].encoding is not None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(("shape", "declared", "target"), [
+    ((4, 6), (4, 6), 5),            # one row longer than the sample: element-wise
+    ((8, 3), (8, 3), 5),            # whole rows
+    ((2, 5, 3), ("N", 5, 3), 4),    # rows of a rank-3 tensor, batch unknown
+    ((9,), (9,), 4),                # rank 1: element-wise
+    ((3, 4), None, 5),              # shape unknown: element-wise
+])
+def test_whole_statistics_equal_the_in_graph_ones(shape, declared, target, dtype):
+    """Oracle: the in-graph statistics of `add_statistics_outputs` run by onnxruntime on the same tensor."""
+    from quantsim.calibration.statistics_graph import (
+        WholeTensor,
+        add_statistics_outputs,
+        samples_by_rows,
+        whole_statistics,
+    )
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "g",
+                              [helper.make_tensor_value_info("x", elem, list(shape))],
+                              [helper.make_tensor_value_info("y", elem, list(shape))])
+    graph.node.append(helper.make_node("Identity", ["t"], ["y"]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    shapes = {} if declared is None else {"t": declared}
+    model, out = add_statistics_outputs(model, ["t"], ["t"], shapes=shapes, elem_types={"t": elem},
+                                        sample_sizes={"t": target})
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype)
+    values = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))
+    lo, hi = out.minmax["t"]
+    whole = WholeTensor(False, target, samples_by_rows(declared, target))
+    got_lo, got_hi, nan, sample = whole_statistics(x, whole)
+    assert (got_lo, got_hi, nan) == (float(values[lo]), float(values[hi]), False)
+    expected = values[out.samples["t"]]
+    assert sample.dtype == expected.dtype and sample.shape == expected.shape
+    assert np.array_equal(sample, expected)
+    assert whole_statistics(np.zeros((0, 3), dtype), whole) is None
+    x.flat[1] = np.nan
+    assert whole_statistics(x, whole)[2]
+    assert whole_statistics(x, WholeTensor(True))[2]  # no minimum: the maximum finds the NaN
