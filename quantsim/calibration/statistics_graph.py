@@ -184,10 +184,9 @@ def _reduce_sum(b: _Builder, x: str, output: str, axes: list[int] | None = None)
     return b.node("ReduceSum", [x], output, keepdims=0, axes=axes)
 
 
-def _stride(b: _Builder, tensor: str, shape_of: str, target: int) -> str:
-    """``[max(1, size // target)]`` (1-D, as Slice wants it) from ``Shape(shape_of)``."""
-    dims = b.node("Shape", [shape_of], b.fresh(f"{tensor}/calibration_shape"))
-    size = b.node("ReduceProd", [dims], b.fresh(f"{tensor}/calibration_size"), keepdims=1)
+def _stride(b: _Builder, tensor: str, target: int) -> str:
+    """``[max(1, size // target)]`` (1-D, as Slice wants it: a scalar ``Size`` divided by a 1-D constant)."""
+    size = b.node("Size", [tensor], b.fresh(f"{tensor}/calibration_size"))
     ratio = b.node("Div", [size, b.constant([target])], b.fresh(f"{tensor}/calibration_stride_raw"))
     return b.node("Max", [ratio, b.constant([1])], b.fresh(f"{tensor}/calibration_stride"))
 
@@ -220,11 +219,13 @@ def _add_sample(b: _Builder, tensor: str, shape: tuple | None, target: int) -> t
     rank = None if shape is None else len(shape)
     last = shape[-1] if shape else None
     by_rows = samples_by_rows(shape, target)
-    if by_rows and rank is not None:
+    if by_rows and rank == 2:
+        view = tensor  # already its own [rows, last axis] view
+    elif by_rows and rank is not None:
         view = b.node("Flatten", [tensor], b.fresh(f"{tensor}/calibration_rows"), axis=rank - 1)
     else:
         view = b.node("Reshape", [tensor, b.constant([-1])], b.fresh(f"{tensor}/calibration_flat"))
-    steps = _stride(b, tensor, view, target)
+    steps = _stride(b, tensor, target)
     sample = b.node("Slice", [view, b.constant([0]), b.constant([np.iinfo(np.int64).max]), b.constant([0]), steps],
                     b.fresh(f"{tensor}/calibration_sample"))
     return sample, ([None, last if isinstance(last, int) else None] if by_rows else [None])
