@@ -139,7 +139,11 @@ class CalibrationSession:
         self._sessions = sessions
         if sessions is not None:
             sessions.start()
-        self._outputs = outputs if outputs is not None else StatisticsOutputs([o.name for o in sessions.outputs])
+        if outputs is None:
+            if sessions is None:
+                raise InvalidArgumentError("CalibrationSession needs its statistics outputs or a CalibrationSessions")
+            outputs = StatisticsOutputs([o.name for o in sessions.outputs])
+        self._outputs = outputs
         self._groups = groups  # tensor -> quantizer name
         self._histograms = histograms
         self._range_samples = range_samples

@@ -75,7 +75,8 @@ def inference_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """What shape inference needs of ``model``: its nodes and small initializers (shape constants), the other
     initializers declared as inputs of their shape (no weight is copied)."""
     graph = model.graph
-    small, big = [], []
+    small: list[onnx.TensorProto] = []
+    big: list[onnx.TensorProto] = []
     for t in graph.initializer:
         external = t.data_location == TensorProto.EXTERNAL
         (big if external or int(np.prod(t.dims)) > _SMALL_INITIALIZER else small).append(t)
