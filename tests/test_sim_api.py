@@ -403,17 +403,21 @@ def test_calibration_memory_does_not_grow_with_batches(scheme):
 
 
 @pytest.mark.parametrize("range_health", [False, True])
-def test_min_max_calibration_graph_only_adds_scalar_outputs(range_health):
-    """Min-max adds scalars only; the range-health check adds a sample of about RANGE_SAMPLE values."""
+def test_min_max_calibration_graph_only_adds_scalar_outputs(range_health, monkeypatch):
+    """Min-max adds scalars only; the range-health check adds a sample of about RANGE_SAMPLE values (with no
+    tensor fetched whole: `whole_tensors` fetches small ones whole instead)."""
+    from quantsim.calibration import whole_tensors
+
+    monkeypatch.setattr(whole_tensors, "WHOLE_BATCH_BYTES", 0)
     sim = new_sim()
     sim.range_health = range_health
     shapes = {}
 
     def callback(session):
+        session.run(None, batch())
         inner = session._session  # the onnxruntime session behind the calibration wrapper
         for output in inner.get_outputs():
             shapes[output.name] = output.shape
-        session.run(None, batch())
 
     sim.compute_encodings(callback)
     extra = {name: shape for name, shape in shapes.items() if name != "y"}

@@ -155,7 +155,7 @@ def test_calibration_session_uses_priority_order(scheme):
                                         quant_scheme=scheme)
     sim.progress = False
     sim.compute_encodings([{"x": np.ones((2, 3), np.float32)}])
-    session = sim._calibration_cache[1]
+    session = sim._calibration_cache[1].current  # the onnxruntime session the calibration made
     assert session.get_session_options().execution_order == CALIBRATION_EXECUTION_ORDER
 
 

@@ -22,6 +22,8 @@ collapsed, otherwise float.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from quantsim.core.numerics import Encoding, quantize
@@ -37,11 +39,18 @@ COLLAPSED_CODES = 4
 def effective_codes(values: np.ndarray, encoding: Encoding | None = None) -> float:
     """``exp(entropy)`` of how the finite ``values`` spread over the codes of a per-tensor ``encoding`` (over
     their distinct values when ``encoding`` is None); 0 for no values."""
-    finite = np.asarray(values)[np.isfinite(values)]
+    values = np.asarray(values)
+    finite = values if math.isfinite(values.min(initial=0.0)) and math.isfinite(values.max(initial=0.0)) \
+        else values[np.isfinite(values)]
     if not finite.size:
         return 0.0
-    levels = finite if encoding is None else quantize(finite, encoding)
-    _, counts = np.unique(levels, return_counts=True)
+    if encoding is None or encoding.fp8 is not None:
+        levels = finite if encoding is None else quantize(finite, encoding)
+        _, counts = np.unique(levels, return_counts=True)
+    else:  # integer codes: counted by bincount, in ascending order as np.unique would list them
+        codes = quantize(finite.reshape(-1), encoding)
+        counts = np.bincount(codes - codes.min())
+        counts = counts[counts > 0]
     share = counts / counts.sum()
     return float(np.exp(-np.sum(share * np.log(share))))
 

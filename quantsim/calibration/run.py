@@ -27,7 +27,8 @@ import onnxruntime as ort
 from tqdm.auto import tqdm
 
 from quantsim.calibration.histograms import HistogramObserver
-from quantsim.calibration.statistics_graph import StatisticsOutputs
+from quantsim.calibration.statistics_graph import StatisticsOutputs, whole_statistics
+from quantsim.calibration.whole_tensors import CalibrationSessions
 from quantsim.errors import CalibrationError, InvalidArgumentError, InvalidTypeError, warn_at_caller
 
 _log = logging.getLogger(__name__)
@@ -112,7 +113,9 @@ def check_feed(feed: Mapping, inputs: list, where: str) -> dict[str, np.ndarray]
 
 
 def _finite_feed(feed: dict[str, np.ndarray]) -> bool:
-    return all(np.isfinite(v).all() for v in feed.values() if np.issubdtype(v.dtype, np.floating))
+    """No NaN or Inf in a float input (numpy's min and max return NaN when one is present: no mask needed)."""
+    return all(v.size == 0 or (math.isfinite(v.min()) and math.isfinite(v.max()))
+               for v in feed.values() if np.issubdtype(v.dtype, np.floating))
 
 
 class CalibrationSession:
@@ -123,18 +126,28 @@ class CalibrationSession:
     (``tensor_stats``: what untying a tied grid needs, `quantsim.sim.decisions`). Sampled tensors
     fold their samples into a histogram when their quantizer is in ``histograms`` (None: all of them) and
     keep a `RANGE_SAMPLE`-value sample when it is in ``range_samples``.
+
+    Given ``sessions`` (a `whole_tensors.CalibrationSessions`) instead of a session, the onnxruntime session
+    is made when the first batch arrives, for its shapes (which tensors are fetched whole); ``get_inputs`` and
+    ``get_outputs`` then describe the graph (name, type, shape) without a session.
     """
 
-    def __init__(self, session: ort.InferenceSession, outputs: StatisticsOutputs, groups: dict[str, str],
+    def __init__(self, session: ort.InferenceSession | None, outputs: StatisticsOutputs | None, groups: dict[str, str],
                  histograms: frozenset[str] | None = None, range_samples: frozenset[str] = frozenset(),
-                 per_tensor: frozenset[str] = frozenset()):
+                 per_tensor: frozenset[str] = frozenset(), *, sessions: CalibrationSessions | None = None):
         self._session = session
+        self._sessions = sessions
+        if sessions is not None:
+            sessions.start()
+        if outputs is None:
+            if sessions is None:
+                raise InvalidArgumentError("CalibrationSession needs its statistics outputs or a CalibrationSessions")
+            outputs = StatisticsOutputs([o.name for o in sessions.outputs])
         self._outputs = outputs
         self._groups = groups  # tensor -> quantizer name
         self._histograms = histograms
         self._range_samples = range_samples
-        self._fetch = list(outputs.model_outputs)
-        self._fetch += [n for n in outputs.statistics if n not in self._fetch]
+        self._set_fetch()
         self.stats: dict[str, TensorStats] = {}  # per quantizer
         self.tensor_stats: dict[str, TensorStats] = {}  # per tensor, for the tensors in per_tensor
         self._per_tensor = per_tensor
@@ -142,14 +155,22 @@ class CalibrationSession:
         self.batches_skipped = 0
         self._nonfinite_tensors: set[str] = set()
 
+    def _set_fetch(self) -> None:
+        self._fetch = list(self._outputs.model_outputs)
+        self._fetch += [n for n in self._outputs.statistics if n not in self._fetch]
+
     def get_inputs(self):
+        if self._sessions is not None:
+            return list(self._sessions.inputs)
         return self._session.get_inputs()
 
     def get_outputs(self):
+        if self._sessions is not None:
+            return list(self._sessions.outputs)
         return [o for o in self._session.get_outputs() if o.name in self._outputs.model_outputs]
 
     def run(self, output_names, input_feed, run_options=None):
-        feed = check_feed(input_feed, self._session.get_inputs(), f"calibration batch {self.batches_used + self.batches_skipped}")
+        feed = check_feed(input_feed, self.get_inputs(), f"calibration batch {self.batches_used + self.batches_skipped}")
         names = output_names or self._outputs.model_outputs
         unknown = [n for n in names if n not in self._outputs.model_outputs]
         if unknown:
@@ -162,7 +183,14 @@ class CalibrationSession:
                 f"calibration batch {self.batches_used + self.batches_skipped - 1} has NaN/Inf in its inputs: skipped",
                 RuntimeWarning
             )
+            if self._session is None and self._sessions is not None:
+                self._session, _ = self._sessions.session_for(None)
             return self._session.run(list(names), feed, run_options)
+        if self._sessions is not None:
+            session, outputs = self._sessions.session_for(feed)
+            if outputs is not self._outputs:
+                self._session, self._outputs = session, outputs
+                self._set_fetch()
         try:
             results = self._session.run(self._fetch, feed, run_options)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own (unexported) error types
@@ -173,16 +201,34 @@ class CalibrationSession:
         self.batches_used += 1
         return [values[n] for n in names]
 
-    def _record(self, values: dict[str, np.ndarray]) -> None:
-        samples, probes = self._outputs.samples, self._outputs.nan_probes
-        for tensor, (lo_name, hi_name) in self._outputs.minmax.items():
-            hi = float(values[hi_name])
-            lo = 0.0 if lo_name is None else float(values[lo_name])
-            probe = probes.get(tensor)
-            if probe is not None and math.isnan(float(values[probe])):  # its min/max cannot be trusted
-                self._nonfinite_tensors.add(tensor)
+    def _batch_statistics(self, values: dict[str, np.ndarray]):
+        """``(tensor, min, max, holds NaN, sample or None)`` per observed tensor of one batch, in the order
+        the tensors were given; empty tensors are left out."""
+        outputs = self._outputs
+        samples, probes = outputs.samples, outputs.nan_probes
+        for tensor in outputs.tensors:
+            whole = outputs.whole.get(tensor)
+            if whole is not None:
+                found = whole_statistics(values[tensor], whole)
+                if found is None:  # an empty tensor in this batch: nothing to learn from it
+                    continue
+                lo, hi, nan, sample = found
+            else:
+                lo_name, hi_name = outputs.minmax[tensor]
+                hi = float(values[hi_name])
+                lo = 0.0 if lo_name is None else float(values[lo_name])
+                probe = probes.get(tensor)
+                nan = probe is not None and math.isnan(float(values[probe]))  # its min/max cannot be trusted
+                sample_name = samples.get(tensor)
+                sample = values[sample_name] if sample_name is not None else None
+            if not nan and lo > hi:  # an empty tensor in this batch (in-graph): nothing to learn from it
                 continue
-            if lo > hi:  # an empty tensor in this batch: nothing to learn from it
+            yield tensor, lo, hi, nan, sample
+
+    def _record(self, values: dict[str, np.ndarray]) -> None:
+        for tensor, lo, hi, nan, sample in self._batch_statistics(values):
+            if nan:
+                self._nonfinite_tensors.add(tensor)
                 continue
             if not (math.isfinite(lo) and math.isfinite(hi)):  # documented policy: ignore this batch for it
                 self._nonfinite_tensors.add(tensor)
@@ -191,8 +237,6 @@ class CalibrationSession:
             targets = [self.stats.setdefault(name, TensorStats())]
             if tensor in self._per_tensor:
                 targets.append(self.tensor_stats.setdefault(tensor, TensorStats()))
-            sample_name = samples.get(tensor)
-            sample = values[sample_name] if sample_name is not None else None
             # NaN that the in-graph reductions passed over is dropped here; min/max find it without a mask
             if sample is not None and sample.size and not (math.isfinite(sample.min()) and math.isfinite(sample.max())):
                 sample = sample[np.isfinite(sample)]

@@ -32,6 +32,14 @@ that is not its minimum (a wrong range, not an error). Every observed tensor the
 probe: its sum (``GlobalAveragePool`` first on the NCHWc path), which is NaN exactly when the tensor holds a
 NaN (or both infinities), because addition propagates NaN whatever the order. A batch whose probe is NaN
 is unusable for that tensor (the caller warns and names it), never a wrong finite range.
+
+Whole tensors: a tensor named in ``whole`` gets no nodes at all; it becomes a graph output itself and its
+statistics are computed in numpy from the fetched values (`whole_statistics`): the same minimum, maximum
+and sample, a NaN found by numpy's NaN-propagating min/max. Each statistics node costs onnxruntime's
+session creation about as much as a node of the model (every graph transformer visits it), so on a small
+model the ~12 nodes per observed tensor made the calibration session 3-7x as slow to create as the float
+model's; fetching a small tensor whole costs one numpy pass per batch instead (`quantsim.calibration.whole_tensors`
+chooses which).
 """
 from __future__ import annotations
 
@@ -42,7 +50,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["StatisticsOutputs", "add_statistics_outputs", "HISTOGRAM_SAMPLE", "NCHWC_PRODUCERS"]
+__all__ = ["StatisticsOutputs", "WholeTensor", "add_statistics_outputs", "whole_statistics", "samples_by_rows",
+           "HISTOGRAM_SAMPLE", "NCHWC_PRODUCERS"]
 
 HISTOGRAM_SAMPLE = 1 << 16
 """Histogram tensors are sampled with stride ``max(1, size // HISTOGRAM_SAMPLE)`` (rows, or elements; module
@@ -58,6 +67,16 @@ NCHWC_PRODUCERS = frozenset({"Conv", "MaxPool", "AveragePool", "Relu", "Clip", "
 _REDUCE_AXES_AS_INPUT = 18  # ReduceMin/ReduceMax take ``axes`` as an input from opset 18 on
 
 
+@dataclass(frozen=True)
+class WholeTensor:
+    """How a tensor fetched whole is reduced in numpy: no minimum when ``nonnegative`` (as in-graph), and a
+    sample of about ``sample`` values (None: not sampled) taken by rows or element-wise (``by_rows``)."""
+
+    nonnegative: bool
+    sample: int | None = None
+    by_rows: bool = False
+
+
 @dataclass
 class StatisticsOutputs:
     """Names of the outputs `add_statistics_outputs` added, per observed tensor."""
@@ -66,12 +85,19 @@ class StatisticsOutputs:
     minmax: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # tensor -> (min or None, max)
     nan_probes: dict[str, str] = field(default_factory=dict)  # tensor -> its sum (NaN iff it holds a NaN)
     samples: dict[str, str] = field(default_factory=dict)  # tensor -> strided-sample output
+    whole: dict[str, WholeTensor] = field(default_factory=dict)  # tensor (fetched as itself) -> its reduction
+    order: list[str] = field(default_factory=list)  # every observed tensor, in the order they were given
 
     @property
     def statistics(self) -> list[str]:
         """Every added output, in a fixed order."""
         names = [n for lo, hi in self.minmax.values() for n in (lo, hi) if n]
-        return names + list(self.nan_probes.values()) + list(self.samples.values())
+        return names + list(self.nan_probes.values()) + list(self.samples.values()) + list(self.whole)
+
+    @property
+    def tensors(self) -> list[str]:
+        """The observed tensors in the order they were given (statistics are folded in this order)."""
+        return self.order or list(self.minmax) + [t for t in self.whole if t not in self.minmax]
 
 
 class _Builder:
@@ -158,12 +184,33 @@ def _reduce_sum(b: _Builder, x: str, output: str, axes: list[int] | None = None)
     return b.node("ReduceSum", [x], output, keepdims=0, axes=axes)
 
 
-def _stride(b: _Builder, tensor: str, shape_of: str, target: int) -> str:
-    """``[max(1, size // target)]`` (1-D, as Slice wants it) from ``Shape(shape_of)``."""
-    dims = b.node("Shape", [shape_of], b.fresh(f"{tensor}/calibration_shape"))
-    size = b.node("ReduceProd", [dims], b.fresh(f"{tensor}/calibration_size"), keepdims=1)
+def _stride(b: _Builder, tensor: str, target: int) -> str:
+    """``[max(1, size // target)]`` (1-D, as Slice wants it: a scalar ``Size`` divided by a 1-D constant)."""
+    size = b.node("Size", [tensor], b.fresh(f"{tensor}/calibration_size"))
     ratio = b.node("Div", [size, b.constant([target])], b.fresh(f"{tensor}/calibration_stride_raw"))
     return b.node("Max", [ratio, b.constant([1])], b.fresh(f"{tensor}/calibration_stride"))
+
+
+def samples_by_rows(shape: tuple | None, target: int) -> bool:
+    """Whether a tensor of (static) ``shape`` is sampled by whole rows (module docstring), else element-wise."""
+    last = shape[-1] if shape else None
+    return shape is not None and len(shape) >= 2 and not (isinstance(last, int) and last > target)
+
+
+def whole_statistics(values: np.ndarray, whole: WholeTensor) -> tuple[float, float, bool, np.ndarray | None] | None:
+    """``(min, max, holds NaN, sample)`` of a tensor fetched whole, as its in-graph statistics would give them;
+    None for an empty tensor (nothing to learn, as in-graph). numpy's min/max return NaN when a NaN is
+    present, which replaces the in-graph NaN probe; the sample takes the same rows or elements as `_add_sample`."""
+    if values.size == 0:
+        return None
+    hi = float(values.max())
+    lo = 0.0 if whole.nonnegative else float(values.min())
+    sample = None
+    if whole.sample is not None:
+        step = max(1, values.size // whole.sample)
+        view = values.reshape(-1, values.shape[-1]) if whole.by_rows else values.reshape(-1)
+        sample = np.ascontiguousarray(view[::step])
+    return lo, hi, bool(np.isnan(hi) or np.isnan(lo)), sample
 
 
 def _add_sample(b: _Builder, tensor: str, shape: tuple | None, target: int) -> tuple[str, list]:
@@ -171,12 +218,14 @@ def _add_sample(b: _Builder, tensor: str, shape: tuple | None, target: int) -> t
     ``Flatten(x, rank - 1)``, or ``Reshape(x, [-1])[::step]``; returns its name and declared shape."""
     rank = None if shape is None else len(shape)
     last = shape[-1] if shape else None
-    by_rows = rank is not None and rank >= 2 and not (isinstance(last, int) and last > target)
-    if by_rows and rank is not None:
+    by_rows = samples_by_rows(shape, target)
+    if by_rows and rank == 2:
+        view = tensor  # already its own [rows, last axis] view
+    elif by_rows and rank is not None:
         view = b.node("Flatten", [tensor], b.fresh(f"{tensor}/calibration_rows"), axis=rank - 1)
     else:
         view = b.node("Reshape", [tensor, b.constant([-1])], b.fresh(f"{tensor}/calibration_flat"))
-    steps = _stride(b, tensor, view, target)
+    steps = _stride(b, tensor, target)
     sample = b.node("Slice", [view, b.constant([0]), b.constant([np.iinfo(np.int64).max]), b.constant([0]), steps],
                     b.fresh(f"{tensor}/calibration_sample"))
     return sample, ([None, last if isinstance(last, int) else None] if by_rows else [None])
@@ -191,6 +240,7 @@ def add_statistics_outputs(
     shapes: Mapping[str, tuple | None] | None = None,
     elem_types: Mapping[str, int] | None = None,
     sample_sizes: Mapping[str, int] | None = None,
+    whole: Iterable[str] = (),
 ) -> tuple[onnx.ModelProto, StatisticsOutputs]:
     """Extend ``model`` (modified in place) with statistics outputs; returns it and the output map.
 
@@ -199,15 +249,22 @@ def add_statistics_outputs(
     known) picks the reductions and the sampling; ``sample_sizes`` (tensor -> values) gives a sampled tensor
     a smaller sample than `HISTOGRAM_SAMPLE` (a range-health sample needs no histogram's worth).
     ``elem_types`` (tensor -> ONNX element type; float32 where absent) types the outputs: a float16 or
-    float64 tensor's statistics keep its type.
+    float64 tensor's statistics keep its type. Tensors in ``whole`` (never a graph input) get no nodes: they
+    become outputs themselves, reduced in numpy by `whole_statistics` (module docstring).
     """
     b = _Builder(model)
     outputs = StatisticsOutputs([o.name for o in model.graph.output])
     producer = {out: node.op_type for node in model.graph.node for out in node.output}
     shapes = shapes or {}
     sampled = list(dict.fromkeys(sampled_tensors))
-    for tensor in list(dict.fromkeys(minmax_tensors)) + [t for t in sampled if t not in outputs.minmax]:
-        if tensor in outputs.minmax:
+    outputs.order = list(dict.fromkeys(list(minmax_tensors) + sampled))
+    graph_inputs = {i.name for i in model.graph.input}
+    fetched = {t for t in whole if t not in graph_inputs}
+    for tensor in outputs.order:
+        if tensor in fetched:
+            target = (sample_sizes or {}).get(tensor, HISTOGRAM_SAMPLE) if tensor in sampled else None
+            outputs.whole[tensor] = WholeTensor(tensor in nonnegative, target,
+                                                target is not None and samples_by_rows(shapes.get(tensor), target))
             continue
         shape, made_by = shapes.get(tensor), producer.get(tensor)
         rank = None if shape is None else len(shape)
@@ -218,7 +275,7 @@ def add_statistics_outputs(
         outputs.minmax[tensor] = (lo, hi)
         outputs.nan_probes[tensor] = _add_nan_probe(b, tensor, rank, made_by)
     sample_shapes = []
-    for tensor in sampled:
+    for tensor in [t for t in sampled if t not in outputs.whole]:
         target = (sample_sizes or {}).get(tensor, HISTOGRAM_SAMPLE)
         outputs.samples[tensor], sample_shape = _add_sample(b, tensor, shapes.get(tensor), target)
         sample_shapes.append(sample_shape)
@@ -229,4 +286,8 @@ def add_statistics_outputs(
                 b.output(name, types.get(tensor, TensorProto.FLOAT), shape=[])
     for (tensor, name), sample_shape in zip(outputs.samples.items(), sample_shapes):
         b.output(name, types.get(tensor, TensorProto.FLOAT), shape=sample_shape)
+    model_outputs = set(outputs.model_outputs)
+    for tensor in outputs.whole:
+        if tensor not in model_outputs:
+            b.output(tensor, types.get(tensor, TensorProto.FLOAT))
     return model, outputs

@@ -16,14 +16,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantsim.calibration.run import (
-    CALIBRATION_EXECUTION_ORDER,
-    RANGE_SAMPLE,
-    CalibrationSession,
-    drive_calibration,
-)
+from quantsim.calibration.run import CalibrationSession, drive_calibration
 from quantsim.calibration.schemes import CalibrationScheme, get_scheme
-from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.core.dtypes import QuantScheme, int8, qtype
 from quantsim.errors import InvalidArgumentError, InvalidStateError, InvalidTypeError, PrepareError, warn_at_caller
 from quantsim.graph import session as session_module
@@ -32,7 +26,6 @@ from quantsim.graph.large_models import model_from_parts, model_parts
 from quantsim.graph.loading import load_model, load_model_mapped
 from quantsim.graph.mapped import MappedWeights
 from quantsim.graph.session import WeightFiles, make_session
-from quantsim.graph.tensor_roles import find_nonnegative_tensors
 from quantsim.graph.wrapped import as_model_proto
 from quantsim.prepare import cache as prepare_cache
 from quantsim.prepare import prepare, prepare_file_cached, prepare_loaded_mapped
@@ -40,8 +33,9 @@ from quantsim.sim.aimet_differences import announce_batchnorm_folds, announce_de
 from quantsim.sim.aimet_surface import AimetSurface
 from quantsim.sim.build import build_sim_model
 from quantsim.sim.calibrate import calibration_context
+from quantsim.sim.calibration_build import calibration_session
 from quantsim.sim.config import load_config, warn_unapplied_config
-from quantsim.sim.decisions import Decision, untie_candidates
+from quantsim.sim.decisions import Decision
 from quantsim.sim.legacy_args import map_legacy_arguments
 from quantsim.sim.model_exports import SimExports
 from quantsim.sim.model_hooks import SimHooks
@@ -64,14 +58,6 @@ run. Smaller models keep fake-quantized float weights (from a memory-mapped file
 `session.FILE_BACKED_MIN_BYTES` on)."""
 
 _NOT_SPECIFIED = object()  # compute_encodings: no forward_pass_callback_args given (None is a valid value)
-
-
-def _constant_state(q: QcQuantizeOp) -> tuple:
-    """What the calibration graph bakes in for a weight/constant quantizer (its cache key)."""
-    enc = q.encoding
-    grid = None if enc is None else (enc.scale.tobytes(), enc.zero_point.tobytes(), enc.qmin, enc.qmax, enc.axis,
-                                     enc.block_axis, enc.block_size)
-    return q.name, q.enabled, q.spec, grid
 
 
 class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
@@ -359,34 +345,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
             drive_calibration(session, data, progress=self.progress)
 
     def _calibration_session(self, observed: list[QcQuantizeOp]) -> CalibrationSession:
-        histograms = frozenset(q.name for q in observed if q.calibration_scheme.needs_histogram)
-        sampled = bool(histograms) or self.range_health
-        groups = {t: q.name for q in observed for t in q.tensors if not self._index.is_constant(t)}
-        constants = [q for q in self._quantizers if q.role == "param" or self._is_constant_quantizer(q)]
-        small = {t for t, name in groups.items() if name not in histograms}  # range-health samples only
-        key = (tuple(_constant_state(q) for q in constants), tuple(sorted(groups)), sampled, tuple(sorted(small)))
-        if self._calibration_cache is None or self._calibration_cache[0] != key:
-            weights: dict[str, np.ndarray] = {}
-            model = build_sim_model(self._model, [q for q in constants if q.enabled], source=self._index,
-                                    external=weights, memo=self._session_memo(),
-                                    integer_weights=self._integer_weights())
-            shapes = self._index.shape
-            model, outputs = add_statistics_outputs(
-                model, list(groups), list(groups) if sampled else [], nonnegative=find_nonnegative_tensors(self._index),
-                shapes={t: shapes[t] for t in groups if shapes.get(t) is not None},
-                elem_types={t: self._index.elem_type[t] for t in groups if t in self._index.elem_type},
-                sample_sizes=dict.fromkeys(small, RANGE_SAMPLE),
-            )
-            options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(self._session_options_kwargs or {})}
-            session = make_session(model, self.providers, session_options_kwargs=options, external_initializers=weights,
-                                   file_backed=self._file_backed(), prepack=self._weights is not None,
-                                   weight_files=self._session_files())
-            self._calibration_cache = (key, session, outputs)
-        _, session, outputs = self._calibration_cache
-        samples = frozenset(q.name for q in observed) if self.range_health else frozenset()
-        per_tensor = untie_candidates(self, observed) if self.range_health else frozenset()
-        return CalibrationSession(session, outputs, groups, histograms=histograms, range_samples=samples,
-                                  per_tensor=per_tensor)
+        return calibration_session(self, observed)  # `quantsim.sim.calibration_build`
 
     # the simulation ------------------------------------------------------------------------------
     def _integer_weights(self) -> bool:
