@@ -62,6 +62,7 @@ class LayerReport:
     loss_after: float | None = None
     flipped: float | None = None  # share of weights rounded away from nearest
     seconds: float = 0.0
+    iterations: int | None = None  # AdaRound's Adam steps (fewer than asked once the rounding is settled)
 
 
 def _skip_reason(sim: QuantizationSimModel, layer: WeightedLayer) -> str | None:
@@ -180,7 +181,7 @@ def _report(sim, layer, problem: LayerProblem, result: RoundingResult, seconds: 
               problem.mode, result.loss_before, result.loss_after, 100 * result.flipped, seconds)
     reason = "optimised rounding was worse than nearest on the data: nearest kept" if result.kept_nearest else ""
     return LayerReport(layer.node, layer.op_type, "rounded", reason, problem.mode, result.loss_before,
-                       result.loss_after, result.flipped, seconds)
+                       result.loss_after, result.flipped, seconds, result.iterations)
 
 
 def _solve_here(problem: LayerProblem, progress: bool) -> tuple[RoundingResult, float]:

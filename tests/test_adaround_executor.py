@@ -67,7 +67,8 @@ def _run(executor=None, **kwargs):
     sim = _sim()
     kwargs = {"columns_per_iteration": 64, "quadratic_columns_per_iteration": 4, **kwargs}  # random windows
     reports = apply_adaround(sim, _feeds(), num_iterations=ITERATIONS, executor=executor, **kwargs)
-    return _weights(sim), [(r.node, r.status, r.mode, r.loss_before, r.loss_after, r.flipped) for r in reports]
+    return _weights(sim), [(r.node, r.status, r.mode, r.loss_before, r.loss_after, r.flipped, r.iterations)
+                          for r in reports]
 
 
 def _assert_same(local, remote):
@@ -93,7 +94,8 @@ def test_an_executor_gives_the_local_result_bit_for_bit(pool):
         remote = _run(executor)
     _assert_same(local, remote)
     assert all(status == "rounded" for _, status, *_ in local[1])
-    assert any(flipped for *_, flipped in local[1])  # the optimisation did move weights off nearest
+    assert any(flipped for *_, flipped, _ in local[1])  # the optimisation did move weights off nearest
+    assert all(steps == ITERATIONS for *_, steps in local[1])  # too few steps for any layer to settle
 
 
 def test_a_dask_cluster_gives_the_local_result_bit_for_bit():
