@@ -17,8 +17,8 @@ folded into it: for the error after the BN and after the activation reading it (
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,8 +26,9 @@ from tqdm.auto import tqdm
 
 from adaround.activations import Activation, activation_for
 from adaround.feeds import as_feeds, float_values, model_inputs
-from adaround.layer_data import ColumnSample, SecondMoments, column_sample, second_moments
-from adaround.layer_rounding import OutputAffine, WeightGrid, optimize_rounding
+from adaround.layer_job import ActivationSpec, LayerProblem, solve
+from adaround.layer_rounding import OutputAffine, RoundingResult, WeightGrid
+from adaround.levels import independent_levels
 from adaround.linear_form import LinearForm, UnsupportedLayer, linear_form
 from adaround.params import AdaroundSettings
 from quantsim import (
@@ -61,6 +62,7 @@ class LayerReport:
     loss_after: float | None = None
     flipped: float | None = None  # share of weights rounded away from nearest
     seconds: float = 0.0
+    iterations: int | None = None  # AdaRound's Adam steps (fewer than asked once the rounding is settled)
 
 
 def _skip_reason(sim: QuantizationSimModel, layer: WeightedLayer) -> str | None:
@@ -152,38 +154,72 @@ def _plan(layer: WeightedLayer, form: LinearForm, settings: AdaroundSettings) ->
     return ("moments+sampled" if settings.sampled_quadratic(inputs_per_column) else "moments"), layer.input
 
 
-def _round_layer(sim, layer, inputs, staged, float_side, settings, rng, progress) -> LayerReport:
-    start = time.perf_counter()
+def _problem(sim, layer, feeds, staged, float_side, settings) -> LayerProblem:
+    """One layer's `LayerProblem`, its sim-side input captured now (earlier layers as rounded so far)."""
     weight = sim.get_weight(layer.weight).astype(np.float32)
     form = linear_form(layer.op_type, layer.attributes, weight.shape)
     bias = form.bias_matrix(sim.get_weight(layer.bias) if layer.bias else None, form.rows)
-    activation = _activation(layer, form)
-    sim_side = staged([layer.input])  # the sim's input to the layer over ``inputs`` (earlier layers rounded)
     mode, target = _plan(layer, form, settings)
-    data: SecondMoments | ColumnSample
-    if mode == "sampled":
-        data = column_sample(form, iter(sim_side), iter(float_side), layer.input, target,
-                             num_batches=len(inputs), memory_budget_bytes=settings.memory_budget_bytes, rng=rng)
-    else:
-        data = second_moments(form, iter(sim_side), iter(float_side), target,
-                              sample_bytes=settings.memory_budget_bytes if mode == "moments+sampled" else 0,
-                              num_batches=len(inputs), rng=rng)
-    bar = tqdm(total=settings.num_iterations, desc=f"AdaRound {layer.node}", unit="it", leave=False,
+    spec = None
+    if _activation(layer, form) is not None:
+        follow = _following_activation(layer)
+        assert follow is not None
+        axis = follow.attributes.get("axis", -1)
+        on_channels = axis == 1 if form.op_type in ("Conv", "ConvTranspose") else axis == -1
+        spec = ActivationSpec(follow.op_type, dict(follow.attributes), form.rows, on_channels)
+    affine = _output_affine(layer, form)
+    bn = layer.batchnorm
+    return LayerProblem(layer.node, mode, form, weight, _grid(layer, weight), bias, spec,
+                        None if affine is None or bn is None else (bn.scale, bn.shift), layer.input, target,
+                        staged([layer.input]), float_side, len(feeds), settings)
+
+
+def _report(sim, layer, problem: LayerProblem, result: RoundingResult, seconds: float) -> LayerReport:
+    """Put the rounded weight into the sim (encoding frozen) and say what happened."""
+    sim.replace_weight(layer.weight, result.weight, freeze=not layer.weight_quantizer.is_encoding_frozen())
+    _log.info("AdaRound %s (%s, %s): loss %.4g -> %.4g, %.1f%% flipped, %.2f s", layer.node, layer.op_type,
+              problem.mode, result.loss_before, result.loss_after, 100 * result.flipped, seconds)
+    reason = "optimised rounding was worse than nearest on the data: nearest kept" if result.kept_nearest else ""
+    return LayerReport(layer.node, layer.op_type, "rounded", reason, problem.mode, result.loss_before,
+                       result.loss_after, result.flipped, seconds, result.iterations)
+
+
+def _solve_here(problem: LayerProblem, progress: bool) -> tuple[RoundingResult, float]:
+    settings = problem.settings
+    bar = tqdm(total=settings.num_iterations, desc=f"AdaRound {problem.node}", unit="it", leave=False,
                disable=None if progress else True)
     step = max(1, settings.num_iterations // 100)
     try:
-        result = optimize_rounding(form, weight, _grid(layer, weight), data, bias, activation, settings, rng,
-                                   on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None,
-                                   output_affine=_output_affine(layer, form))
+        return solve(problem, on_step=lambda i: bar.update(step) if (i + 1) % step == 0 else None)
     finally:
         bar.close()
-    sim.replace_weight(layer.weight, result.weight, freeze=not layer.weight_quantizer.is_encoding_frozen())
-    seconds = time.perf_counter() - start
-    _log.info("AdaRound %s (%s, %s): loss %.4g -> %.4g, %.1f%% flipped, %.2f s", layer.node, layer.op_type, mode,
-              result.loss_before, result.loss_after, 100 * result.flipped, seconds)
-    reason = "optimised rounding was worse than nearest on the data: nearest kept" if result.kept_nearest else ""
-    return LayerReport(layer.node, layer.op_type, "rounded", reason, mode, result.loss_before, result.loss_after,
-                       result.flipped, seconds)
+
+
+def _round_levels(sim, layers, feeds, staged, float_side, settings, progress, executor) -> list[LayerReport]:
+    """Round ``layers``: one by one here, or each level of independent problems at once on ``executor``
+    (every input of a level is captured before any of its layers changes; results put in topological order)."""
+    reports = []
+    if executor is None:
+        for layer in layers:
+            problem = _problem(sim, layer, feeds, staged, float_side, settings)
+            reports.append(_report(sim, layer, problem, *_solve_here(problem, progress)))
+        return reports
+    bar = tqdm(total=len(layers), desc="AdaRound", unit="layer", leave=False, disable=None if progress else True)
+    try:
+        for level in independent_levels(sim, layers):
+            problems = [_problem(sim, layer, feeds, staged, float_side, settings).materialized() for layer in level]
+            futures = [executor.submit(solve, problem) for problem in problems]
+            try:
+                for layer, problem, future in zip(level, problems, futures):
+                    reports.append(_report(sim, layer, problem, *future.result()))
+                    bar.update(1)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    finally:
+        bar.close()
+    return reports
 
 
 def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray] | np.ndarray | Sequence[np.ndarray]],
@@ -192,7 +228,8 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
                    reg_param: float = 0.01, beta_range: tuple[float, float] = (20.0, 2.0), warm_start: float = 0.2,
                    learning_rate: float = 1e-3, columns_per_iteration: int = 4096, quadratic_form: str = "auto",
                    quadratic_columns_per_iteration: int = 64, anchor_interval: int = 10,
-                   memory_budget_bytes: int = 1 << 30, seed: int = 0, progress: bool | None = None) -> list[LayerReport]:
+                   memory_budget_bytes: int = 1 << 30, seed: int = 0, progress: bool | None = None,
+                   executor: Executor | None = None) -> list[LayerReport]:
     """AdaRound the sim's weights in place (aimet-onnx 2.x signature plus documented hyper-parameters).
 
     ``inputs``: batches, each a feed dict (``{input name: array}``), an array (one-input model) or a
@@ -202,6 +239,11 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
     `AdaroundSettings`'. Weight encodings missing so far are computed first; activation quantizers that
     are uncalibrated pass data through (call ``compute_encodings`` first to round against quantized
     inputs). Returns one `LayerReport` per weighted layer considered (AIMET returns None).
+    ``executor``: a `concurrent.futures.Executor` (threads, processes, or a Dask ``Client``'s
+    ``get_executor()``) that optimises the layers of each level of independent problems (`adaround.levels`:
+    no layer's input depends on another of its level) at once. Each layer draws from its own generator
+    (``seed`` and its name, `adaround.layer_job`), so the rounded weights equal the local run's bit for bit;
+    the workers receive the layer's captured inputs (`adaround.layer_job.LayerProblem`, which pickles).
     ``Adaround.apply_adaround(sim, inputs, ...)`` is the same call; its older form
     ``Adaround.apply_adaround(model, params, path, filename_prefix, ...)`` is `adaround.legacy`'s.
     """
@@ -228,13 +270,11 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
         warn_at_caller(f"{len(uncalibrated)} activation quantizer(s) are uncalibrated (e.g. {uncalibrated[:3]}): "
                        "AdaRound sees their float values; call sim.compute_encodings first to round against "
                        "quantized inputs")
-    rng = np.random.default_rng(seed)
     targets = {_plan(layer, linear_form(layer.op_type, layer.attributes, sim.get_weight(layer.weight).shape),
                      settings)[1] for layer in layers}
     with sim.transaction(), float_values(sim, targets, feeds) as float_side, \
             StagedCapturer(sim, feeds) as staged:  # one float pass for every target; sim inputs kept layer to layer
-        for layer in layers:
-            reports.append(_round_layer(sim, layer, feeds, staged, float_side, settings, rng, progress))
+        reports += _round_levels(sim, layers, feeds, staged, float_side, settings, progress, executor)
     order = {layer.node: i for i, layer in enumerate(sim.weighted_layers())}
     return sorted(reports, key=lambda r: order.get(r.node, len(order)))
 

@@ -70,6 +70,7 @@ class RoundingResult:
     loss_after: float
     flipped: float  # share of weights rounded away from nearest
     kept_nearest: bool = False  # the optimised rounding was worse on the data: nearest rounding kept
+    iterations: int = 0  # Adam steps taken (fewer than asked once no later step can change the rounding)
 
 
 class OutputAffine:
@@ -296,19 +297,45 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
         step = lambda w_soft: affine.per_channel_units(inner(affine.apply(w_soft)))  # noqa: E731
     else:
         step = _steps(form, weight, data, bias, activation, settings, rng)
+    check = max(1, settings.num_iterations // 50)
+    taken = settings.num_iterations
     for iteration in range(settings.num_iterations):
         grad_w = step(soft.forward(alpha))
         beta = beta_at(iteration, settings.num_iterations, settings.beta_range, settings.warm_start)
         adam.step(soft.backward(grad_w, beta, settings.reg_param))
         if on_step is not None:
             on_step(iteration)
+        if (iteration + 1) % check == 0 and iteration + 1 < settings.num_iterations and settled(alpha, adam, soft):
+            taken = iteration + 1
+            break
     hard = grid.weight(base, (alpha >= 0).astype(np.float32))[0]
     nearest = grid.nearest(weight)
     loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation, output_affine)[0]
     loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation, output_affine)[0]
     if loss_hard > loss_before:  # too few iterations to settle: never end worse than nearest rounding
-        return RoundingResult(nearest, loss_before, loss_before, 0.0, kept_nearest=True)
-    return RoundingResult(hard, loss_before, loss_hard, float(np.mean(hard != nearest)))
+        return RoundingResult(nearest, loss_before, loss_before, 0.0, kept_nearest=True, iterations=taken)
+    return RoundingResult(hard, loss_before, loss_hard, float(np.mean(hard != nearest)), iterations=taken)
+
+
+def settled(alpha: np.ndarray, adam: Adam, soft: _SoftRounding) -> bool:
+    """Whether no later step can change the rounding ``alpha >= 0``: every ``h(alpha)`` is clipped at 0 or 1, so
+    every later gradient is exactly 0 (`_SoftRounding.backward` multiplies by the clip's mask), and Adam's
+    momentum alone cannot carry any ``alpha`` back to the unclipped band. With zero gradients step ``t + k``
+    moves ``alpha`` by at most ``lr / (1 - b1^(t+1)) * r^k * |m| / sqrt(v)`` (``r = b1 / sqrt(b2)``; ``m`` and
+    ``v`` decay by ``b1`` and ``b2`` per step), so in all at most ``r / (1 - r)`` (about 9.05) times that; the
+    test asks for twice that distance plus a margin of 0.01 (float32's rounding of ``tanh`` near the band's edge
+    is about 1e-7). Stopping then gives exactly the rounding of the full run (tested)."""
+    b1, b2 = adam.betas
+    ratio = b1 / math.sqrt(b2)
+    reach = 2 * ratio / (1 - ratio) * adam.lr / (1 - b1 ** (adam.t + 1))
+    band = float(soft.t_mid - soft.t_half), float(soft.t_mid + soft.t_half)  # h unclipped for t = tanh(alpha / 2) inside
+    low, high = 2 * math.atanh(max(band[0], -1.0 + 1e-7)) - 0.01, 2 * math.atanh(min(band[1], 1.0 - 1e-7)) + 0.01
+    if float(np.min(np.abs(alpha))) <= min(-low, high):  # some alpha still inside the band (cheap first test)
+        return False
+    with np.errstate(divide="ignore", invalid="ignore"):
+        drift = reach * np.abs(adam.m) / np.sqrt(adam.v)
+    drift = np.where(adam.m == 0, 0.0, drift)  # v = 0 implies m = 0: never moved
+    return bool(np.all((alpha - drift > high) | (alpha + drift < low)))
 
 
 def _steps(form: LinearForm, weight: np.ndarray, data: SecondMoments | ColumnSample, bias: np.ndarray,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Executor
 from typing import Any, overload
 
 import numpy as np
@@ -36,7 +37,7 @@ __all__ = ["Adaround", "apply_adaround_to_model"]
 
 _LEGACY_NAMES = ("model", "params", "path", "filename_prefix", "default_param_bw", "param_bw_override_list",
                  "ignore_quant_ops_list", "default_quant_scheme", "default_config_file", "use_cuda", "device",
-                 "user_onnx_libs")
+                 "user_onnx_libs", "executor")
 
 
 def apply_adaround_to_model(model: onnx.ModelProto | str | os.PathLike, params: AdaroundParameters,
@@ -45,10 +46,12 @@ def apply_adaround_to_model(model: onnx.ModelProto | str | os.PathLike, params: 
                             ignore_quant_ops_list: Iterable[str] | None = None,
                             default_quant_scheme: QuantScheme | str = QuantScheme.post_training_tf_enhanced,
                             default_config_file: str | None = None, use_cuda: bool | None = None,
-                            device: int | None = None, user_onnx_libs: list[str] | None = None) -> onnx.ModelProto:
+                            device: int | None = None, user_onnx_libs: list[str] | None = None, *,
+                            executor: Executor | None = None) -> onnx.ModelProto:
     """AIMET 1.x's ``Adaround.apply_adaround(model, params, path, filename_prefix, ...)`` (module docstring).
 
-    ``param_bw_override_list``: ``(node or weight name, bitwidth)`` pairs.
+    ``param_bw_override_list``: ``(node or weight name, bitwidth)`` pairs. ``executor`` (not AIMET's): as
+    `adaround.apply_adaround`'s, independent layers optimised at once with the local run's result.
     """
     if not isinstance(params, AdaroundParameters):
         raise InvalidTypeError(f"Adaround.apply_adaround(model, params, ...): params must be AdaroundParameters, "
@@ -81,7 +84,8 @@ def apply_adaround_to_model(model: onnx.ModelProto | str | os.PathLike, params: 
     with warnings.catch_warnings():  # float layer inputs are this API's documented behaviour, as in AIMET
         warnings.filterwarnings("ignore", message=".*activation quantizer.*uncalibrated", category=QuantsimWarning)
         apply_adaround(sim, feeds, settings.num_iterations, [n for n in layers if n not in ignore],
-                       reg_param=settings.reg_param, beta_range=settings.beta_range, warm_start=settings.warm_start)
+                       reg_param=settings.reg_param, beta_range=settings.beta_range, warm_start=settings.warm_start,
+                       executor=executor)
     with sim.temporary_state():
         for q in sim.quantizers:
             if q.role != "param":
@@ -115,7 +119,8 @@ class Adaround:
         ...)`` = `adaround.apply_adaround`, in place, returns the reports. 1.x: ``(model, params, path,
         filename_prefix, default_param_bw=4, param_bw_override_list=None, ignore_quant_ops_list=None,
         default_quant_scheme=tf_enhanced, default_config_file=None, use_cuda=True, device=0,
-        user_onnx_libs=None)`` = `apply_adaround_to_model`, returns the model with rounded weights."""
+        user_onnx_libs=None, *, executor=None)`` = `apply_adaround_to_model`, returns the model with rounded
+        weights. Both forms take ``executor=`` (a `concurrent.futures.Executor`; the local run's result)."""
         first = args[0] if args else kwargs.get("sim", kwargs.get("model"))
         if isinstance(first, QuantizationSimModel):
             if "model" in kwargs:

@@ -11,6 +11,7 @@ Then seconds per 1,000 AdaRound iterations for typical layer shapes; when ``aime
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "| whole model | quantsim s, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
         for key in args.whole_model.split(","):
             lines += whole_model_rows(key, model_dirs, size, args.speed_iterations, args.aimet_python)
+    lines.append(f"(load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())})")
     print("\n".join(lines))
     return 0
 

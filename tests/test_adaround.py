@@ -7,6 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tiny_cnn import batches, make_model, snapshot
 
 import adaround
+import adaround.layer_job
 import quantsim
 from adaround import Adaround, AdaroundParameters, apply_adaround
 from quantsim import QuantizationSimModel, fake_quantize
@@ -132,7 +133,7 @@ def test_failure_or_interrupt_leaves_the_sim_exactly_as_it_was(monkeypatch):
     weights = {n: sim.get_weight(n) for n in ("w1", "w2", "w3", "w4")}
     calls = []
 
-    original = adaround.apply.optimize_rounding
+    original = adaround.layer_job.optimize_rounding
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -140,7 +141,7 @@ def test_failure_or_interrupt_leaves_the_sim_exactly_as_it_was(monkeypatch):
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(adaround.apply, "optimize_rounding", interrupted)
+    monkeypatch.setattr(adaround.layer_job, "optimize_rounding", interrupted)
     with pytest.raises(KeyboardInterrupt):
         apply_adaround(sim, _data(2), num_iterations=10)
     assert snapshot(sim) == before
