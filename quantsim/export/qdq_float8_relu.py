@@ -30,9 +30,7 @@ _FLOAT8 = frozenset({TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, Tenso
 def _float8_quantize(index: GraphIndex, node: onnx.NodeProto) -> bool:
     if node.op_type != "QuantizeLinear":
         return False
-    if len(node.input) > 2 and node.input[2]:
-        return index.elem_type.get(node.input[2]) in _FLOAT8
-    return any(a.name == "output_dtype" and a.i in _FLOAT8 for a in node.attribute)
+    return index.code_type(node) in _FLOAT8
 
 
 def keep_relus_before_float8(model: onnx.ModelProto) -> onnx.ModelProto:
