@@ -82,7 +82,12 @@ class QdqView:
         return tensor in self.inits or (dq is not None and dq.input[0] in self.inits)
 
     def is_plain_constant(self, tensor: str) -> bool:
-        return tensor in self.inits
+        """An initializer, or the int32 bias ``DequantizeLinear(int32 codes)`` of a bias Add (the accumulator's
+        grid, part of the kernel: never an activation input of another precision)."""
+        if tensor in self.inits:
+            return True
+        dq = self._dq_of(tensor)
+        return dq is not None and dq.input[0] in self.inits and self.inits[dq.input[0]].data_type == TensorProto.INT32
 
     def consumers(self, tensor: str) -> list[onnx.NodeProto]:
         return [u.node for u in self.index.uses(tensor) if u.index >= 0 and u.node.op_type not in _QDQ]
