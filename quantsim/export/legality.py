@@ -15,6 +15,7 @@ from onnx import TensorProto, numpy_helper
 
 from quantsim.core.dtypes import float8e4m3fn, float8e5m2, float16, qtype
 from quantsim.errors import InvalidArgumentError
+from quantsim.export.qdq_import import weight_grid_storage
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import facts_of
 from quantsim.graph.tensor_roles import find_index_tensors
@@ -58,6 +59,8 @@ class QdqView:
         elem = self.index.elem_type.get(data)
         if zp is not None and zp in self.inits:
             elem = self.inits[zp].data_type
+        if data in self.inits and node.op_type == "DequantizeLinear":  # an 8-bit weight in a 16-bit container
+            elem = weight_grid_storage(self.index, node, self.index.constant_value(data))
         elem = elem or TensorProto.UINT8
         scale = self.inits.get(node.input[1])
         block = next((a.i for a in node.attribute if a.name == "block_size"), 0)

@@ -36,7 +36,7 @@ from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.prepare.naming import name_nodes
 
-__all__ = ["strip_qdq", "sim_from_qdq"]
+__all__ = ["strip_qdq", "sim_from_qdq", "weight_grid_storage"]
 
 _SIGNED: dict[int, tuple[int, bool]] = {TensorProto.INT4: (4, True), TensorProto.INT8: (8, True), TensorProto.INT16: (16, True),
            TensorProto.UINT4: (4, False), TensorProto.UINT8: (8, False), TensorProto.UINT16: (16, False),
@@ -47,6 +47,27 @@ assert set(_FP8.values()) == set(FP8_FORMATS)
 
 def _constant(index: GraphIndex, name: str) -> np.ndarray | None:
     return index.constant_value(name) if name and index.is_constant(name) else None
+
+
+_NARROW = {TensorProto.INT16: TensorProto.INT8, TensorProto.UINT16: TensorProto.UINT8}
+
+
+def weight_grid_storage(index: GraphIndex, node: onnx.NodeProto, codes: np.ndarray) -> int:
+    """The storage type whose grid a constant's codes are on. The QDQ export keeps an 8-bit MatMul/Gemm weight
+    behind 16-bit activations in a 16-bit container (`quantsim.export.qdq.wide_weights_for_wide_activations`):
+    codes that all fit the 8-bit range of the same signedness are that 8-bit grid (a calibrated 16-bit grid
+    reaches far past it: its largest code is 2^15 - 1 or 2^16 - 1)."""
+    storage = index.elem_type[node.input[0]]
+    narrow = _NARROW.get(storage)
+    if narrow is None or codes.size == 0 or "block_size" in node_attributes(node):
+        return storage
+    zp = _constant(index, node.input[2]) if len(node.input) > 2 else None
+    bits, signed = _SIGNED[narrow]
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    values = codes.astype(np.int64)
+    if zp is not None and (np.any(zp.astype(np.int64) < lo) or np.any(zp.astype(np.int64) > hi)):
+        return storage
+    return narrow if values.min() >= lo and values.max() <= hi else storage
 
 
 def _storage(index: GraphIndex, node: onnx.NodeProto) -> int:
@@ -192,7 +213,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             if _is_lpbq_scale(index, node):  # read with the weight's DQ below
                 continue
             codes = index.constant_value(node.input[0])
-            storage = index.elem_type[node.input[0]]
+            storage = weight_grid_storage(index, node, codes)
             lpbq = _lpbq_scale(index, node.input[1]) if "block_size" in node_attributes(node) else None
             enc = _encoding(index, node, storage, shape=codes.shape, scale_values=lpbq[0] if lpbq else None)
             values = _dequantize_constant(codes, enc, node)
