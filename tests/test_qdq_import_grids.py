@@ -1,8 +1,12 @@
-"""from_onnx_qdq reads back the grid a weight was quantized on, not the container the export stored it in.
+"""from_onnx_qdq reads back what the QDQ export's onnxruntime-specific spellings stand for.
 
-The QDQ export keeps an 8-bit MatMul/Gemm weight behind 16-bit activations in a 16-bit container (onnxruntime
-would otherwise rewrite it into MatMulNBits). Oracle: the sim that wrote the file (its quantizers' precisions)
-and its outputs."""
+* The export keeps an 8-bit MatMul/Gemm weight behind 16-bit activations in a 16-bit container (onnxruntime
+  would otherwise rewrite it into MatMulNBits): read back as the 8-bit grid it is.
+* An op with a float weight (float16 or disabled quantizer) reads its quantized input through
+  Cast -> Sub -> Mul (onnxruntime's WeightBiasQuantization leaves that alone): read back as the
+  DequantizeLinear it spells.
+
+Oracle: the sim that wrote the file (its quantizers) and its outputs."""
 from __future__ import annotations
 
 import warnings
@@ -48,3 +52,27 @@ def test_a_16_bit_weight_stays_16_bits():
         back = QuantizationSimModel.from_onnx_qdq(sim.to_onnx_qdq(), progress=False)
     assert back.qc_quantize_op_dict["fc1.w"].precision() == int16
     np.testing.assert_array_equal(back.session.run(None, feed)[0], sim.session.run(None, feed)[0])
+
+
+@pytest.mark.parametrize("name, weight", [("gemm", "fc1.w"), ("matmul", "mm1.w")])
+@pytest.mark.parametrize("change", ["float16", "disabled"])
+def test_a_float_weights_input_read_through_cast_sub_mul_is_imported(name, weight, change):
+    """The import refused such a file ('already contains quantization nodes'): the QuantizeLinear's codes went
+    to a Cast, not a DequantizeLinear."""
+    model, feeds = BUILDERS[name]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = QuantizationSimModel(model, progress=False)
+        if change == "float16":
+            sim.qc_quantize_op_dict[weight].set_precision("float16")
+        else:
+            sim.qc_quantize_op_dict[weight].enabled = False
+        sim.compute_encodings([feeds(i, 2) for i in range(3)])
+        qdq = sim.to_onnx_qdq()
+        assert "Cast" in [n.op_type for n in qdq.graph.node]  # the float read this test is about
+        back = QuantizationSimModel.from_onnx_qdq(qdq, progress=False)
+    x_in, x_back = sim.qc_quantize_op_dict["x"], back.qc_quantize_op_dict["x"]
+    assert x_back.enabled and np.allclose(x_back.encoding.scale, x_in.encoding.scale, rtol=1e-7)
+    for seed in (7, 8):
+        feed = feeds(seed, 2)
+        np.testing.assert_array_equal(back.session.run(None, feed)[0], sim.session.run(None, feed)[0])

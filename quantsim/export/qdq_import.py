@@ -32,6 +32,7 @@ from quantsim.core.numerics import Encoding
 from quantsim.encodings import TensorEncoding
 from quantsim.errors import InvalidArgumentError, warn_at_caller
 from quantsim.export.qdq_float8_relu import restore_relus_before_float8
+from quantsim.export.qdq_float_reads import restore_float_reads
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.prepare.naming import name_nodes
@@ -202,6 +203,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     work = onnx.ModelProto()
     work.CopyFrom(model)
     restore_relus_before_float8(work)  # the export's Max/Min spelling of a Relu/Clip before float8 Q
+    restore_float_reads(work)  # the export's Cast/Sub/Mul spelling of a DequantizeLinear before a float weight
     work, _ = name_nodes(work)  # nodes are removed by name below: unnamed ones need names first
     graph = work.graph
     index = GraphIndex(work)
