@@ -332,3 +332,19 @@ def test_an_int32_bias_of_a_matmul_add_is_not_an_activation_of_the_qdq_model():
     qdq = sim.to_onnx_qdq()
     assert any(t.data_type == TensorProto.INT32 for t in qdq.graph.initializer)
     assert legality_report(sim).legal and qdq_report(qdq, "generic-npu").legal
+
+
+def test_an_override_is_judged_at_the_readers_behind_a_disabled_data_movement_quantizer():
+    """relu1.out -> MaxPool -> pool.out (its quantizer disabled: it inherits relu1.out's grid) -> Concat / Conv.
+    The override check followed grid-preserving ops only where the output had no quantizer at all, so a float16
+    relu1.out was accepted in silence on generic-npu (Concat then met int8 and float16, and the Conv had no
+    float16 x int8 kernel), and auto_quantize(target='generic-npu') chose a mix no export would take."""
+    from models import mixed
+    model, feeds = mixed()
+    sim = _sim(model, target="generic-npu")
+    assert not sim.qc_quantize_op_dict["pool.out"].enabled
+    with pytest.raises(TargetError, match="relu1.out"):
+        sim.qc_quantize_op_dict["relu1.out"].set_precision("float16")
+    assert sim.qc_quantize_op_dict["relu1.out"].precision() == int8
+    sim.compute_encodings([feeds(i, 2) for i in range(2)])
+    assert legality_report(sim).legal
