@@ -34,6 +34,7 @@ _OTHER_SIGNEDNESS: dict[int, tuple[int, int]] = {
     TensorProto.INT4: (TensorProto.UINT4, 1 << 3), TensorProto.UINT4: (TensorProto.INT4, -(1 << 3)),
 }
 _SIGNED = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT4})
+_FLOAT8 = frozenset({TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2})
 
 
 def check_activation_signedness(value) -> str | None:
@@ -101,7 +102,14 @@ def _dequantizer(index: GraphIndex, dq: onnx.NodeProto):
         view[axis] = scale.size
         scale, zp = scale.reshape(view), (zp.reshape(view) if zp.ndim else zp)
 
+    float8 = index.initializers[dq.input[0]].data_type in _FLOAT8  # codes that are float values, not integers
+    zero = index.constant_value(dq.input[2]).astype(np.float32) if float8 and len(dq.input) > 2 and dq.input[2] else zp
+    if float8 and scale.ndim and np.ndim(zero):
+        zero = zero.reshape(scale.shape)
+
     def dequantized(codes: np.ndarray) -> np.ndarray:
+        if float8:  # int64 would truncate them (4.5 -> 4): the weights were wrong by up to a float8 step
+            return ((codes.astype(np.float32) - zero) * scale).astype(np.float32)
         return ((codes.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.float32)
 
     return dequantized
