@@ -239,13 +239,16 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
                     clip = (float(bounds[0].reshape(())), float(bounds[1].reshape(())))
                     remove.add(producer.name)
                     source = producer.input[0]
-            enc = _encoding(index, node, _storage(index, node), clip)
+            shape = tuple(index.initializers[source].dims) if index.is_constant(source) else index.shape.get(source)
+            enc = _encoding(index, node, _storage(index, node), clip, shape=shape)  # a constant's axis needs its rank
             name = _float_name(index, source, target)
             if clip is None and _is_derived(index, node, source):
                 renames[target if name == source else source] = name
                 remove.update({node.name, dq.name})
                 continue
             kind = "param" if index.is_constant(source) else "activation"
+            if kind == "param" and name != source:  # the constant takes the name its readers know
+                new_initializers.append(numpy_helper.from_array(index.constant_value(source), name))
             records.append(TensorEncoding.from_encoding(name, enc, kind))
             renames[target if name == source else source] = name
             remove.update({node.name, dq.name})
@@ -308,8 +311,8 @@ def _apply_renames(nodes, graph, renames) -> None:
 def _float_name(index: GraphIndex, source: str, target: str) -> str:
     """Name the de-quantized tensor keeps (module docstring): graph outputs and this SDK's
     ``<name>/float`` tensors keep the DQ output's name; everything else keeps the Q input's."""
-    if index.is_constant(source) or source in index.graph_inputs:
-        return source
+    if index.is_constant(source) or source in index.graph_inputs:  # (a constant `<name>/float`: AIMET's form of ours)
+        return target if index.is_constant(source) and source.startswith(target + "/") else source
     if target in index.graph_outputs or source.startswith(target + "/"):
         return target
     return source
