@@ -94,3 +94,22 @@ def test_aimets_form_per_channel_weights_keep_their_axis(name, weight, axis):
     assert q_in.spec.granularity.axis == q_back.spec.granularity.axis == axis
     np.testing.assert_allclose(q_back.encoding.scale, q_in.encoding.scale, rtol=1e-6)
     np.testing.assert_array_equal(back.session.run(None, feed)[0], sim.session.run(None, feed)[0])
+
+
+@pytest.mark.parametrize("name", ["gemm", "conv_relu"])
+def test_lpbq_weights_in_aimets_form_round_trip(name):
+    """prequantize_constants=False turned an LPBQ weight's integer block scales into a float Q -> DQ pair, so
+    the weight's scale was no longer a DequantizeLinear of constants and from_onnx_qdq refused the file."""
+    from quantsim import set_lpbq_for_params
+    model, feeds = BUILDERS[name]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = QuantizationSimModel(model, progress=False)
+        changed = set_lpbq_for_params(sim, 4, 4, op_types=("Conv", "Gemm"))
+        sim.compute_encodings([feeds(i, 2) for i in range(3)])
+        back = QuantizationSimModel.from_onnx_qdq(sim.to_onnx_qdq(prequantize_constants=False), progress=False)
+    assert changed
+    for q in changed:
+        assert back.qc_quantize_op_dict[q.name].spec == q.spec
+    feed = feeds(7, 2)
+    np.testing.assert_array_equal(back.session.run(None, feed)[0], sim.session.run(None, feed)[0])

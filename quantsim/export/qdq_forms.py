@@ -11,7 +11,8 @@
   fake-quantized float values behind a QuantizeLinear -> DequantizeLinear pair (False). The float values are
   exactly ``(code - zero_point) * scale``, which QuantizeLinear maps back to the same code (``|error| << 0.5``
   step), so both graphs compute the same. int32 bias codes stay codes (QuantizeLinear has no int32 output,
-  AIMET does the same).
+  AIMET does the same), and so do an LPBQ weight's integer block scales and its codes (the weight's scale is
+  computed by a DequantizeLinear: the pair `from_onnx_qdq` reads as one LPBQ encoding).
 """
 from __future__ import annotations
 
@@ -129,6 +130,9 @@ def float_constants(model: onnx.ModelProto, weights: DeferredWeights | None = No
         if codes.data_type in (TensorProto.INT32, TensorProto.UINT32) or not all(
                 index.is_constant(n) for n in node.input[1:] if n):
             continue
+        if any(u.index == 1 and u.node.op_type in ("QuantizeLinear", "DequantizeLinear")
+               for u in index.uses(node.output[0])):
+            continue  # an LPBQ weight's integer block scales: codes that define a grid, like the weight's own
         dequantized = _dequantizer(index, node)
         float_name = index.fresh_name(f"{node.output[0]}/float")
         if weights is not None and weights.holds(codes):
