@@ -50,7 +50,7 @@ def _constant(index: GraphIndex, name: str) -> np.ndarray | None:
     return index.constant_value(name) if name and index.is_constant(name) else None
 
 
-_NARROW = {TensorProto.INT16: TensorProto.INT8, TensorProto.UINT16: TensorProto.UINT8}
+_NARROW: dict[int, int] = {TensorProto.INT16: TensorProto.INT8, TensorProto.UINT16: TensorProto.UINT8}
 
 
 def weight_grid_storage(index: GraphIndex, node: onnx.NodeProto, codes: np.ndarray) -> int:
