@@ -14,7 +14,8 @@ Rules (AIMET 2.42's, checked against it on small models), with ``s = gamma / sqr
    `quantsim.prepare.batchnorm` (one home); its checks apply (the layer output feeds only the
    BatchNormalization, constant unshared parameters).
 2. **Before a layer** (a BatchNormalization whose output only feeds a Conv with ``group`` 1 and no padding, or
-   a Gemm / MatMul, directly or through one ``Flatten(axis=1)``): with ``t = beta - s * mean`` per input
+   a Gemm / MatMul, directly or through one ``Flatten(axis=1)``; a MatMul read directly only with a 2-D
+   input, whose channel axis is the one it contracts): with ``t = beta - s * mean`` per input
    channel, ``W' = W * s`` on the input channels and ``b' = b + sum(W * t)`` over them; a Flatten repeats each
    channel's ``s``/``t`` over its ``H*W`` features. Padding would pad the normalised input with 0, not the
    raw one, so padded Convs are refused, as are grouped Convs and ConvTranspose (AIMET's refusals).
@@ -138,6 +139,8 @@ def _input_fold_target(index: GraphIndex, constants: set[str], bn: onnx.NodeProt
         return None
     if layer.op_type == "MatMul" and len(index.shape.get(layer.input[1]) or ()) != 2:
         return None
+    if layer.op_type == "MatMul" and flatten is None and len(index.shape.get(bn.input[0]) or ()) != 2:
+        return None  # rank > 2: the BatchNormalization scales axis 1, the MatMul contracts the last (and no Gemm)
     features = _input_features(index, layer)
     if not features or features % channels or (flatten is None and features != channels):
         return None

@@ -101,3 +101,27 @@ def test_same_weights_as_aimet_onnx(name):
         for (_, a), (_, b) in zip(mine_list, aimet_list, strict=True):
             np.testing.assert_allclose(a.gamma, b.gamma, rtol=1e-6)
             np.testing.assert_allclose(a.beta, b.beta, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [[2, 6, 6], [1, 6, 3, 6]])
+def test_bn_before_a_matmul_on_a_higher_rank_input_is_not_folded(shape):
+    """BatchNormalization scales axis 1; a MatMul on a rank > 2 input contracts the last axis. With those two
+    the same size the fold's shape checks passed: the MatMul became a Gemm on a rank-3/4 input (a model
+    onnxruntime refuses), with the per-channel scale applied along the wrong axis."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    params = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in (
+        ("g", rng.uniform(0.5, 2, 6)), ("b", rng.normal(size=6)), ("m", rng.normal(size=6)),
+        ("v", rng.uniform(0.5, 2, 6)), ("w", rng.normal(size=(6, 5))))]
+    graph = helper.make_graph(
+        [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["t"], name="bn"),
+         helper.make_node("MatMul", ["t", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], params)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                                                ir_version=8))
+    before = copy.deepcopy(model)
+    assert fold_all_batch_norms_to_weight(model) == ([], [])
+    assert [n.op_type for n in model.graph.node] == ["BatchNormalization", "MatMul"]
+    feed = {"x": rng.normal(size=shape).astype(np.float32)}
+    np.testing.assert_allclose(_run(model, feed), _run(before, feed), rtol=1e-5, atol=2e-5)

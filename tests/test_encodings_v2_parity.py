@@ -100,3 +100,23 @@ def test_float16_quantizers_are_omitted_from_2_0_0_as_aimet_does(tmp_path):
     assert "g" in names  # the rest is written as usual
     one = json.loads(_export(sim, tmp_path, "1.0.0"))
     assert {"name": "r", "dtype": "FLOAT", "bw": 16, "enc_type": "PER_TENSOR"} in one["activation_encodings"]
+
+
+def test_loading_2_0_0_keeps_the_sims_float16_quantizers(tmp_path):
+    """2.0.0 cannot name a float16 quantizer, so its absence from the file is no request to disable it: a sim
+    with the same float16 overrides loads its own export back unchanged (aimet-onnx 2.42 keeps them too). The
+    loader disabled them as 'missing', and the re-loaded sim silently ran those tensors in float32."""
+    def half_sim():
+        sim = tiny_cnn.new_sim()
+        for name in ("r", "W2"):
+            sim.qc_quantize_op_dict[name].set_precision(quantsim.float16)
+        return sim
+    sim = half_sim()
+    sim.compute_encodings(tiny_cnn.batches())
+    sim.export(tmp_path, "m", encoding_version="2.0.0")
+    fresh = half_sim()
+    quantsim.load_encodings_to_sim(fresh, tmp_path / "m.encodings", strict=False)
+    assert fresh.qc_quantize_op_dict["r"].enabled and fresh.qc_quantize_op_dict["W2"].enabled
+    assert tiny_cnn.snapshot(fresh) == tiny_cnn.snapshot(sim)
+    feed = tiny_cnn.batch(5)
+    np.testing.assert_array_equal(fresh.session.run(None, feed)[0], sim.session.run(None, feed)[0])

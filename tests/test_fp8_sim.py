@@ -246,3 +246,48 @@ def test_encodings_to_onnx_qdq_with_a_float8_file(tmp_path):
         qdq = encodings_to_onnx_qdq(tiny_cnn.make_model(), tmp_path / "m.encodings")
     feeds = tiny_cnn.batch(5)
     np.testing.assert_array_equal(_ort(qdq, feeds), sim.session.run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("activation", ["float8e4m3fn", "float8e5m2"])
+def test_integer_weights_with_float8_activations_keep_float_biases_in_the_qdq_export(activation):
+    """int8 weights behind float8 activations: no integer accumulator exists (float8 input values are not
+    integer multiples of s_in), so the sim adds the float bias and the export must too. The export read the
+    float8 Q -> DQ pair's type from value_info the built graph lacks, took it for uint8 and wrote an int32 bias
+    on s_in * s_w: the unfused QDQ model then differed from the sim (1.4% of the output range on tests/models.py conv_relu)."""
+    sim = _fp8_sim(param="int8", activation=activation)
+    qdq = sim.to_onnx_qdq()
+    assert {t.name: t.data_type for t in qdq.graph.initializer}["B"] == TensorProto.FLOAT
+    assert not any(t.data_type == TensorProto.INT32 for t in qdq.graph.initializer)
+    feeds = tiny_cnn.batch(9, n=3)
+    unfused = ort.SessionOptions()
+    unfused.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    got = ort.InferenceSession(qdq.SerializeToString(), unfused, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, sim.session.run(None, feeds)[0])
+    np.testing.assert_allclose(ReferenceEvaluator(qdq).run(None, feeds)[0], got, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("build", ["conv_relu", "matmul"])
+def test_aimet_form_stores_the_float8_weights_the_sim_uses(build):
+    """prequantize_constants=False (AIMET's form, and encodings_to_onnx_qdq's default) writes each weight as
+    its fake-quantized float values. For float8 codes those were computed through int64, which truncates
+    (4.5 -> 4): 11 of conv_relu's 216 first-layer weights were off by a float8 step, its output by 1.1%."""
+    model, feeds = matmul() if build == "matmul" else _conv_relu()
+    sim = QuantizationSimModel(model, param_type="float8e4m3fn", activation_type="int8", progress=False)
+    sim.compute_encodings([feeds(i, 2) for i in range(3)])
+    qdq = sim.to_onnx_qdq(prequantize_constants=False)
+    floats = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer if t.name.endswith("/float")}
+    assert floats
+    for name, values in floats.items():
+        weight = name.rsplit("/", 1)[0]
+        original = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == weight))
+        np.testing.assert_array_equal(values, sim.qc_quantize_op_dict[weight].quantize_dequantize(original))
+    feed = feeds(7, 2)
+    unfused = ort.SessionOptions()
+    unfused.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    got = ort.InferenceSession(qdq.SerializeToString(), unfused, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_array_equal(got, sim.session.run(None, feed)[0])
+
+
+def _conv_relu():
+    from models import conv_relu
+    return conv_relu()

@@ -301,3 +301,50 @@ def test_grid_rules_and_float_ops():
     rules = {f.node: f.rule for f in report.errors}
     assert rules["gap"] == "float-op" and rules["conv"] == "float-output"
     assert not legality_report(npu, "onnxruntime-cpu").errors  # the CPU runs them in float
+
+
+def _matmul_bias_relu():
+    """x -> MatMul(W) -> Add(bias) -> Relu -> MatMul(W2): AIMET's MatmulAdd, with the Add and Relu sharing one
+    output quantizer (tests/models.py ``matmul``)."""
+    from models import matmul
+    return matmul()
+
+
+def test_matmul_bias_relu_is_one_kernel_on_a_target_without_float_fallback():
+    """The sim leaves the MatMul's and the bias Add's outputs unquantized (one kernel up to the Relu's output).
+    Fusion was followed one op only, so a sim built with target='generic-npu' was reported illegal and
+    every export refused it (ExportLegalityError on MatMul, Add and Relu)."""
+    model, feeds = _matmul_bias_relu()
+    sim = _sim(model, target="generic-npu")
+    sim.compute_encodings([feeds(i, 2) for i in range(2)])
+    assert not sim.qc_quantize_op_dict["mm1.out"].enabled and not sim.qc_quantize_op_dict["add.out"].enabled
+    assert legality_report(sim).legal
+    assert qdq_report(sim.to_onnx_qdq(), "generic-npu").legal
+
+
+def test_an_int32_bias_of_a_matmul_add_is_not_an_activation_of_the_qdq_model():
+    """The QDQ export adds a MatMul's bias as DequantizeLinear(int32 codes, s_in * s_w). The report read that as
+    an 8-bit activation (int32 was missing from its table): with 16-bit activations it found 'int16 meets
+    int8' at the Add and called the exported model illegal where the sim's own report was legal."""
+    model, feeds = _matmul_bias_relu()
+    sim = _sim(model, target="generic-npu", activation_type=int16)
+    sim.compute_encodings([feeds(i, 2) for i in range(2)])
+    qdq = sim.to_onnx_qdq()
+    assert any(t.data_type == TensorProto.INT32 for t in qdq.graph.initializer)
+    assert legality_report(sim).legal and qdq_report(qdq, "generic-npu").legal
+
+
+def test_an_override_is_judged_at_the_readers_behind_a_disabled_data_movement_quantizer():
+    """relu1.out -> MaxPool -> pool.out (its quantizer disabled: it inherits relu1.out's grid) -> Concat / Conv.
+    The override check followed grid-preserving ops only where the output had no quantizer at all, so a float16
+    relu1.out was accepted in silence on generic-npu (Concat then met int8 and float16, and the Conv had no
+    float16 x int8 kernel), and auto_quantize(target='generic-npu') chose a mix no export would take."""
+    from models import mixed
+    model, feeds = mixed()
+    sim = _sim(model, target="generic-npu")
+    assert not sim.qc_quantize_op_dict["pool.out"].enabled
+    with pytest.raises(TargetError, match="relu1.out"):
+        sim.qc_quantize_op_dict["relu1.out"].set_precision("float16")
+    assert sim.qc_quantize_op_dict["relu1.out"].precision() == int8
+    sim.compute_encodings([feeds(i, 2) for i in range(2)])
+    assert legality_report(sim).legal

@@ -15,6 +15,7 @@ from onnx import TensorProto, numpy_helper
 
 from quantsim.core.dtypes import float8e4m3fn, float8e5m2, float16, qtype
 from quantsim.errors import InvalidArgumentError
+from quantsim.export.qdq_import import weight_grid_storage
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import facts_of
 from quantsim.graph.tensor_roles import find_index_tensors
@@ -58,6 +59,8 @@ class QdqView:
         elem = self.index.elem_type.get(data)
         if zp is not None and zp in self.inits:
             elem = self.inits[zp].data_type
+        if data in self.inits and node.op_type == "DequantizeLinear":  # an 8-bit weight in a 16-bit container
+            elem = weight_grid_storage(self.index, node, self.index.constant_value(data))
         elem = elem or TensorProto.UINT8
         scale = self.inits.get(node.input[1])
         block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
@@ -82,7 +85,12 @@ class QdqView:
         return tensor in self.inits or (dq is not None and dq.input[0] in self.inits)
 
     def is_plain_constant(self, tensor: str) -> bool:
-        return tensor in self.inits
+        """An initializer, or the int32 bias ``DequantizeLinear(int32 codes)`` of a bias Add (the accumulator's
+        grid, part of the kernel: never an activation input of another precision)."""
+        if tensor in self.inits:
+            return True
+        dq = self._dq_of(tensor)
+        return dq is not None and dq.input[0] in self.inits and self.inits[dq.input[0]].data_type == TensorProto.INT32
 
     def consumers(self, tensor: str) -> list[onnx.NodeProto]:
         return [u.node for u in self.index.uses(tensor) if u.index >= 0 and u.node.op_type not in _QDQ]

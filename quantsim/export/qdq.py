@@ -99,7 +99,7 @@ def _dq_params(index: GraphIndex, name: str):
     node = index.producer_of(name)
     if node is None or node.op_type != "DequantizeLinear" or not index.is_constant(node.input[1]):
         return None
-    if index.elem_type.get(node.input[0]) in (TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2):
+    if index.code_type(node) in (TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2):
         return None  # float8 values have no integer accumulator for an int32 bias (AIMET keeps the bias float)
     attrs = node_attributes(node)
     if "block_size" in attrs:

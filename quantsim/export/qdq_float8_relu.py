@@ -4,7 +4,9 @@ onnxruntime's ``ReluQuantRewrite`` and ``ClipQuantRewrite`` (1.32, default in ev
 ``Relu`` / ``Clip`` whose output only feeds a QuantizeLinear when the quantizer's zero point makes the clamp
 redundant, which is true of uint8/int8 grids. With a float8 zero point the test misfires: float8 codes
 carry negative values, the Relu is dropped anyway, and the model computes something else (a Conv -> Relu ->
-float8 Q/DQ -> Conv net: output wrong by 4.7 of 5.5 in a default session). The sim's own sessions disable
+float8 Q/DQ -> Conv net: output wrong by 4.7 of 5.5 in a default session). In a float16 model the Relu
+reaches the QuantizeLinear through a ``Cast`` to float32, which onnxruntime removes first (an MLP: output
+wrong by 1.5 of 1.9), so Casts between them count too. The sim's own sessions disable
 both rewrites (`quantsim.graph.session`), but a user's default session cannot be relied on to.
 
 The exported QDQ model therefore writes such a ``Relu(x)`` as ``Max(x, 0)`` and such a ``Clip(x, lo, hi)``
@@ -30,9 +32,23 @@ _FLOAT8 = frozenset({TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, Tenso
 def _float8_quantize(index: GraphIndex, node: onnx.NodeProto) -> bool:
     if node.op_type != "QuantizeLinear":
         return False
-    if len(node.input) > 2 and node.input[2]:
-        return index.elem_type.get(node.input[2]) in _FLOAT8
-    return any(a.name == "output_dtype" and a.i in _FLOAT8 for a in node.attribute)
+    return index.code_type(node) in _FLOAT8
+
+
+_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+
+
+def _feeds_float8_quantize(index: GraphIndex, tensor: str, casts_left: int = 2) -> bool:
+    """Whether ``tensor`` is read by a float8 QuantizeLinear, directly or through float-to-float Casts (a
+    float16 model's ``Relu -> Cast(float) -> Q``: onnxruntime removes such Casts before the rewrite runs)."""
+    for use in index.uses(tensor):
+        if _float8_quantize(index, use.node):
+            return True
+        if (casts_left and use.node.op_type == "Cast"
+                and next((a.i for a in use.node.attribute if a.name == "to"), None) in _FLOAT_TYPES
+                and _feeds_float8_quantize(index, use.node.output[0], casts_left - 1)):
+            return True
+    return False
 
 
 def keep_relus_before_float8(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -43,7 +59,7 @@ def keep_relus_before_float8(model: onnx.ModelProto) -> onnx.ModelProto:
     for position, node in enumerate(model.graph.node):
         if node.op_type not in ("Relu", "Clip") or not node.input or not node.input[0]:
             continue
-        if not any(_float8_quantize(index, use.node) for use in index.uses(node.output[0])):
+        if not _feeds_float8_quantize(index, node.output[0]):
             continue
         dtype = index.elem_type.get(node.input[0], TensorProto.FLOAT)
         if node.op_type == "Relu":
@@ -93,7 +109,7 @@ def restore_relus_before_float8(model: onnx.ModelProto) -> onnx.ModelProto:
     for position, node in enumerate(model.graph.node):
         if node.op_type not in ("Max", "Min") or len(node.input) != 2:
             continue
-        if not any(_float8_quantize(index, use.node) for use in index.uses(node.output[0])):
+        if not _feeds_float8_quantize(index, node.output[0]):
             continue
         bound = _scalar(index, node.input[1])
         if bound is None:

@@ -11,7 +11,8 @@
   fake-quantized float values behind a QuantizeLinear -> DequantizeLinear pair (False). The float values are
   exactly ``(code - zero_point) * scale``, which QuantizeLinear maps back to the same code (``|error| << 0.5``
   step), so both graphs compute the same. int32 bias codes stay codes (QuantizeLinear has no int32 output,
-  AIMET does the same).
+  AIMET does the same), and so do an LPBQ weight's integer block scales and its codes (the weight's scale is
+  computed by a DequantizeLinear: the pair `from_onnx_qdq` reads as one LPBQ encoding).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ _OTHER_SIGNEDNESS: dict[int, tuple[int, int]] = {
     TensorProto.INT4: (TensorProto.UINT4, 1 << 3), TensorProto.UINT4: (TensorProto.INT4, -(1 << 3)),
 }
 _SIGNED = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT4})
+_FLOAT8 = frozenset({TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2})
 
 
 def check_activation_signedness(value) -> str | None:
@@ -101,7 +103,14 @@ def _dequantizer(index: GraphIndex, dq: onnx.NodeProto):
         view[axis] = scale.size
         scale, zp = scale.reshape(view), (zp.reshape(view) if zp.ndim else zp)
 
+    float8 = index.initializers[dq.input[0]].data_type in _FLOAT8  # codes that are float values, not integers
+    zero = index.constant_value(dq.input[2]).astype(np.float32) if float8 and len(dq.input) > 2 and dq.input[2] else zp
+    if float8 and scale.ndim and np.ndim(zero):
+        zero = zero.reshape(scale.shape)
+
     def dequantized(codes: np.ndarray) -> np.ndarray:
+        if float8:  # int64 would truncate them (4.5 -> 4): the weights were wrong by up to a float8 step
+            return ((codes.astype(np.float32) - zero) * scale).astype(np.float32)
         return ((codes.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.float32)
 
     return dequantized
@@ -121,6 +130,9 @@ def float_constants(model: onnx.ModelProto, weights: DeferredWeights | None = No
         if codes.data_type in (TensorProto.INT32, TensorProto.UINT32) or not all(
                 index.is_constant(n) for n in node.input[1:] if n):
             continue
+        if any(u.index == 1 and u.node.op_type in ("QuantizeLinear", "DequantizeLinear")
+               for u in index.uses(node.output[0])):
+            continue  # an LPBQ weight's integer block scales: codes that define a grid, like the weight's own
         dequantized = _dequantizer(index, node)
         float_name = index.fresh_name(f"{node.output[0]}/float")
         if weights is not None and weights.holds(codes):

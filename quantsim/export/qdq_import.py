@@ -32,11 +32,12 @@ from quantsim.core.numerics import Encoding
 from quantsim.encodings import TensorEncoding
 from quantsim.errors import InvalidArgumentError, warn_at_caller
 from quantsim.export.qdq_float8_relu import restore_relus_before_float8
+from quantsim.export.qdq_float_reads import restore_float_reads
 from quantsim.graph.edit import drop_unused_initializers
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.prepare.naming import name_nodes
 
-__all__ = ["strip_qdq", "sim_from_qdq"]
+__all__ = ["strip_qdq", "sim_from_qdq", "weight_grid_storage"]
 
 _SIGNED: dict[int, tuple[int, bool]] = {TensorProto.INT4: (4, True), TensorProto.INT8: (8, True), TensorProto.INT16: (16, True),
            TensorProto.UINT4: (4, False), TensorProto.UINT8: (8, False), TensorProto.UINT16: (16, False),
@@ -47,6 +48,27 @@ assert set(_FP8.values()) == set(FP8_FORMATS)
 
 def _constant(index: GraphIndex, name: str) -> np.ndarray | None:
     return index.constant_value(name) if name and index.is_constant(name) else None
+
+
+_NARROW: dict[int, int] = {TensorProto.INT16: TensorProto.INT8, TensorProto.UINT16: TensorProto.UINT8}
+
+
+def weight_grid_storage(index: GraphIndex, node: onnx.NodeProto, codes: np.ndarray) -> int:
+    """The storage type whose grid a constant's codes are on. The QDQ export keeps an 8-bit MatMul/Gemm weight
+    behind 16-bit activations in a 16-bit container (`quantsim.export.qdq.wide_weights_for_wide_activations`):
+    codes that all fit the 8-bit range of the same signedness are that 8-bit grid (a calibrated 16-bit grid
+    reaches far past it: its largest code is 2^15 - 1 or 2^16 - 1)."""
+    storage = index.elem_type[node.input[0]]
+    narrow = _NARROW.get(storage)
+    if narrow is None or codes.size == 0 or "block_size" in node_attributes(node):
+        return storage
+    zp = _constant(index, node.input[2]) if len(node.input) > 2 else None
+    bits, signed = _SIGNED[narrow]
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    values = codes.astype(np.int64)
+    if zp is not None and (np.any(zp.astype(np.int64) < lo) or np.any(zp.astype(np.int64) > hi)):
+        return storage
+    return narrow if values.min() >= lo and values.max() <= hi else storage
 
 
 def _storage(index: GraphIndex, node: onnx.NodeProto) -> int:
@@ -181,6 +203,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     work = onnx.ModelProto()
     work.CopyFrom(model)
     restore_relus_before_float8(work)  # the export's Max/Min spelling of a Relu/Clip before float8 Q
+    restore_float_reads(work)  # the export's Cast/Sub/Mul spelling of a DequantizeLinear before a float weight
     work, _ = name_nodes(work)  # nodes are removed by name below: unnamed ones need names first
     graph = work.graph
     index = GraphIndex(work)
@@ -192,7 +215,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             if _is_lpbq_scale(index, node):  # read with the weight's DQ below
                 continue
             codes = index.constant_value(node.input[0])
-            storage = index.elem_type[node.input[0]]
+            storage = weight_grid_storage(index, node, codes)
             lpbq = _lpbq_scale(index, node.input[1]) if "block_size" in node_attributes(node) else None
             enc = _encoding(index, node, storage, shape=codes.shape, scale_values=lpbq[0] if lpbq else None)
             values = _dequantize_constant(codes, enc, node)
@@ -216,13 +239,16 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
                     clip = (float(bounds[0].reshape(())), float(bounds[1].reshape(())))
                     remove.add(producer.name)
                     source = producer.input[0]
-            enc = _encoding(index, node, _storage(index, node), clip)
+            shape = tuple(index.initializers[source].dims) if index.is_constant(source) else index.shape.get(source)
+            enc = _encoding(index, node, _storage(index, node), clip, shape=shape)  # a constant's axis needs its rank
             name = _float_name(index, source, target)
             if clip is None and _is_derived(index, node, source):
                 renames[target if name == source else source] = name
                 remove.update({node.name, dq.name})
                 continue
             kind = "param" if index.is_constant(source) else "activation"
+            if kind == "param" and name != source:  # the constant takes the name its readers know
+                new_initializers.append(numpy_helper.from_array(index.constant_value(source), name))
             records.append(TensorEncoding.from_encoding(name, enc, kind))
             renames[target if name == source else source] = name
             remove.update({node.name, dq.name})
@@ -285,8 +311,8 @@ def _apply_renames(nodes, graph, renames) -> None:
 def _float_name(index: GraphIndex, source: str, target: str) -> str:
     """Name the de-quantized tensor keeps (module docstring): graph outputs and this SDK's
     ``<name>/float`` tensors keep the DQ output's name; everything else keeps the Q input's."""
-    if index.is_constant(source) or source in index.graph_inputs:
-        return source
+    if index.is_constant(source) or source in index.graph_inputs:  # (a constant `<name>/float`: AIMET's form of ours)
+        return target if index.is_constant(source) and source.startswith(target + "/") else source
     if target in index.graph_outputs or source.startswith(target + "/"):
         return target
     return source

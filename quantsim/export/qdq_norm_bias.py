@@ -32,7 +32,7 @@ def _integer_dq_scale(index: GraphIndex, name: str) -> np.ndarray | None:
     node = index.producer_of(name)
     if node is None or node.op_type != "DequantizeLinear" or not index.is_constant(node.input[1]):
         return None
-    if index.elem_type.get(node.input[0]) in _FLOAT8:
+    if index.code_type(node) in _FLOAT8:
         return None
     if any(a.name == "block_size" for a in node.attribute):
         return None

@@ -150,6 +150,23 @@ class GraphIndex:
     def is_float(self, name: str) -> bool:
         return self.elem_type.get(name) in FLOAT_TYPES
 
+    def code_type(self, node: onnx.NodeProto) -> int:
+        """The storage type (TensorProto enum) of a QuantizeLinear's output / DequantizeLinear's input codes.
+
+        Read from the graph, not from value_info alone (a Q -> DQ pair built without shape inference has
+        none): the codes' declared type, else the zero point's type, else (for a DequantizeLinear) the
+        producing QuantizeLinear's, else ``output_dtype``, else uint8 (the ONNX default)."""
+        if node.op_type == "DequantizeLinear" and self.elem_type.get(node.input[0]):
+            return self.elem_type[node.input[0]]
+        if len(node.input) > 2 and node.input[2] and self.elem_type.get(node.input[2]):
+            return self.elem_type[node.input[2]]
+        if node.op_type == "DequantizeLinear":
+            producer = self.producer_of(node.input[0])
+            return self.code_type(producer) if producer is not None and producer.op_type == "QuantizeLinear" \
+                else TensorProto.UINT8
+        output_dtype = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
+        return output_dtype or TensorProto.UINT8
+
     def is_constant(self, name: str) -> bool:
         return name in self.initializers
 

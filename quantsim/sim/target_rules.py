@@ -130,7 +130,8 @@ def _index_tensors(sim: QuantizationSimModel) -> frozenset[str]:
 
 def _affected_nodes(sim: QuantizationSimModel, q: QcQuantizeOp) -> list[onnx.NodeProto]:
     """The nodes whose verdict can depend on ``q``: producers of its tensors (and theirs, for fused pairs),
-    readers, and readers through grid-preserving ops that inherit its grid."""
+    readers, and readers through grid-preserving ops that inherit its grid (outputs without an enabled
+    quantizer of their own: `SimView.deciding`)."""
     index, out, seen_nodes = sim._index, [], set()
 
     def add(node: onnx.NodeProto | None) -> None:
@@ -152,9 +153,13 @@ def _affected_nodes(sim: QuantizationSimModel, q: QcQuantizeOp) -> list[onnx.Nod
             if use.index < 0:
                 continue
             add(use.node)
-            if facts_of(use.node.op_type).grid_preserving:
-                stack += [t for t in use.node.output if t and sim.qc_quantize_op_dict.get(t) is None]
+            if facts_of(use.node.op_type).grid_preserving:  # a disabled quantizer there inherits q's grid too
+                stack += [t for t in use.node.output if t and not _own_grid(sim.qc_quantize_op_dict.get(t))]
     return out
+
+
+def _own_grid(q: QcQuantizeOp | None) -> bool:
+    return q is not None and q.enabled
 
 
 def _keys(report: LegalityReport) -> set[tuple]:

@@ -30,7 +30,8 @@ accumulator         (warning) the worst-case sum of a weighted op's products exc
 With ``float_fallback`` the same situations are legal: the op runs in float (``runs == "float"``, the reason
 in ``detail``). An op whose float output feeds only one op that reads nothing else float and writes a
 quantized output (Conv -> Relu, MatMul -> bias Add, HardSigmoid -> Mul) is fused with it: both count as
-one kernel writing that output's precision.
+one kernel writing that output's precision; so is a chain of such ops, up to three float tensors long
+(MatMul -> bias Add -> Relu, whose bias Add and Relu share the sim's one output quantizer).
 """
 from __future__ import annotations
 
@@ -240,16 +241,32 @@ class _Analysis:
             if not inputs or not all(p.quantized for p in inputs):
                 continue
             for out in self.data_outputs(node):
-                if self.view.precision(out).quantized or out in self.view.graph_outputs:
-                    continue
-                readers = self.view.consumers(out)
-                if len(readers) != 1:
-                    continue
-                reader = readers[0]
-                others = [self.view.precision(t) for t in self.data_inputs(reader) if t != out]
-                written = [self.view.precision(t) for t in self.data_outputs(reader)]
-                if written and all(p.quantized for p in written) and all(p.quantized for p in others):
-                    self.fused[out] = written[0]
+                chain = self._fused_chain(out)
+                if chain is not None:
+                    for tensor in chain[0]:
+                        self.fused[tensor] = chain[1]
+
+    def _fused_chain(self, out: str) -> tuple[list[str], TensorPrecision] | None:
+        """The float tensors from ``out`` on to the first quantized output, when each is read by one op that reads
+        nothing else float (MatMul -> bias Add -> Relu: one kernel), with the precision that kernel writes."""
+        chain = []
+        for _ in range(_FUSED_CHAIN):
+            if self.view.precision(out).quantized or out in self.view.graph_outputs:
+                return None
+            readers = self.view.consumers(out)
+            if len(readers) != 1:
+                return None
+            reader = readers[0]
+            if not all(self.view.precision(t).quantized for t in self.data_inputs(reader) if t != out):
+                return None
+            chain.append(out)
+            written = [self.view.precision(t) for t in self.data_outputs(reader)]
+            if written and all(p.quantized for p in written):
+                return chain, written[0]
+            if len(written) != 1:
+                return None
+            out = self.data_outputs(reader)[0]
+        return None
 
     # node rules -----------------------------------------------------------------------------------
     def verdict(self, node: onnx.NodeProto, runs: str, detail: str = "", rule: str = "") -> None:
@@ -340,6 +357,9 @@ class _Analysis:
                               f"model {side} {name!r} is left float32: {self.target.name} needs quantized {side}s")
 
 
+_FUSED_CHAIN = 3  # float tensors one fused kernel may hold inside
+
+
 def _names(tensors) -> str:
     names = list(tensors)
     return ", ".join(repr(t) for t in names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
@@ -354,11 +374,16 @@ def analyze(view: GraphView, target: TargetProfile, nodes: list[onnx.NodeProto] 
         analysis.find_fused(chosen)
     else:  # fusion of the chosen nodes' outputs and of their inputs' producers is all their verdicts read
         around = {id(n): n for n in chosen}
-        for node in chosen:
-            for tensor in node.input:
-                producer = view.producer(tensor) if tensor else None
-                if producer is not None:
-                    around.setdefault(id(producer), producer)
+        frontier = list(chosen)
+        for _ in range(_FUSED_CHAIN):  # a chain's first op may be that many producers up
+            found = []
+            for node in frontier:
+                for tensor in node.input:
+                    producer = view.producer(tensor) if tensor else None
+                    if producer is not None and id(producer) not in around:
+                        around[id(producer)] = producer
+                        found.append(producer)
+            frontier = found
         analysis.find_fused(list(around.values()))
     for node in chosen:
         analysis.node(node)
