@@ -108,3 +108,30 @@ def test_two_candidates_cost_nothing_extra(tmp_path):
     off = choose_mixed_precision(new_sim(), ["W8A8", "W4A8"], coarse_score, coarse_score, 0.005, tmp_path / "off",
                                  True, feeds(), phase1_saturation=False)
     assert on.phase1_evaluations == off.phase1_evaluations and on.phase1_inferred == 0 and on.chosen == off.chosen
+
+
+def _exact_sqnr(session) -> float:
+    """SQNR (dB) of the MLP's output against the float model's: ``inf`` when exact (the CLI's convention)."""
+    mse = -score(session)
+    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
+
+
+def test_group_sensitivity_on_an_executor_equals_the_local_run():
+    """Every evaluation of the analysis page's group sensitivity on a thread pool: the scores a local run
+    gives, the float model's ``inf`` included, and the sim left as it was (a frozen quantizer included)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tiny_cnn import snapshot
+
+    from mixed_precision import group_sensitivity
+
+    sim = new_sim()
+    sim.compute_encodings(feeds())
+    sim.qc_quantize_op_dict["W1"].freeze_encodings()
+    before = snapshot(sim)
+    local = group_sensitivity(sim, _exact_sqnr)
+    with ThreadPoolExecutor(2) as pool:
+        remote = group_sensitivity(sim, _exact_sqnr, executor=pool, chunks=3)
+    assert remote == local and local[0] == math.inf and len(local[2]) == 4
+    assert all(math.isfinite(g.alone) and math.isfinite(g.without) for g in local[2])
+    assert snapshot(sim) == before
