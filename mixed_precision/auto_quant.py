@@ -21,7 +21,9 @@ where ``reference`` is ``eval_callback`` on the float model (one onnxruntime ses
 A mix is searched exhaustively when the space has at most `EXHAUSTIVE_LIMIT` distinct configurations
 (cheapest first, each calibrated for itself and scored, up to the first that meets the target), else by
 `choose_mixed_precision`
-(AMP, in ``<results_dir>/amp``, resumable). Costs are bit operations relative to the costliest candidate
+(AMP, in ``<results_dir>/amp``, resumable; ``eval_callback`` scores both of its phases, so its phase 1 skips a
+group's costlier candidates once a cheaper one already scores what the float model does: AMP's saturation
+rule). Costs are bit operations relative to the costliest candidate
 everywhere (`mixed_precision.bitops`), read from the sim's actual quantizers after every automatic decision.
 
 Every score is written to ``<results_dir>/.cache/auto_quantize_scores.json`` as soon as it is known, keyed
