@@ -18,14 +18,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from mixed_precision.amp_executor import plain_score, run_evaluations
+from mixed_precision.amp_executor import Changes, plain_score, run_evaluations
 from quantsim import Encoding, QuantizationSimModel, QuantizerGroup, fake_quantize
 
 __all__ = ["GroupScore", "TensorHealth", "group_sensitivity", "tensor_health", "report_dict", "FEW_CODES",
@@ -83,11 +83,12 @@ def group_sensitivity(sim: QuantizationSimModel, eval_fn: Callable[[Any], float]
     active = {q.name for q in sim.quantizers if q.enabled}
     state = {q.name: (q.spec, q.encoding) for q in sim.quantizers}
 
-    def enabled_only(names: set[str]) -> dict[str, tuple]:
+    def enabled_only(names: set[str]) -> Changes:
         """The changes that leave exactly ``names`` enabled."""
         return {n: (*state[n], n in names) for n in state if (n in names) != (n in active)}
 
-    items = [("quantized", {}, "the quantized model"), ("float", enabled_only(set()), "the float model")]
+    items: list[tuple[Hashable, Changes, str]] = [("quantized", {}, "the quantized model"),
+                                                   ("float", enabled_only(set()), "the float model")]
     for i, group in enumerate(groups):
         members = set(group.quantizers)
         if "alone" in compute:
