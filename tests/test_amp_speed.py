@@ -135,3 +135,11 @@ def test_group_sensitivity_on_an_executor_equals_the_local_run():
     assert remote == local and local[0] == math.inf and len(local[2]) == 4
     assert all(math.isfinite(g.alone) and math.isfinite(g.without) for g in local[2])
     assert snapshot(sim) == before
+
+
+def test_the_rule_with_every_phase1_evaluation_calibrated_for_itself(tmp_path):
+    """AIMET's phase1_optimize=False (a calibration pass per evaluation): the rule saves those passes too."""
+    _, on = _run(tmp_path / "on", True, 0.02, phase1_optimize=False)
+    _, off = _run(tmp_path / "off", False, 0.02, phase1_optimize=False)
+    assert on.phase1_inferred == 2 and on.calibration_passes == off.calibration_passes - 2
+    assert on.phase1_scores == off.phase1_scores and on.points == off.points and on.chosen == off.chosen
