@@ -1,13 +1,19 @@
 """Automatic mixed precision on the suite's real models where one precision everywhere loses too much.
 
-    python -m benchmarks.bench_amp [--models minilm,cls,rec] [--full] [--threads N] [--phase1 kl|sqnr]
+    python -m benchmarks.bench_amp [--models minilm,cls,rec] [--full] [--threads N] [--phase1 kl|sqnr|task]
                                    [--no-refine | --refine-trials N] [--results DIR [--resume]]
+                                   [--saturation on|off|both] [--batches N]
 
 For each model (the suite's quick splits; ``--full`` for its full ones): the candidates everywhere (the cheap
 one is "plain"), then `choose_mixed_precision` with a budget on the suite's metric against FP32 (phase 1
 scores two held-out batches: minus the mean KL divergence of outputs that are probability distributions
 over their last axis, the SQNR of the float outputs otherwise, or with ``--phase1 sqnr`` the SQNR always;
-phase 2 the suite's metric on all held-out batches; the refinement pass on unless ``--no-refine``).
+phase 2 the suite's metric on all held-out batches; the refinement pass on unless ``--no-refine``; with
+``--phase1 task`` phase 1 scores with the phase-2 callback itself, as `auto_quantize` does).
+``--saturation both`` runs each model twice, phase 1's saturation rule on then off (`mixed_precision.amp`),
+and says whether both chose the same configuration; ``--batches N`` keeps the first N calibration and
+held-out batches (shorter runs). ``rec4`` is `auto_quantize`'s mix for PP-OCRv4 rec (W8A8 misses its budget:
+W8A8, W8A16, W16A16, FP16); ``det3``/``layout3`` are the detectors with three candidates.
 Printed: plain score, the costly candidate's score, AMP's score, the budget, the share of
 quantizers promoted (of those the two candidates set apart), relative bit operations, calibration passes,
 evaluations (and the calibrations AIMET's default would run: one per evaluation), wall and CPU time.
@@ -27,6 +33,7 @@ import onnxruntime as ort
 
 from benchmarks.suite import cases as C
 from benchmarks.suite.fetch import fetch_all
+from benchmarks.suite.run import BUILDERS
 
 PROVIDERS = ["CPUExecutionProvider"]
 
@@ -36,9 +43,12 @@ SETUPS = {
     "cls": (["W8A8", "W4A8"], 0.02),  # top-1 agreement >= 98%
     "rec": (["W8A8", "W4A8"], 0.02),  # CER vs FP32 <= 2%
     "rec16": (["W8A16", "W8A8"], 0.02),  # the same budget where W8A8 itself misses it (CER 4%)
+    "rec4": (["FP16", "W16A16", "W8A16", "W8A8"], 0.01),  # auto_quantize's costlier mix, its default drop
+    "det3": (["W8A16", "W8A8", "W4A8"], 0.02),  # mask IoU mean >= 0.98
+    "layout3": (["W8A16", "W8A8", "W4A8"], 0.02),  # detection F1 against FP32 >= 0.98
 }
 #: setups that run another setup's model
-MODEL_OF = {"rec16": "rec"}
+MODEL_OF = {"rec16": "rec", "rec4": "rec", "det3": "det", "layout3": "layout"}
 
 
 def _outputs(session, feeds):
@@ -80,12 +90,15 @@ def phase1_score(reference, outputs, proxy: str = "kl") -> float:
 
 
 def run_model(key: str, model_dirs, size, threads: int, results_root: str | None = None, proxy: str = "kl",
-              refine: bool | int = True, resume: bool = False) -> dict:
+              refine: bool | int = True, resume: bool = False, saturation: bool = True,
+              batches: int | None = None) -> dict:
     import quantsim
     from mixed_precision import choose_mixed_precision
 
-    src, build = C.BUILDERS[MODEL_OF.get(key, key)]
+    src, build = BUILDERS[MODEL_OF.get(key, key)]
     case = build(model_dirs[src], size)
+    if batches:
+        case.calib, case.eval = case.calib[:batches], case.eval[:batches]
     candidates, drop = SETUPS[key]
     float_session = ort.InferenceSession(str(case.model_path), providers=PROVIDERS)
     reference = _outputs(float_session, case.eval)
@@ -99,12 +112,15 @@ def run_model(key: str, model_dirs, size, threads: int, results_root: str | None
     def phase2(session) -> float:
         return sign * case.score(reference, _outputs(session, case.eval))[case.primary]
 
+    if proxy == "task":
+        phase1 = phase2  # type: ignore[assignment]  # one callback for both phases, as auto_quantize
+
     sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), progress=False)
     start, cpu = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
         results = f"{results_root}/{key}" if results_root else scratch
         result = choose_mixed_precision(sim, candidates, phase1, phase2, drop, results, not resume, case.calib,
-                                        executor=pool, progress=False, refine=refine)
+                                        executor=pool, progress=False, refine=refine, phase1_saturation=saturation)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     row = {
         "model": case.name, "metric": case.primary, "candidates": "/".join(result.candidates),
@@ -116,6 +132,7 @@ def run_model(key: str, model_dirs, size, threads: int, results_root: str | None
         "bops_plain": result.uniform_bitops[result.cheapest], "passes": result.calibration_passes,
         "evaluations": result.evaluations, "phase1": result.phase1_evaluations,
         "refine_trials": result.refinement_trials, "cached": result.cached_scores,
+        "inferred": result.phase1_inferred, "saturation": saturation, "configuration": result.chosen.precisions,
         "aimet_passes": result.phase1_evaluations + result.phase2_evaluations, "seconds": wall, "cpu": cpu,
         "message": result.message,
     }
@@ -128,8 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="minilm,cls,rec,rec16")
     ap.add_argument("--full", action="store_true", help="the suite's full splits (default: its quick ones)")
     ap.add_argument("--threads", type=int, default=1, help="phase-1 worker threads (ThreadPoolExecutor)")
-    ap.add_argument("--phase1", choices=("kl", "sqnr"), default="kl",
-                    help="phase-1 proxy: KL divergence of softmax outputs (SQNR otherwise), or SQNR of all outputs")
+    ap.add_argument("--phase1", choices=("kl", "sqnr", "task"), default="kl",
+                    help="phase-1 proxy: KL divergence of softmax outputs (SQNR otherwise), SQNR of all outputs, "
+                         "or the phase-2 metric itself")
+    ap.add_argument("--saturation", choices=("on", "off", "both"), default="on",
+                    help="phase 1's saturation rule (both: on, then off, and compare the choices)")
+    ap.add_argument("--batches", type=int, default=None, help="keep the first N calibration and held-out batches")
     ap.add_argument("--no-refine", action="store_true", help="AIMET's prefix search alone (refine=False)")
     ap.add_argument("--refine-trials", type=int, default=None, help="cap the refinement's trials (refine=N)")
     ap.add_argument("--resume", action="store_true", help="reuse the score cache under --results (clean_start=False)")
@@ -138,18 +159,27 @@ def main(argv: list[str] | None = None) -> int:
     size = C.FULL if args.full else C.QUICK
     dirs = fetch_all()
     refine = False if args.no_refine else True if args.refine_trials is None else args.refine_trials
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.saturation]
     rows = [run_model(key, dirs, size, args.threads, args.results, args.phase1, refine,
-                      args.resume and args.results is not None) for key in args.models.split(",")]
+                      args.resume and args.results is not None, mode, args.batches)
+            for key in args.models.split(",") for mode in modes]
     print("| model | candidates | metric | FP32 | plain (cheap everywhere) | costly everywhere | AMP | budget | met "
           "| quantizers promoted | groups promoted | relative BOPs (plain) | calibration passes (AIMET phase 1) "
-          "| evaluations (refinement trials) | wall s (CPU s) |")
+          "| evaluations (refinement trials, saturated) | wall s (CPU s) |")
     print("|" + "---|" * 15)
     for r in rows:
         print(f"| {r['model']} | {r['candidates']} | {r['metric']} | {r['float']:.4f} | {r['plain']:.4f} "
               f"| {r['costly']:.4f} | {r['amp']:.4f} | {r['budget']:.4f} | {'yes' if r['met'] else 'no'} "
               f"| {100 * r['promoted']:.1f}% | {100 * r['promoted_groups']:.1f}% ({r['groups']} groups in all) "
               f"| {r['bops']:.3f} ({r['bops_plain']:.3f}) | {r['passes']} ({r['aimet_passes']}) "
-              f"| {r['evaluations']} ({r['refine_trials']}) | {r['seconds']:.0f} ({r['cpu']:.0f}) |")
+              f"| {r['evaluations']} ({r['refine_trials']}, {r['inferred']}) | {r['seconds']:.0f} ({r['cpu']:.0f}) |")
+    if args.saturation == "both":
+        for on, off in zip(rows[::2], rows[1::2]):
+            same = off["configuration"] == on["configuration"] and off["amp"] == on["amp"]
+            print(f"{on['model']}: saturation rule {'chose the same configuration' if same else 'CHOSE ANOTHER'}"
+                  f" ({on['amp']:.4f} at {on['bops']:.3f} against {off['amp']:.4f} at {off['bops']:.3f}); "
+                  f"evaluations {off['evaluations']} -> {on['evaluations']}, wall {off['seconds']:.0f} -> "
+                  f"{on['seconds']:.0f} s, CPU {off['cpu']:.0f} -> {on['cpu']:.0f} s")
     return 0
 
 

@@ -14,6 +14,15 @@ The search, as in aimet-onnx (`reference/aimet_onnx_api.md` §8.2):
    per candidate plus one evaluation per (group, candidate); these evaluations are independent: with
    ``executor`` they run in worker threads, processes or on a Dask cluster (`mixed_precision.amp_executor`).
    With ``phase1_optimize=False`` every evaluation is calibrated for itself (one pass each, here).
+   The saturation rule (``phase1_saturation=True``, with three candidates or more; not in AIMET): a group's
+   candidates are scored cheapest first, and once the group alone scores at least what the float model
+   scores with the phase-1 callback (its ceiling: quantization cannot do better than no quantization), its
+   costlier candidates are given that same score without evaluation. Those flips sort after the one that
+   saturated (equal score, higher cost), so the path never takes them: the search is unchanged whenever
+   their real scores would have been that score too, the usual case for task metrics against FP32
+   (agreement, CER) where a group's cheapest candidate already loses nothing; a continuous proxy (KL, SQNR)
+   never reaches the float model's score, so it saves nothing there. The result counts the scores given
+   (``phase1_inferred``); ``phase1_saturation=False`` evaluates every one, as AIMET.
 2. Phase 2, the Pareto search: (group, candidate) flips sorted least harmful first (phase-1 score, then
    the bit operations saved) are taken one after another from the baseline (a flip applies only when it
    makes its group cheaper); each prefix of the list is a configuration, cheaper than the one before. A
@@ -50,7 +59,7 @@ from tqdm.auto import tqdm
 from mixed_precision.amp_cache import ScoreCache, cache_key
 from mixed_precision.amp_executor import checked_score
 from mixed_precision.amp_kernels import supported_candidates, target_candidates
-from mixed_precision.amp_phases import Counts, flip_order, flip_path, phase1_scores
+from mixed_precision.amp_phases import Counts, flip_order, flip_path, phase1_ceiling, phase1_scores
 from mixed_precision.amp_refine import default_limit
 from mixed_precision.amp_refine import refine as refine_flips
 from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_files
@@ -109,7 +118,8 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
                            use_all_amp_candidates: bool = False, phase1_optimize: bool = True,
                            amp_search_algo: AMPSearchAlgo = AMPSearchAlgo.Binary, *,
                            executor: Executor | None = None, executor_chunks: int = 16,
-                           progress: bool | None = None, refine: bool | int = True) -> AmpResult:
+                           progress: bool | None = None, refine: bool | int = True,
+                           phase1_saturation: bool = True) -> AmpResult:
     """Choose a precision per quantizer group: the cheapest configuration (in bit operations) whose score is
     within ``allowed_accuracy_drop`` of the float model's (module docstring). AIMET's signature and return
     value (`AmpResult` is AIMET's pareto list, with more attributes). ``phase1_optimize``: one calibration
@@ -125,6 +135,8 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     ``refine``: after the prefix search, try taking the flips it left out, by bisection
     (`mixed_precision.amp_refine`); ``True`` spends at most `amp_refine.default_limit` trials, an int at most
     that many, ``False`` (or 0) keeps AIMET's prefix search alone. Only with a budget and the binary search.
+    ``phase1_saturation``: phase 1's saturation rule (module docstring); ``False`` scores every (group,
+    candidate) as aimet-onnx does.
     """
     start = time.perf_counter()
     precisions, drop = _check_inputs(candidates, eval_callback_for_phase1, eval_callback_for_phase2,
@@ -155,7 +167,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
         with sim.transaction():
             result = _search(space, cache, counts, drop, algo, eval_callback_for_phase1, eval_callback_for_phase2,
                              forward_pass_callback, executor, executor_chunks, show, start, refine,
-                             bool(phase1_optimize))
+                             bool(phase1_optimize), bool(phase1_saturation))
     finally:
         sim.progress = previous
     write_pareto_files(result, results, drop)
@@ -167,7 +179,8 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
 
 def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | None, algo: AMPSearchAlgo,
             eval1: Callable, eval2: Callable, forward: Any, executor: Executor | None, chunks: int, show: bool,
-            start: float, refine_limit: bool | int = True, phase1_optimize: bool = True) -> AmpResult:
+            start: float, refine_limit: bool | int = True, phase1_optimize: bool = True,
+            saturation: bool = True) -> AmpResult:
     sim, names = space.sim, [p.name for p in space.candidates]
     baseline, cheapest = 0, len(names) - 1
     calibrated: list[Config | None] = [None]  # the configuration the sim is calibrated for now
@@ -250,7 +263,7 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | No
                          {n: uniform_seen[c].bops / full for c, n in enumerate(names)},
                          tuple(space.groups), tuple(points), truth, met, message, share, group_share,
                          counts.passes, counts.phase1, counts.phase2, cache.hits, time.perf_counter() - start,
-                         phase1 or {}, counts.refine, tuple(space.candidates))
+                         phase1 or {}, counts.refine, tuple(space.candidates), counts.phase1_inferred)
 
     def uniform_point(c: int) -> ParetoPoint:
         changed = sum(space.group_types(g, c) != space.group_types(g, baseline) for g in range(len(space.groups)))
@@ -269,10 +282,11 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | No
         return finish(space.uniform(cheapest), [base_point, cheap_point], cheap_point, True,
                       f"{names[cheapest]} everywhere meets the target")
 
+    ceiling = (lambda: phase1_ceiling(space, cache, counts, eval1, eval2, float_score)) if saturation else None
     phase1 = phase1_scores(space, cache, counts, table, at_baseline, eval1, forward, executor, chunks, show,
-                     phase1_optimize)
-    _log.info("AMP phase 1: %d scores (%d evaluated, the rest cached) after %d calibration passes", len(phase1),
-              counts.phase1, counts.passes)
+                           phase1_optimize, ceiling)
+    _log.info("AMP phase 1: %d scores (%d evaluated, %d saturated, the rest cached) after %d calibration passes",
+              len(phase1), counts.phase1, counts.phase1_inferred, counts.passes)
     path = flip_path(space, phase1)
     configs = [c for c, _ in path]
     known: dict[Config, float] = {}

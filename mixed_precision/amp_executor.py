@@ -20,7 +20,7 @@ from typing import Any
 
 from quantsim import Encoding, InvalidArgumentError, QSpec, QuantizationSimModel
 
-__all__ = ["Changes", "evaluate_changes", "run_evaluations", "checked_score"]
+__all__ = ["Changes", "evaluate_changes", "run_evaluations", "checked_score", "plain_score"]
 
 Changes = Mapping[str, tuple[QSpec, Encoding | None, bool]]  # quantizer name -> (spec, encoding, enabled)
 
@@ -36,42 +36,52 @@ def checked_score(value: Any, what: str) -> float:
     return score
 
 
-def evaluate_changes(sim: QuantizationSimModel, eval_fn: Callable[[Any], Any], changes: Changes, what: str) -> float:
-    """Score of ``sim`` with ``changes`` applied; the sim is restored exactly afterwards (also on errors)."""
+def plain_score(value: Any, what: str) -> float:
+    """The callback's score as a float, infinite ones included (an SQNR of exact outputs is ``inf``)."""
+    return float(value)
+
+
+def evaluate_changes(sim: QuantizationSimModel, eval_fn: Callable[[Any], Any], changes: Changes, what: str,
+                     convert: Callable[[Any, str], float] = checked_score) -> float:
+    """Score of ``sim`` with ``changes`` applied (``convert``: the callback's value to a float, or an error);
+    the sim is restored exactly afterwards (also on errors)."""
     by_name = {q.name: q for q in sim.quantizers}
     with sim.temporary_state():
         for name, (spec, encoding, enabled) in changes.items():
             q = by_name[name]
-            q.set_qspec(spec)
-            q.set_encoding(encoding)
+            if not q.is_encoding_frozen():  # a frozen quantizer keeps its spec and encoding (the ones sent)
+                q.set_qspec(spec)
+                q.set_encoding(encoding)
             q.enabled = enabled
-        return checked_score(eval_fn(sim.session), what)
+        return convert(eval_fn(sim.session), what)
 
 
-def _evaluate_chunk(payload: bytes, items: list[tuple[Hashable, Changes, str]],
-                    eval_fn: Callable[[Any], Any]) -> list[tuple[Hashable, float]]:
+def _evaluate_chunk(payload: bytes, items: list[tuple[Hashable, Changes, str]], eval_fn: Callable[[Any], Any],
+                    convert: Callable[[Any, str], float] = checked_score) -> list[tuple[Hashable, float]]:
     """A task: unpickle a private copy of the sim, score every item on it."""
     sim = pickle.loads(payload)  # noqa: S301 - bytes pickled by run_evaluations from the caller's own sim
-    return [(key, evaluate_changes(sim, eval_fn, changes, what)) for key, changes, what in items]
+    return [(key, evaluate_changes(sim, eval_fn, changes, what, convert)) for key, changes, what in items]
 
 
 def run_evaluations(sim: QuantizationSimModel, eval_fn: Callable[[Any], Any],
                     items: Sequence[tuple[Hashable, Changes, str]], on_done: Callable[[Hashable, float], None], *,
-                    executor: Executor | None = None, chunks: int = 16) -> None:
+                    executor: Executor | None = None, chunks: int = 16,
+                    convert: Callable[[Any, str], float] = checked_score) -> None:
     """Score every ``(key, changes, description)`` item, calling ``on_done(key, score)`` as each finishes (in
-    this process, in completion order). Without an executor they run here, one by one, on ``sim``."""
+    this process, in completion order). Without an executor they run here, one by one, on ``sim``.
+    ``convert``: the callback's value to a float (`checked_score`: finite numbers only; `plain_score`)."""
     if not items:
         return
     if executor is None:
         for key, changes, what in items:
-            on_done(key, evaluate_changes(sim, eval_fn, changes, what))
+            on_done(key, evaluate_changes(sim, eval_fn, changes, what, convert))
         return
     if chunks < 1:
         raise InvalidArgumentError(f"executor chunks must be at least 1, got {chunks}")
     payload = pickle.dumps(sim, protocol=pickle.HIGHEST_PROTOCOL)
     count = min(chunks, len(items))
     parts = [list(items[i::count]) for i in range(count)]
-    futures: list[Future] = [executor.submit(_evaluate_chunk, payload, part, eval_fn) for part in parts]
+    futures: list[Future] = [executor.submit(_evaluate_chunk, payload, part, eval_fn, convert) for part in parts]
     try:
         for future in as_completed(futures):
             for key, score in future.result():

@@ -14,7 +14,8 @@
         {"index": 7, "bitops_ratio": 0.62, "score": 0.903, ..., "flip": {"group": 3, "candidate": "W8A8"}}],
      "chosen": 7, "budget_met": true, "message": "...",
      "counts": {"calibration_passes": 3, "phase1_evaluations": 40, "phase2_evaluations": 4,
-                "cached_scores": 0, "refinement_trials": 0, "promoted_share": 0.1, "promoted_group_share": 0.12,
+                "cached_scores": 0, "refinement_trials": 0, "phase1_inferred": 0,  # given by the saturation rule
+                "promoted_share": 0.1, "promoted_group_share": 0.12,
                 "wall_time_s": 9.5}}
 
 ``index`` is the number of flips along the path (flips are taken in order of phase-1 sensitivity, least
@@ -122,6 +123,7 @@ class AmpResult(list):
     phase1_scores: dict[tuple[int, str], float] = field(default_factory=dict)  # (group, candidate) -> score
     refinement_trials: int = 0  # configurations the refinement pass scored (part of phase2_evaluations)
     precisions: tuple[Precision, ...] = ()  # the candidates, as ``candidates`` orders them
+    phase1_inferred: int = 0  # phase-1 scores the saturation rule gave without evaluating
 
     def __post_init__(self) -> None:
         by_name = {p.name: p for p in self.precisions}
@@ -189,6 +191,7 @@ class AmpResult(list):
             "counts": {"calibration_passes": self.calibration_passes, "phase1_evaluations": self.phase1_evaluations,
                        "phase2_evaluations": self.phase2_evaluations, "cached_scores": self.cached_scores,
                        "refinement_trials": self.refinement_trials,
+                       "phase1_inferred": self.phase1_inferred,
                        "promoted_share": self.promoted_share, "promoted_group_share": self.promoted_group_share,
                        "wall_time_s": self.wall_time_s},
         }

@@ -3,7 +3,9 @@
 * `group_sensitivity`: for every quantizer group (a weighted op's parameters with the activations it reads,
   `QuantizationSimModel.quantizer_groups`), the user's score with only that group quantized and with only
   that group left float; every change runs inside `sim.temporary_state()`, so the sim ends exactly as it
-  began (even when the callback raises).
+  began (even when the callback raises). The evaluations are independent: with ``executor`` (threads,
+  processes, a Dask cluster) they run there, each on a private copy of the sim, with the scores a local run
+  gives (`mixed_precision.amp_executor`).
 * `tensor_health`: per quantized activation, the SQNR of the sim's value against the float model's
   (streamed over the data), the SQNR its own grid alone gives its float values (so a tensor that only
   inherits error from earlier quantizers is told apart from one whose range is at fault), how many of its
@@ -16,12 +18,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from mixed_precision.amp_executor import Changes, plain_score, run_evaluations
 from quantsim import Encoding, QuantizationSimModel, QuantizerGroup, fake_quantize
 
 __all__ = ["GroupScore", "TensorHealth", "group_sensitivity", "tensor_health", "report_dict", "FEW_CODES",
@@ -67,36 +71,35 @@ class TensorHealth:
     clipped: tuple[int, int] = (0, 0)  # float values below grid_min, above grid_max
 
 
-def _set_enabled(sim: QuantizationSimModel, enabled: set[str]) -> None:
-    for q in sim.quantizers:
-        q.enabled = q.name in enabled
-
-
 def group_sensitivity(sim: QuantizationSimModel, eval_fn: Callable[[Any], float],
                       groups: Iterable[QuantizerGroup] | None = None, *,
-                      compute: tuple[str, ...] = ("alone", "without")) -> tuple[float, float, list[GroupScore]]:
+                      compute: tuple[str, ...] = ("alone", "without"), executor: Executor | None = None,
+                      chunks: int = 16) -> tuple[float, float, list[GroupScore]]:
     """``(float score, fully quantized score, per-group scores)``; ``eval_fn(session) -> float`` (higher is
     better). ``compute`` names the per-group scores to compute (the other is NaN). The sim must be calibrated;
-    it is left exactly as it was."""
+    it is left exactly as it was. ``executor``: run the evaluations there, in ``chunks`` tasks (module
+    docstring; with processes ``eval_fn`` must pickle)."""
     groups = list(sim.quantizer_groups() if groups is None else groups)
     active = {q.name for q in sim.quantizers if q.enabled}
-    quantized = float(eval_fn(sim.session))
-    with sim.temporary_state():
-        _set_enabled(sim, set())
-        float_score = float(eval_fn(sim.session))
-    scores = []
-    for group in groups:
-        members, alone, without = set(group.quantizers), math.nan, math.nan
+    state = {q.name: (q.spec, q.encoding) for q in sim.quantizers}
+
+    def enabled_only(names: set[str]) -> Changes:
+        """The changes that leave exactly ``names`` enabled."""
+        return {n: (*state[n], n in names) for n in state if (n in names) != (n in active)}
+
+    items: list[tuple[Hashable, Changes, str]] = [("quantized", {}, "the quantized model"),
+                                                   ("float", enabled_only(set()), "the float model")]
+    for i, group in enumerate(groups):
+        members = set(group.quantizers)
         if "alone" in compute:
-            with sim.temporary_state():
-                _set_enabled(sim, members & active)
-                alone = float(eval_fn(sim.session))
+            items.append((("alone", i), enabled_only(members & active), f"group {i} quantized alone"))
         if "without" in compute:
-            with sim.temporary_state():
-                _set_enabled(sim, active - members)
-                without = float(eval_fn(sim.session))
-        scores.append(GroupScore(group.nodes, group.quantizers, alone, without))
-    return float_score, quantized, scores
+            items.append((("without", i), enabled_only(active - members), f"group {i} left float alone"))
+    scores: dict[Any, float] = {}
+    run_evaluations(sim, eval_fn, items, scores.__setitem__, executor=executor, chunks=chunks, convert=plain_score)
+    rows = [GroupScore(g.nodes, g.quantizers, scores.get(("alone", i), math.nan), scores.get(("without", i), math.nan))
+            for i, g in enumerate(groups)]
+    return scores["float"], scores["quantized"], rows
 
 
 def tensor_health(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.ndarray]],

@@ -21,7 +21,9 @@ where ``reference`` is ``eval_callback`` on the float model (one onnxruntime ses
 A mix is searched exhaustively when the space has at most `EXHAUSTIVE_LIMIT` distinct configurations
 (cheapest first, each calibrated for itself and scored, up to the first that meets the target), else by
 `choose_mixed_precision`
-(AMP, in ``<results_dir>/amp``, resumable). Costs are bit operations relative to the costliest candidate
+(AMP, in ``<results_dir>/amp``, resumable; ``eval_callback`` scores both of its phases, so its phase 1 skips a
+group's costlier candidates once a cheaper one already scores what the float model does: AMP's saturation
+rule). Costs are bit operations relative to the costliest candidate
 everywhere (`mixed_precision.bitops`), read from the sim's actual quantizers after every automatic decision.
 
 Every score is written to ``<results_dir>/.cache/auto_quantize_scores.json`` as soon as it is known, keyed
@@ -198,11 +200,9 @@ class _Search:
         names = [p.name for p in precisions]
         sim = self.sim(precisions[0], scheme, model)
         space = AmpSpace.build(sim, precisions, self.sample)
-        configs = sorted({space.canonical(c) for c in itertools.product(range(len(precisions)),
-                                                                          repeat=len(space.groups))},
-                         key=lambda c: (space.bops(c), c))
+        configs = small_space(space, EXHAUSTIVE_LIMIT)
         settings = {"candidates": "/".join(names), "scheme": scheme, "cle": model is not None}
-        if len(configs) <= EXHAUSTIVE_LIMIT:
+        if configs is not None:
             self.exhaustive(space, configs, settings)
         else:
             self.amp(sim, names, settings)
@@ -233,6 +233,20 @@ class _Search:
                              result.score >= self.target)
         self.steps.append(step)
         self.offer(step, lambda: sim, sim)
+
+
+def small_space(space: AmpSpace, limit: int) -> list[Config] | None:
+    """The distinct configurations of ``space`` (cheapest first) when there are at most ``limit``, else None.
+    Counted per group (the candidates that mean something different for it) before anything is listed: a
+    few hundred groups have far too many configurations to enumerate."""
+    canonical = [space.canonical((c,) * len(space.groups)) for c in range(len(space.candidates))]
+    choices = [sorted({config[g] for config in canonical}) for g in range(len(space.groups))]
+    count = 1
+    for options in choices:
+        count *= len(options)
+        if count > limit:
+            return None
+    return sorted(itertools.product(*choices), key=lambda c: (space.bops(c), c))
 
 
 def _float_session(model: onnx.ModelProto) -> ort.InferenceSession:

@@ -218,3 +218,37 @@ def test_a_shipped_target_profile_keeps_every_choice_legal():
         if q.enabled and q.param_type != "bias":
             assert (profile.param_type_allowed(q.precision()) if q.role == "param"
                     else profile.activation_type_allowed(q.precision()))
+
+
+def _chain(layers: int):
+    """x -> ``layers`` Gemm(8x8) -> y: one quantizer group per layer (and the output's)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        inits.append(numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), f"W{i}"))
+        out = "y" if i == layers - 1 else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"W{i}"], [out], name=f"fc{i}"))
+        x = out
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_the_exhaustive_limit_is_checked_without_listing_the_space():
+    """Issue 30: with a few hundred groups the mix's configurations were listed (4^237) before the limit was
+    checked, so auto_quantize never reached AMP. The count is per group now: 40 layers of 4 candidates answer
+    at once, and a small space lists exactly the distinct configurations, cheapest first."""
+    from mixed_precision.amp_space import AmpSpace
+    from mixed_precision.auto_quant import EXHAUSTIVE_LIMIT, small_space
+    from mixed_precision.presets import candidate
+
+    ladder = [candidate(c) for c in ("W8A8", "W8A16", "W16A16", "FP16")]
+    large = AmpSpace.build(QuantizationSimModel(_chain(40), progress=False), ladder)
+    assert len(large.groups) >= 40 and small_space(large, EXHAUSTIVE_LIMIT) is None
+    small = AmpSpace.build(QuantizationSimModel(_chain(1), progress=False), ladder[:2])
+    listed = small_space(small, EXHAUSTIVE_LIMIT)
+    every = sorted({small.canonical(c) for c in itertools.product(range(2), repeat=len(small.groups))},
+                   key=lambda c: (small.bops(c), c))
+    assert listed == every and 1 < len(listed) <= EXHAUSTIVE_LIMIT
