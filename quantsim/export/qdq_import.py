@@ -13,7 +13,9 @@ Patterns recognised (everything else is left as it is, with a warning or, when s
   weight (integer block scales times a per-channel float scale, as `quantsim.sim.lpbq_build` writes it).
 * Q/DQ with a float8 zero point (float8e4m3fn / float8e5m2, which must be 0): a float8 encoding, per tensor
   or per axis.
-* ``Cast(float16) -> Cast(float)``: a float16 quantizer.
+* ``Cast(float16) -> Cast(float)`` on a float32 tensor: a float16 quantizer.
+* ``Cast(float) -> QuantizeLinear -> DequantizeLinear -> Cast(float16)`` on a float16 tensor (a model computing in
+  float16): one quantizer on that tensor; the Casts are the quantizer's and go with it.
 * A Q/DQ pair right after a data-movement op that repeats the parameters of the DQ feeding that op
   (the derived pairs `quantsim.export.qdq` adds) is dropped without an encoding: it is an identity.
 
@@ -205,6 +207,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     restore_relus_before_float8(work)  # the export's Max/Min spelling of a Relu/Clip before float8 Q
     restore_float_reads(work)  # the export's Cast/Sub/Mul spelling of a DequantizeLinear before a float weight
     work, _ = name_nodes(work)  # nodes are removed by name below: unnamed ones need names first
+    work = _typed_if_float16(work)
     graph = work.graph
     index = GraphIndex(work)
     remove, renames, records = set(), {}, []
@@ -230,6 +233,10 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
                 _unmatched(node, strict)
                 continue
             source, target = node.input[0], dq.output[0]
+            widened = _float16_widening(index, node, dq)
+            if widened is not None:  # Cast(float) -> Q -> DQ -> Cast(float16): a quantizer on a float16 tensor
+                remove.update({widened[0].name, widened[1].name})
+                source, target = widened[0].input[0], widened[1].output[0]
             producer = index.producer_of(source)
             clip = None
             reader = index.single_consumer(source)
@@ -254,7 +261,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             remove.update({node.name, dq.name})
         elif node.op_type == "DequantizeLinear" and index.producer_of(node.input[0]) is None:
             _unmatched(node, strict)
-        elif node.op_type == "Cast" and _is_fp16_pair(index, node):
+        elif node.op_type == "Cast" and node.name not in remove and _is_fp16_pair(index, node):
             back = index.single_consumer(node.output[0])
             assert back is not None  # _is_fp16_pair checked it
             source, target = node.input[0], back.output[0]
@@ -330,10 +337,54 @@ def _dequantize_constant(codes: np.ndarray, enc: Encoding, node) -> np.ndarray:
     return dequantize(codes.astype(np.int64), enc)
 
 
+def _typed_if_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with inferred value types when it casts to float16 (the Cast patterns below are told apart by
+    the type of the tensor cast); unchanged when it does not, or when inference fails (types stay unknown)."""
+    if not any(n.op_type == "Cast" and node_attributes(n).get("to") == TensorProto.FLOAT16 for n in model.graph.node):
+        return model
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError):  # e.g. a model over 2 GB: types stay unknown
+        return model
+
+
+def _elem_type(index: GraphIndex, name: str) -> int | None:
+    """The element type of ``name``: declared, or read off a Cast / DequantizeLinear producer (exports carry
+    no value_info)."""
+    if name in index.elem_type:
+        return index.elem_type[name]
+    producer = index.producer_of(name)
+    if producer is None:
+        return None
+    if producer.op_type == "Cast":
+        return node_attributes(producer).get("to")
+    if producer.op_type == "DequantizeLinear" and len(producer.input) > 1:
+        return index.elem_type.get(producer.input[1])  # a DequantizeLinear computes in its scale's type
+    return None
+
+
+def _float16_widening(index: GraphIndex, q: onnx.NodeProto, dq: onnx.NodeProto):
+    """``(Cast to float, Cast to float16)`` around a Q/DQ pair when they spell a quantizer on a float16 tensor
+    (how `quantsim.export.qdq` writes one for a model computing in float16: the Q/DQ work in float32), else None.
+    The Casts belong to the quantizer, not to the model, and the back Cast is no float16 quantizer."""
+    widen = index.producer_of(q.input[0])
+    back = index.single_consumer(dq.output[0])
+    if widen is None or back is None or widen.op_type != "Cast" or back.op_type != "Cast" \
+            or index.single_consumer(q.input[0]) is not q:
+        return None
+    if node_attributes(widen).get("to") != TensorProto.FLOAT or node_attributes(back).get("to") != TensorProto.FLOAT16:
+        return None
+    return (widen, back) if _elem_type(index, widen.input[0]) == TensorProto.FLOAT16 else None
+
+
 def _is_fp16_pair(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """``node`` and its one reader are ``Cast(float16) -> Cast(float)`` on a float32 tensor: the sim's float16
+    quantizer. A Cast to float16 of a tensor that is float16 already (or not known to be float32) is the model's."""
     attrs = node_attributes(node)
     back = index.single_consumer(node.output[0])
     if attrs.get("to") != TensorProto.FLOAT16 or back is None or back.op_type != "Cast":
+        return False
+    if _elem_type(index, node.input[0]) not in (TensorProto.FLOAT, None):
         return False
     return node_attributes(back).get("to") == TensorProto.FLOAT
 
