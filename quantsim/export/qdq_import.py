@@ -15,7 +15,8 @@ Patterns recognised (everything else is left as it is, with a warning or, when s
   or per axis.
 * ``Cast(float16) -> Cast(float)`` on a float32 tensor: a float16 quantizer.
 * ``Cast(float) -> QuantizeLinear -> DequantizeLinear -> Cast(float16)`` on a float16 tensor (a model computing in
-  float16): one quantizer on that tensor; the Casts are the quantizer's and go with it.
+  float16): one quantizer on that tensor; the Casts are the quantizer's and go with it. Likewise a weight's
+  ``DequantizeLinear -> Cast(float16)``: a float16 weight (the Cast's output) with that encoding.
 * A Q/DQ pair right after a data-movement op that repeats the parameters of the DQ feeding that op
   (the derived pairs `quantsim.export.qdq` adds) is dropped without an encoding: it is an identity.
 
@@ -222,10 +223,15 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             lpbq = _lpbq_scale(index, node.input[1]) if "block_size" in node_attributes(node) else None
             enc = _encoding(index, node, storage, shape=codes.shape, scale_values=lpbq[0] if lpbq else None)
             values = _dequantize_constant(codes, enc, node)
-            new_initializers.append(numpy_helper.from_array(values, node.output[0]))
+            name = node.output[0]
+            narrowed = index.single_consumer(name)
+            if narrowed is not None and narrowed.op_type == "Cast" and \
+                    node_attributes(narrowed).get("to") == TensorProto.FLOAT16:  # a float16 model's weight
+                remove.add(narrowed.name)
+                name, values = narrowed.output[0], values.astype(np.float16)
+            new_initializers.append(numpy_helper.from_array(values, name))
             if enc.bits <= 16:
-                records.append(TensorEncoding.from_encoding(node.output[0], enc, "param", codes.shape,
-                                                            lpbq[1] if lpbq else None))
+                records.append(TensorEncoding.from_encoding(name, enc, "param", codes.shape, lpbq[1] if lpbq else None))
             continue
         if node.op_type == "QuantizeLinear":
             dq = index.single_consumer(node.output[0])
