@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.fp8 import FP8_FORMATS
 from quantsim.core.fp8_encodings import fp8_encoding_from_scale
@@ -208,7 +208,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     restore_relus_before_float8(work)  # the export's Max/Min spelling of a Relu/Clip before float8 Q
     restore_float_reads(work)  # the export's Cast/Sub/Mul spelling of a DequantizeLinear before a float weight
     work, _ = name_nodes(work)  # nodes are removed by name below: unnamed ones need names first
-    work = _typed_if_float16(work)
+    _type_if_float16(work)
     graph = work.graph
     index = GraphIndex(work)
     remove, renames, records = set(), {}, []
@@ -343,15 +343,23 @@ def _dequantize_constant(codes: np.ndarray, enc: Encoding, node) -> np.ndarray:
     return dequantize(codes.astype(np.int64), enc)
 
 
-def _typed_if_float16(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with inferred value types when it casts to float16 (the Cast patterns below are told apart by
-    the type of the tensor cast); unchanged when it does not, or when inference fails (types stay unknown)."""
-    if not any(n.op_type == "Cast" and node_attributes(n).get("to") == TensorProto.FLOAT16 for n in model.graph.node):
-        return model
+def _type_if_float16(model: onnx.ModelProto) -> None:
+    """Add inferred value types to ``model`` (in place) when it casts to float16 (the Cast patterns below are told
+    apart by the type of the tensor cast); nothing when it does not, or when inference fails (types stay unknown).
+    Inference runs on the graph without the payloads of big constants (declared as inputs: only types matter)."""
+    graph = model.graph
+    if not any(n.op_type == "Cast" and node_attributes(n).get("to") == TensorProto.FLOAT16 for n in graph.node):
+        return
+    small = [t for t in graph.initializer if np.prod(t.dims, dtype=np.int64) <= 4096]
+    declared = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                for t in graph.initializer if np.prod(t.dims, dtype=np.int64) > 4096]
+    light = helper.make_model(helper.make_graph(graph.node, graph.name, [*graph.input, *declared], graph.output, small),
+                              opset_imports=model.opset_import, ir_version=model.ir_version)
     try:
-        return onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, ValueError):  # e.g. a model over 2 GB: types stay unknown
-        return model
+        inferred = onnx.shape_inference.infer_shapes(light)
+    except (onnx.shape_inference.InferenceError, ValueError, RuntimeError):  # types stay unknown
+        return
+    graph.value_info.extend(inferred.graph.value_info)
 
 
 def _elem_type(index: GraphIndex, name: str) -> int | None:
