@@ -16,7 +16,8 @@ Patterns recognised (everything else is left as it is, with a warning or, when s
 * ``Cast(float16) -> Cast(float)`` on a float32 tensor: a float16 quantizer.
 * ``Cast(float) -> QuantizeLinear -> DequantizeLinear -> Cast(float16)`` on a float16 tensor (a model computing in
   float16): one quantizer on that tensor; the Casts are the quantizer's and go with it. Likewise a weight's
-  ``DequantizeLinear -> Cast(float16)``: a float16 weight (the Cast's output) with that encoding.
+  ``DequantizeLinear -> Cast(float16)`` (codes, or float values behind a Q): a float16 weight (the Cast's output)
+  with that encoding.
 * A Q/DQ pair right after a data-movement op that repeats the parameters of the DQ feeding that op
   (the derived pairs `quantsim.export.qdq` adds) is dropped without an encoding: it is an identity.
 
@@ -224,9 +225,8 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             enc = _encoding(index, node, storage, shape=codes.shape, scale_values=lpbq[0] if lpbq else None)
             values = _dequantize_constant(codes, enc, node)
             name = node.output[0]
-            narrowed = index.single_consumer(name)
-            if narrowed is not None and narrowed.op_type == "Cast" and \
-                    node_attributes(narrowed).get("to") == TensorProto.FLOAT16:  # a float16 model's weight
+            narrowed = _float16_weight(index, name)
+            if narrowed is not None:
                 remove.add(narrowed.name)
                 name, values = narrowed.output[0], values.astype(np.float16)
             new_initializers.append(numpy_helper.from_array(values, name))
@@ -260,7 +260,12 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
                 remove.update({node.name, dq.name})
                 continue
             kind = "param" if index.is_constant(source) else "activation"
-            if kind == "param" and name != source:  # the constant takes the name its readers know
+            narrowed = _float16_weight(index, target) if kind == "param" else None
+            if narrowed is not None:  # AIMET's form (float weight -> Q -> DQ) of a float16 weight
+                remove.add(narrowed.name)
+                name = narrowed.output[0]
+                new_initializers.append(numpy_helper.from_array(index.constant_value(source).astype(np.float16), name))
+            elif kind == "param" and name != source:  # the constant takes the name its readers know
                 new_initializers.append(numpy_helper.from_array(index.constant_value(source), name))
             records.append(TensorEncoding.from_encoding(name, enc, kind))
             renames[target if name == source else source] = name
@@ -360,6 +365,15 @@ def _type_if_float16(model: onnx.ModelProto) -> None:
     except (onnx.shape_inference.InferenceError, ValueError, RuntimeError):  # types stay unknown
         return
     graph.value_info.extend(inferred.graph.value_info)
+
+
+def _float16_weight(index: GraphIndex, dequantized: str) -> onnx.NodeProto | None:
+    """The ``Cast(float16)`` that alone reads a weight's dequantized values: the weight of a float16 model
+    (its encoding goes to the Cast's output, the float16 weight the model's layers read), else None."""
+    cast = index.single_consumer(dequantized)
+    if cast is None or cast.op_type != "Cast" or node_attributes(cast).get("to") != TensorProto.FLOAT16:
+        return None
+    return cast
 
 
 def _elem_type(index: GraphIndex, name: str) -> int | None:
