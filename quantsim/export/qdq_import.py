@@ -13,7 +13,11 @@ Patterns recognised (everything else is left as it is, with a warning or, when s
   weight (integer block scales times a per-channel float scale, as `quantsim.sim.lpbq_build` writes it).
 * Q/DQ with a float8 zero point (float8e4m3fn / float8e5m2, which must be 0): a float8 encoding, per tensor
   or per axis.
-* ``Cast(float16) -> Cast(float)``: a float16 quantizer.
+* ``Cast(float16) -> Cast(float)`` on a float32 tensor: a float16 quantizer.
+* ``Cast(float) -> QuantizeLinear -> DequantizeLinear -> Cast(float16)`` on a float16 tensor (a model computing in
+  float16): one quantizer on that tensor; the Casts are the quantizer's and go with it. Likewise a weight's
+  ``DequantizeLinear -> Cast(float16)`` (codes, or float values behind a Q): a float16 weight (the Cast's output)
+  with that encoding.
 * A Q/DQ pair right after a data-movement op that repeats the parameters of the DQ feeding that op
   (the derived pairs `quantsim.export.qdq` adds) is dropped without an encoding: it is an identity.
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.fp8 import FP8_FORMATS
 from quantsim.core.fp8_encodings import fp8_encoding_from_scale
@@ -205,6 +209,7 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
     restore_relus_before_float8(work)  # the export's Max/Min spelling of a Relu/Clip before float8 Q
     restore_float_reads(work)  # the export's Cast/Sub/Mul spelling of a DequantizeLinear before a float weight
     work, _ = name_nodes(work)  # nodes are removed by name below: unnamed ones need names first
+    _type_if_float16(work)
     graph = work.graph
     index = GraphIndex(work)
     remove, renames, records = set(), {}, []
@@ -219,10 +224,14 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
             lpbq = _lpbq_scale(index, node.input[1]) if "block_size" in node_attributes(node) else None
             enc = _encoding(index, node, storage, shape=codes.shape, scale_values=lpbq[0] if lpbq else None)
             values = _dequantize_constant(codes, enc, node)
-            new_initializers.append(numpy_helper.from_array(values, node.output[0]))
+            name = node.output[0]
+            narrowed = _float16_weight(index, name)
+            if narrowed is not None:
+                remove.add(narrowed.name)
+                name, values = narrowed.output[0], values.astype(np.float16)
+            new_initializers.append(numpy_helper.from_array(values, name))
             if enc.bits <= 16:
-                records.append(TensorEncoding.from_encoding(node.output[0], enc, "param", codes.shape,
-                                                            lpbq[1] if lpbq else None))
+                records.append(TensorEncoding.from_encoding(name, enc, "param", codes.shape, lpbq[1] if lpbq else None))
             continue
         if node.op_type == "QuantizeLinear":
             dq = index.single_consumer(node.output[0])
@@ -230,6 +239,10 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
                 _unmatched(node, strict)
                 continue
             source, target = node.input[0], dq.output[0]
+            widened = _float16_widening(index, node, dq)
+            if widened is not None:  # Cast(float) -> Q -> DQ -> Cast(float16): a quantizer on a float16 tensor
+                remove.update({widened[0].name, widened[1].name})
+                source, target = widened[0].input[0], widened[1].output[0]
             producer = index.producer_of(source)
             clip = None
             reader = index.single_consumer(source)
@@ -247,14 +260,19 @@ def strip_qdq(model: onnx.ModelProto, strict: bool = False) -> tuple[onnx.ModelP
                 remove.update({node.name, dq.name})
                 continue
             kind = "param" if index.is_constant(source) else "activation"
-            if kind == "param" and name != source:  # the constant takes the name its readers know
+            narrowed = _float16_weight(index, target) if kind == "param" else None
+            if narrowed is not None:  # AIMET's form (float weight -> Q -> DQ) of a float16 weight
+                remove.add(narrowed.name)
+                name = narrowed.output[0]
+                new_initializers.append(numpy_helper.from_array(index.constant_value(source).astype(np.float16), name))
+            elif kind == "param" and name != source:  # the constant takes the name its readers know
                 new_initializers.append(numpy_helper.from_array(index.constant_value(source), name))
             records.append(TensorEncoding.from_encoding(name, enc, kind))
             renames[target if name == source else source] = name
             remove.update({node.name, dq.name})
         elif node.op_type == "DequantizeLinear" and index.producer_of(node.input[0]) is None:
             _unmatched(node, strict)
-        elif node.op_type == "Cast" and _is_fp16_pair(index, node):
+        elif node.op_type == "Cast" and node.name not in remove and _is_fp16_pair(index, node):
             back = index.single_consumer(node.output[0])
             assert back is not None  # _is_fp16_pair checked it
             source, target = node.input[0], back.output[0]
@@ -330,10 +348,71 @@ def _dequantize_constant(codes: np.ndarray, enc: Encoding, node) -> np.ndarray:
     return dequantize(codes.astype(np.int64), enc)
 
 
+def _type_if_float16(model: onnx.ModelProto) -> None:
+    """Add inferred value types to ``model`` (in place) when it casts to float16 (the Cast patterns below are told
+    apart by the type of the tensor cast); nothing when it does not, or when inference fails (types stay unknown).
+    Inference runs on the graph without the payloads of big constants (declared as inputs: only types matter)."""
+    graph = model.graph
+    if not any(n.op_type == "Cast" and node_attributes(n).get("to") == TensorProto.FLOAT16 for n in graph.node):
+        return
+    small = [t for t in graph.initializer if np.prod(t.dims, dtype=np.int64) <= 4096]
+    declared = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                for t in graph.initializer if np.prod(t.dims, dtype=np.int64) > 4096]
+    light = helper.make_model(helper.make_graph(graph.node, graph.name, [*graph.input, *declared], graph.output, small),
+                              opset_imports=model.opset_import, ir_version=model.ir_version)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light)
+    except (onnx.shape_inference.InferenceError, ValueError, RuntimeError):  # types stay unknown
+        return
+    graph.value_info.extend(inferred.graph.value_info)
+
+
+def _float16_weight(index: GraphIndex, dequantized: str) -> onnx.NodeProto | None:
+    """The ``Cast(float16)`` that alone reads a weight's dequantized values: the weight of a float16 model
+    (its encoding goes to the Cast's output, the float16 weight the model's layers read), else None."""
+    cast = index.single_consumer(dequantized)
+    if cast is None or cast.op_type != "Cast" or node_attributes(cast).get("to") != TensorProto.FLOAT16:
+        return None
+    return cast
+
+
+def _elem_type(index: GraphIndex, name: str) -> int | None:
+    """The element type of ``name``: declared, or read off a Cast / DequantizeLinear producer (exports carry
+    no value_info)."""
+    if name in index.elem_type:
+        return index.elem_type[name]
+    producer = index.producer_of(name)
+    if producer is None:
+        return None
+    if producer.op_type == "Cast":
+        return node_attributes(producer).get("to")
+    if producer.op_type == "DequantizeLinear" and len(producer.input) > 1:
+        return index.elem_type.get(producer.input[1])  # a DequantizeLinear computes in its scale's type
+    return None
+
+
+def _float16_widening(index: GraphIndex, q: onnx.NodeProto, dq: onnx.NodeProto):
+    """``(Cast to float, Cast to float16)`` around a Q/DQ pair when they spell a quantizer on a float16 tensor
+    (how `quantsim.export.qdq` writes one for a model computing in float16: the Q/DQ work in float32), else None.
+    The Casts belong to the quantizer, not to the model, and the back Cast is no float16 quantizer."""
+    widen = index.producer_of(q.input[0])
+    back = index.single_consumer(dq.output[0])
+    if widen is None or back is None or widen.op_type != "Cast" or back.op_type != "Cast" \
+            or index.single_consumer(q.input[0]) is not q:
+        return None
+    if node_attributes(widen).get("to") != TensorProto.FLOAT or node_attributes(back).get("to") != TensorProto.FLOAT16:
+        return None
+    return (widen, back) if _elem_type(index, widen.input[0]) == TensorProto.FLOAT16 else None
+
+
 def _is_fp16_pair(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """``node`` and its one reader are ``Cast(float16) -> Cast(float)`` on a float32 tensor: the sim's float16
+    quantizer. A Cast to float16 of a tensor that is float16 already (or not known to be float32) is the model's."""
     attrs = node_attributes(node)
     back = index.single_consumer(node.output[0])
     if attrs.get("to") != TensorProto.FLOAT16 or back is None or back.op_type != "Cast":
+        return False
+    if _elem_type(index, node.input[0]) not in (TensorProto.FLOAT, None):
         return False
     return node_attributes(back).get("to") == TensorProto.FLOAT
 
