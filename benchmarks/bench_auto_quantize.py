@@ -212,7 +212,7 @@ def _nncf_cell(row: dict[str, Any]) -> str:
         return (n.get("skipped") or n["error"])[:80]
     s = n["sign"]
     plain = f"W8A8 {s * n['plain_score']:.4f}; " if "plain_score" in n else ""
-    share = f"{n['reverted_ops']} of {n['quantized_ops']} ops reverted to float; " if "reverted_ops" in n else ""
+    share = f"{n['reverted_ops']} of {n['quantized_ops']} ops reverted to float; " if n.get("quantized_ops") else ""
     return f"{s * n['score']:.4f} ({'met' if n['met'] else 'missed'}; {plain}{share}{n['seconds']:.0f} s)"
 
 
