@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -116,6 +117,20 @@ def _exports(sim, score: CaseScore) -> dict[str, Any]:
     return out
 
 
+class _Progress(logging.Handler):
+    """Keeps the search's log lines (steps scored, AMP's phases) with their times in the partial row file, so
+    a search stopped by the timeout still shows where it was."""
+
+    def __init__(self, row: dict[str, Any], out: Path):
+        super().__init__(logging.INFO)
+        self.row, self.out, self.t0 = row, out, time.perf_counter()
+        row["progress"] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.row["progress"].append(f"{time.perf_counter() - self.t0:.0f} s: {record.getMessage()[:200]}")
+        self.out.write_text(json.dumps(self.row, indent=1))
+
+
 def bench(key: str, size: C.Size, drop: float, iterations: int, candidates: list[str] | None,
           time_budget: float | None, out: Path) -> dict[str, Any]:
     """One model's row (see the module docstring), as plain values; the part known before the search starts
@@ -131,6 +146,9 @@ def bench(key: str, size: C.Size, drop: float, iterations: int, candidates: list
                            "w8a8": _uniform(case, score, "int8", "int8"), "w16a16": _uniform(case, score, "int16", "int16"),
                            "pass_seconds": pass_wall, "pass_cpu_seconds": pass_cpu}
     out.write_text(json.dumps(row, indent=1))
+    progress = _Progress(row, out)
+    logging.getLogger("mixed_precision").addHandler(progress)
+    logging.getLogger("mixed_precision").setLevel(logging.INFO)
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings(), tempfile.TemporaryDirectory() as results:
         warnings.simplefilter("ignore")
