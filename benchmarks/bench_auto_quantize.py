@@ -256,7 +256,8 @@ HEADER = ("| model | metric | FP32 | W8A8 | W16A16 | auto_quantize | met | rel. 
 def render(row: dict[str, Any], drop: float = 0.01) -> str:
     head = f"| {row['model']} | {row.get('metric', '')} | {_fmt(row, 'float')} | {_fmt(row, 'w8a8')} | {_fmt(row, 'w16a16')} "
     if "auto" not in row:
-        return head + f"| {row.get('error', '?')} | | | | | | | | | {_nncf_cell(row)} | {verdict(row, drop)} | |"
+        last = f"; last logged at {row['progress'][-1][:90]}" if row.get("progress") else ""
+        return head + f"| {row.get('error', '?')}{last} | | | | | | | | | {_nncf_cell(row)} | {verdict(row, drop)} | |"
     return head + (f"| {_fmt(row, 'auto')} | {'yes' if row['met'] else 'no'} | {row['bops']:.3f} | {100 * row['share']:.0f}% "
                    f"| {row['seconds']:.0f} ({row['cpu_seconds']:.0f}) | {row['passes']:.0f} / "
                    f"{row.get('cpu_passes', float('nan')):.0f} ({row['rounding_seconds']:.0f}) "
