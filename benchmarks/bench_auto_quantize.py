@@ -79,7 +79,7 @@ def _float_pass_seconds(case: C.Case, repeats: int = 3) -> tuple[float, float]:
     return wall, cpu
 
 
-SIM_SWITCHES = {"fold_batchnorm": True, "range_health": True, "depthwise_supergroups": True}  # auto_quantize's
+SIM_SWITCHES: dict[str, Any] = {"fold_batchnorm": True, "range_health": True, "depthwise_supergroups": True}  # auto_quantize's
 
 
 def _uniform(case: C.Case, score: CaseScore, param: str, activation: str) -> float:
@@ -286,11 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(row, indent=1))
         return 0
     if args.render:
-        rows = json.loads(args.render.read_text())
+        shown = json.loads(args.render.read_text())
         nncf = {n["key"]: n for n in json.loads(args.nncf_json.read_text())} if args.nncf_json else {}
-        for row in rows:
+        for row in shown:
             row.setdefault("nncf", nncf.get(row["key"]))
-        print("\n".join([HEADER, *(render(r, args.drop) for r in rows)]))
+        print("\n".join([HEADER, *(render(r, args.drop) for r in shown)]))
         return 0
     rows: list[dict[str, Any]] = json.loads(args.json.read_text()) if args.json and args.json.exists() else []
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n{HEADER}", flush=True)
