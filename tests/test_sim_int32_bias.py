@@ -222,3 +222,43 @@ def test_matmul_bias_of_another_shape_stays_an_ordinary_add():
     assert "b1/int32" not in int32 and "b2/int32" in int32
     feeds = _tokens(3)
     np.testing.assert_array_equal(_outputs(sim.session, feeds)[0], _outputs(_unfused(qdq), feeds)[0])
+
+
+def test_a_bias_that_does_not_fit_int32_stays_float_in_the_sim_and_the_qdq_export():
+    """An additive mask after a MatMul (0 or -1e9 per column) has the shape of a per-column bias, but -1e9 is
+    far beyond int32 on ``s_in * s_w``: saturating it would add about -2e5 instead (the sim's output was off by
+    7e8). It stays a float Add, in the sim and in the QDQ export alike (the integer export already leaves it
+    in float), so the int32-bias sim equals the float-bias sim and the export computes what the sim does."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from amp_models import masked_feeds, masked_matmuls
+
+    model, feeds = masked_matmuls(-1e9), masked_feeds()
+    sims = {}
+    for int32_bias in (True, False):
+        sim = quantsim.QuantizationSimModel(model, progress=False, int32_bias=int32_bias)
+        sim.compute_encodings(feeds)
+        sims[int32_bias] = sim
+    for feed in feeds:
+        np.testing.assert_array_equal(sims[True].session.run(None, feed)[0], sims[False].session.run(None, feed)[0])
+    qdq = sims[True].to_onnx_qdq()
+    assert not any(n.op_type == "DequantizeLinear" and n.output[0] == "mask" for n in qdq.graph.node)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    unfused = ort.InferenceSession(qdq.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        np.testing.assert_array_equal(unfused.run(None, feed)[0], sims[True].session.run(None, feed)[0])
+
+
+def test_fits_int32_against_hand_values():
+    from quantsim.core.bias import fits_int32
+
+    below, above = np.float32(2**31 - 128), np.float32(2**31)  # float32 neighbours around int32's largest code
+    assert fits_int32(np.array([below, -below], np.float32), 1.0, 1.0)
+    assert not fits_int32(np.array([above], np.float32), 1.0, 1.0)
+    assert fits_int32(np.array([below * 0.25], np.float32), 0.5, 0.5)
+    assert fits_int32(np.array([1.0, -1e9], np.float32), 1.0, np.array([1.0, 1.0], np.float32))
+    assert not fits_int32(np.array([1.0, -1e9], np.float32), 1e-3, np.array([1e-3, 1e-3], np.float32))
+    assert not fits_int32(np.array([1.0], np.float32), 0.0, 1.0)               # no grid at all

@@ -17,7 +17,7 @@ import numpy as np
 
 from quantsim.errors import InvalidArgumentError
 
-__all__ = ["bias_scale", "quantize_bias", "int32_fitting_weight_scale"]
+__all__ = ["bias_scale", "quantize_bias", "fits_int32", "int32_fitting_weight_scale"]
 
 _INT32 = np.iinfo(np.int32)
 
@@ -32,6 +32,17 @@ def quantize_bias(bias: np.ndarray, input_scale, weight_scale) -> tuple[np.ndarr
     scale = bias_scale(input_scale, weight_scale)
     codes = np.rint(np.asarray(bias, dtype=np.float32) / scale).astype(np.float64)  # float32 cannot hold 2^31 - 1
     return np.clip(codes, _INT32.min, _INT32.max).astype(np.int32), scale
+
+
+def fits_int32(bias: np.ndarray, input_scale, weight_scale) -> bool:
+    """Whether every value of ``bias`` is an int32 code on the accumulator grid ``s_in * s_w`` (no saturation).
+    A bias that is not (an additive mask of -1e9 after a MatMul, a weight encoding frozen too narrow) stays a
+    float in the sim and every export: saturating it would silently add another value."""
+    scale = bias_scale(input_scale, weight_scale)
+    if np.any(scale <= 0) or not np.all(np.isfinite(scale)):
+        return False
+    ratio = np.abs(np.asarray(bias, np.float64) / np.asarray(scale, np.float64))
+    return bool(np.all(np.isfinite(ratio)) and np.all(ratio <= _INT32.max))
 
 
 _MARGIN = 1.0001  # onnxruntime's multiplicative epsilon

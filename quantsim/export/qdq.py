@@ -75,7 +75,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quantsim.core.bias import quantize_bias
+from quantsim.core.bias import fits_int32, quantize_bias
 from quantsim.export.readiness import check_activations_calibrated
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers, referenced_names
@@ -135,11 +135,14 @@ def quantize_biases(model: onnx.ModelProto, weights: DeferredWeights | None = No
                 continue
         if w_scale.ndim and w_axis % len(index.shape.get(node.input[1]) or (0, 0)) != output_axis:
             continue
-        replaced[bias_name] = _int32_bias_node(model, index, bias_name, x_params[0], w_scale)
+        if fits_int32(index.constant_value(bias_name), x_params[0], w_scale):  # else it stays float, as in the sim
+            replaced[bias_name] = _int32_bias_node(model, index, bias_name, x_params[0], w_scale)
     for node in index.nodes:
         bias_name = _matmul_bias(index, node)
         if bias_name is not None and bias_name not in replaced:
-            replaced[bias_name] = _int32_bias_node(model, index, bias_name, *_matmul_bias_scales(index, node))
+            scales = _matmul_bias_scales(index, node)
+            if fits_int32(index.constant_value(bias_name), *scales):
+                replaced[bias_name] = _int32_bias_node(model, index, bias_name, *scales)
     initializers_to_nodes(model, replaced)
     return model
 

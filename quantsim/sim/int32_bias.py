@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from quantsim.core.bias import quantize_bias
+from quantsim.core.bias import fits_int32, quantize_bias
 from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, facts_of
 from quantsim.sim.quantizer import QcQuantizeOp
 
@@ -159,7 +159,7 @@ def sim_bias_values(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], valu
     values = {}
     for name, (x_scale, w_scale) in eligible_biases(graph, quantizers, is_constant).items():
         value = np.asarray(value_of(name))
-        if value.dtype == np.float32:
+        if value.dtype == np.float32 and fits_int32(value, x_scale, w_scale):  # else float, as in the exports
             values[name] = on_int32_grid(value, x_scale, w_scale)
     return values
 
