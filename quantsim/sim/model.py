@@ -261,7 +261,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
 
     @property
     def prepared_model(self) -> onnx.ModelProto:
-        """The prepared float model as the sim holds it: a large model's weights stay memory-mapped (read them
+        """The prepared float model as the sim holds it, a large model's weights still memory-mapped (read them
         through `graph_index`), where `model` brings them into memory."""
         return self._model
 
