@@ -82,6 +82,21 @@ class _Budget(Exception):
     """The time budget is spent."""
 
 
+class _Timed:
+    """The score callback, refusing (`_Budget`) to start an evaluation once the wall-clock ``deadline``
+    (``time.time()``) has passed: AMP is one step of the search, and without this it ran to its end whatever
+    the budget. Picklable for process and Dask executors; ``func`` names the user's callback for AMP's cache."""
+
+    def __init__(self, evaluate: Callable, deadline: float):
+        self.evaluate, self.deadline = evaluate, deadline
+        self.func = getattr(evaluate, "func", evaluate)
+
+    def __call__(self, session: Any) -> Any:
+        if time.time() > self.deadline:
+            raise _Budget
+        return self.evaluate(session)
+
+
 class _Search:
     def __init__(self, model: onnx.ModelProto, batches: Callable[[], list], evaluate: Callable, drop: float,
                  ladder: list[Precision], results: Path | None, clean_start: bool, executor: Executor | None,
@@ -221,9 +236,12 @@ class _Search:
     def amp(self, sim: QuantizationSimModel, names: list[str], settings: dict) -> None:
         self.check_time()
         folder = None if self.results is None else self.results / "amp"
+        evaluate = self.evaluate
+        if self.time_budget is not None:  # stop inside AMP too (its scores so far stay in results_dir's cache)
+            evaluate = _Timed(evaluate, time.time() + self.time_budget - (time.perf_counter() - self.start))
         try:
             with tempfile.TemporaryDirectory() as scratch:
-                result = choose_mixed_precision(sim, names, self.evaluate, self.evaluate, self.drop,
+                result = choose_mixed_precision(sim, names, evaluate, evaluate, self.drop,
                                                 folder or scratch, self.clean_start, self.batches(),
                                                 executor=self.executor, progress=self.show)
         except TargetError as error:  # a flip the target refuses
@@ -302,7 +320,8 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     it allows on every weighted op type are tried, every sim is built with it (so each precision decision stays
     legal), and configurations it refuses are skipped and named in the message.
     ``executor`` runs AMP's phase 1 elsewhere (any ``concurrent.futures.Executor``, Dask's included);
-    ``time_budget`` (seconds) stops the search after the step running when it is spent. ``results_dir`` gets
+    ``time_budget`` (seconds) stops the search once it is spent: between steps, and inside the AMP stage
+    before its next evaluation. ``results_dir`` gets
     the score cache (resumed with ``clean_start=False``) and the report (`write_auto_quant_report`). Other
     keyword arguments go to every `QuantizationSimModel` (``config_file``, ``providers``, ...).
     Returns an `AutoQuantResult` whose ``sim`` is calibrated in the chosen configuration.

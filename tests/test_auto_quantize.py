@@ -252,3 +252,38 @@ def test_the_exhaustive_limit_is_checked_without_listing_the_space():
     every = sorted({small.canonical(c) for c in itertools.product(range(2), repeat=len(small.groups))},
                    key=lambda c: (small.bops(c), c))
     assert listed == every and 1 < len(listed) <= EXHAUSTIVE_LIMIT
+
+
+def test_a_time_budget_stops_the_amp_stage_between_its_evaluations(monkeypatch):
+    """AMP is one step of the search: the budget used to be checked only before it, so a big AMP ran to its
+    end. Each evaluation here "takes" 400 s of a fake wall clock (the search's own step timing is real and
+    tiny): with 1,000 s the AMP stage stops after a few evaluations, and the search says the budget stopped it."""
+    from mixed_precision import auto_quant
+
+    class Clock:
+        now = 0.0
+
+        def time(self) -> float:
+            return self.now
+
+        def perf_counter(self) -> float:
+            return auto_quant_time.perf_counter()
+
+    import time as auto_quant_time
+
+    clock = Clock()
+    calls = []
+
+    def slow_score(session):
+        calls.append(clock.now)
+        clock.now += 400.0
+        return M.score(session)
+
+    monkeypatch.setattr(auto_quant, "time", clock)
+    result = auto_quantize(M.mlp(), M.feeds(), slow_score, 1e-4, candidates=["W8A8", "W8A16", "W16A16"],
+                           time_budget=1000.0, **FAST)
+    assert "amp" not in [s.stage for s in result.steps] and "time budget" in result.message
+    before_amp = 1 + len(result.steps)  # the float model, then one evaluation per step before AMP
+    assert len(calls) - before_amp <= 3
+    unbounded = auto_quantize(M.mlp(), M.feeds(), M.score, 1e-4, candidates=["W8A8", "W8A16", "W16A16"], **FAST)
+    assert "amp" in [s.stage for s in unbounded.steps]  # without the budget the same search reaches AMP's end
