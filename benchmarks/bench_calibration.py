@@ -44,7 +44,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import settle
+from benchmarks.common import print_and_save, settle
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_MODELS = "silero,cls,orientation,det,rec"
@@ -228,12 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_model(name, args.full, args.repeats, with_aimet, args.baseline))
         except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
-    md = to_markdown(rows, with_aimet, args.full)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(md)
-    print(md)
-    print(f"(written to {out})")
+    print_and_save(to_markdown(rows, with_aimet, args.full), args.out)
+    print(f"(written to {args.out})")
     return 0 if all("error" not in r for r in rows) else 1
 
 
