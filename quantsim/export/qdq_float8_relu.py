@@ -63,7 +63,7 @@ def keep_relus_before_float8(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         dtype = index.elem_type.get(node.input[0], TensorProto.FLOAT)
         if node.op_type == "Relu":
-            zero = f"{node.name or node.output[0]}/zero"
+            zero = index.fresh_name(f"{node.name or node.output[0]}/zero")
             constants.append(numpy_helper.from_array(np.zeros((), helper.tensor_dtype_to_np_dtype(dtype)), zero))
             replaced[position] = [helper.make_node("Max", [node.input[0], zero], [node.output[0]], name=node.name)]
             continue
@@ -76,9 +76,10 @@ def keep_relus_before_float8(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         nodes = []
         for i, (op, bound) in enumerate(steps):
-            out = node.output[0] if i == len(steps) - 1 else f"{node.output[0]}/{op.lower()}"
-            nodes.append(helper.make_node(op, [current, bound], [out], name=node.name if i == len(steps) - 1
-                                          else f"{node.name or node.output[0]}/{op.lower()}"))
+            last = i == len(steps) - 1
+            out = node.output[0] if last else index.fresh_name(f"{node.output[0]}/{op.lower()}")
+            name = node.name if last else index.fresh_name(f"{node.name or node.output[0]}/{op.lower()}")
+            nodes.append(helper.make_node(op, [current, bound], [out], name=name))
             current = out
         replaced[position] = nodes
     if not replaced:
