@@ -427,6 +427,15 @@ def _rounded(search: _Search, precision: Precision, scheme: str, model, candidat
     return sim
 
 
+def _deployed_score(search: _Search, sim: QuantizationSimModel) -> float | str:
+    """The callback's score of the chosen sim's QDQ export in onnxruntime's fused integer kernels (what a
+    deployment runs: issue of sim-vs-deployment agreement), or a note saying why it could not be scored."""
+    try:
+        return checked_score(search.evaluate(sim.fused_session()), "the chosen configuration's QDQ export")
+    except Exception as error:  # noqa: BLE001 - reported in the result, the search's answer stands
+        return f"its QDQ export could not be scored ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+
+
 def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
     if search.best is None:
         raise InvalidArgumentError("auto_quantize: the time budget ran out before any configuration was scored")
@@ -443,13 +452,21 @@ def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
                    f"{search.target:.6g}; it would need an allowed drop of at least "
                    f"{search.reference - best.score:.6g}, or costlier candidates (e.g. FP16, W16A16) or more "
                    "calibration data")
+    scored = _deployed_score(search, sim)
+    deployed = None if isinstance(scored, str) else scored
+    if isinstance(scored, str):
+        search.notes.append(scored)
+    elif met and scored < search.target:
+        search.notes.append(f"its QDQ export in onnxruntime's integer kernels scores {scored:.6g}, below the target: "
+                            "they round near ties differently from the sim (print(result.sim) names the differences)")
+        warnings.warn(f"auto_quantize: {search.notes[-1]}", RuntimeWarning, stacklevel=3)
     message = "; ".join([message, *search.notes])
     if not met:
         warnings.warn(f"auto_quantize: {message}", RuntimeWarning, stacklevel=3)
     enabled = [q for q in sim.quantizers if q.enabled and q.param_type != "bias"]
     share = sum(q.precision().bits > 8 for q in enabled) / max(len(enabled), 1)
     result = AutoQuantResult(sim, step.score, step.relative_bops, search.reference, search.target, search.drop, met,
-                             step, search.steps, message, time.perf_counter() - search.start, share)
+                             step, search.steps, message, time.perf_counter() - search.start, share, deployed)
     if results_dir is not None:
         write_auto_quant_report(result, results_dir)
     return result

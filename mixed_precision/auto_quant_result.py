@@ -49,7 +49,9 @@ class AutoQuantResult:
     ``score`` and ``relative_bops`` are the chosen step's; ``steps`` lists every configuration scored, in the
     order tried; ``pareto`` the steps no other step beats on both cost and score (cheapest first);
     ``budget_met`` says whether ``score >= target``; ``message`` says what was chosen, or what would be
-    needed when the budget was not met."""
+    needed when the budget was not met. ``deployed_score`` is the callback's score of the chosen sim's QDQ
+    export in onnxruntime's fused integer kernels (`QuantizationSimModel.fused_session`), what a deployment
+    runs; None when it could not be scored (the message says why)."""
 
     sim: QuantizationSimModel
     score: float
@@ -63,6 +65,7 @@ class AutoQuantResult:
     message: str
     seconds: float
     promoted_share: float
+    deployed_score: float | None = None
 
     @property
     def pareto(self) -> list[AutoQuantStep]:
@@ -77,7 +80,8 @@ class AutoQuantResult:
                 "target": self.target, "budget_met": self.budget_met, "score": self.score,
                 "relative_bops": self.relative_bops, "promoted_share": self.promoted_share,
                 "chosen": self.steps.index(self.chosen) if self.chosen in self.steps else None,
-                "message": self.message, "seconds": self.seconds, "steps": [asdict(s) for s in self.steps]}
+                "deployed_score": self.deployed_score, "message": self.message, "seconds": self.seconds,
+                "steps": [asdict(s) for s in self.steps]}
 
     def summary(self) -> str:
         """A Markdown table of the steps and the choice."""
@@ -90,7 +94,9 @@ class AutoQuantResult:
             settings = ", ".join(f"{k}={v}" for k, v in s.settings.items())
             lines.append(f"| {i} | {s.stage}{mark} | {settings} | {s.score:.6g} | {s.relative_bops:.4f} | "
                          f"{'yes' if s.met else 'no'} | {s.seconds:.1f}{' (cached)' if s.cached else ''} |")
-        lines.append(f"\nTotal {self.seconds:.1f} s; {100 * self.promoted_share:.1f}% of the quantizers above 8 bits.")
+        deployed = "not scored" if self.deployed_score is None else f"{self.deployed_score:.6g}"
+        lines.append(f"\nTotal {self.seconds:.1f} s; {100 * self.promoted_share:.1f}% of the quantizers above 8 bits; "
+                     f"the chosen QDQ export in onnxruntime's integer kernels scores {deployed}.")
         return "\n".join(lines) + "\n"
 
 

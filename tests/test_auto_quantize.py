@@ -284,6 +284,20 @@ def test_a_time_budget_stops_the_amp_stage_between_its_evaluations(monkeypatch):
                            time_budget=1000.0, **FAST)
     assert "amp" not in [s.stage for s in result.steps] and "time budget" in result.message
     before_amp = 1 + len(result.steps)  # the float model, then one evaluation per step before AMP
-    assert len(calls) - before_amp <= 3
+    assert len(calls) - before_amp - 1 <= 3  # the last call scores the chosen configuration's QDQ export
     unbounded = auto_quantize(M.mlp(), M.feeds(), M.score, 1e-4, candidates=["W8A8", "W8A16", "W16A16"], **FAST)
     assert "amp" in [s.stage for s in unbounded.steps]  # without the budget the same search reaches AMP's end
+
+
+def test_the_result_scores_the_deployed_qdq_model():
+    """``deployed_score`` is the callback on the chosen sim's QDQ export in onnxruntime's integer kernels:
+    recomputed here from the exported file in a default session (uint8 weight codes, exact on every CPU)."""
+    import onnxruntime as ort
+
+    result = auto_quantize(M.mlp(), M.feeds(), M.score, 1e-3, candidates=["W8A8", "W16A16"], **FAST)
+    qdq = result.sim.to_onnx_qdq(weight_codes="uint8")
+    session = ort.InferenceSession(qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert result.deployed_score is not None
+    assert result.deployed_score == pytest.approx(M.score(session), rel=1e-6, abs=1e-9)
+    assert result.to_dict()["deployed_score"] == result.deployed_score
+    assert "integer kernels scores" in result.summary()
