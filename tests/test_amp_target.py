@@ -41,6 +41,10 @@ def test_without_a_target_nothing_is_filtered(tmp_path):
     assert sim.target_findings({"h0": "int16"}) == []
     result = choose_mixed_precision(sim, ["W8A8", "W8A16", "FP16"], score, score, 0.001, tmp_path, True, feeds())
     assert "W8A16" in result.uniform_scores
+    # "W8A16 everywhere" is W8A16 in every group here; on gpu-qdq its groups took FP16 instead, so it costs more
+    filtered = choose_mixed_precision(_quiet_sim("gpu-qdq"), ["W8A8", "W8A16", "FP16"], score, score, 0.001,
+                                      tmp_path / "gpu", True, feeds())
+    assert result.uniform_bitops["W8A16"] < filtered.uniform_bitops["W8A16"]
 
 
 def test_an_illegal_graph_input_precision_is_refused_when_set():

@@ -254,7 +254,7 @@ def _split_wide_records(sim, records: list[TensorEncoding]) -> tuple[list[Tensor
 
 def _check_for_model(sim, records: list[TensorEncoding], source: str) -> list[str]:
     """Names of ``records`` that are not tensors of the sim's model; raises if that is all of them."""
-    model_tensors = set(sim.graph_index.elem_type) | set(sim.graph_index.producer)
+    model_tensors = sim.graph_index.tensor_names()
     unknown = [r.name for r in records if r.name not in model_tensors]
     if records and len(unknown) == len(records):
         raise InvalidArgumentError(f"{source}: none of its {len(records)} tensors (e.g. {unknown[:3]}) exist in "

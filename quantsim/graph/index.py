@@ -123,7 +123,7 @@ class GraphIndex:
                 self._typed.append((info.name, tensor_type))
         for name, tensor in self.initializers.items():
             self.elem_type[name] = tensor.data_type
-        self._names = set(self.elem_type) | set(self.producer) | {n.name for n in self.nodes}
+        self._names = self.tensor_names() | {n.name for n in self.nodes}
         self._names.update(itertools.chain.from_iterable(n.input for n in self.nodes))
 
     @cached_property
@@ -199,6 +199,10 @@ class GraphIndex:
         finally:
             if outermost:
                 self._constant_cache = None
+
+    def tensor_names(self) -> set[str]:
+        """Every tensor the graph declares or computes (typed values, initializers, node outputs)."""
+        return set(self.elem_type) | set(self.producer)
 
     def uses(self, name: str) -> list[Use]:
         return self.consumers.get(name, [])

@@ -220,7 +220,7 @@ class QuantizationSimModel(SimHooks, SimExports, AimetSurface):
         rebuilt and the session follows. A model without some quantized tensor is refused, naming them."""
         proto = as_model_proto(value)
         index = GraphIndex(proto)
-        known = set(index.elem_type) | set(index.producer)
+        known = index.tensor_names()
         missing = sorted(t for q in self._quantizers for t in q.tensors if t not in known)
         if missing:
             raise InvalidArgumentError(f"sim.model = ...: the new model lacks {len(missing)} tensors the sim "

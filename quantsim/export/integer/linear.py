@@ -36,7 +36,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from quantsim.core.bias import quantize_bias
+from quantsim.core.bias import fits_int32, quantize_bias
 from quantsim.core.fixed_point import multiplier_record
 from quantsim.core.numerics import quantize
 from quantsim.export.integer.context import MS_DOMAIN, LoweringContext, QTensor, Unsupported
@@ -47,7 +47,6 @@ from quantsim.graph.index import node_attributes
 __all__ = ["RULES", "lower_conv", "lower_conv_transpose", "lower_gemm", "lower_matmul", "weight_inputs", "int32_bias",
            "record_linear"]
 
-_INT32_MAX = float(np.iinfo(np.int32).max)
 
 
 def _weight(ctx: LoweringContext, name: str, axis: int, extra_scale: float = 1.0) -> dict:
@@ -82,10 +81,10 @@ def weight_inputs(ctx: LoweringContext, name: str, w: dict) -> tuple[str, str, s
 def int32_bias(ctx: LoweringContext, values: np.ndarray, x: QTensor, w: dict, name: str) -> tuple[str, np.ndarray]:
     """The int32 bias initializer on the accumulator grid ``s_x * s_w`` and that grid; Unsupported when it
     does not fit int32."""
-    codes, scale = quantize_bias(values, x.grid.scale, w["scale"])
-    if np.any(scale <= 0) or np.any(np.abs(np.asarray(values, np.float64) / scale) > _INT32_MAX):
+    if not fits_int32(values, x.grid.scale, w["scale"]):  # the sim and the QDQ export keep it float too
         raise Unsupported(f"bias {name!r} does not fit int32 on the accumulator grid s_in * s_w (calibration "
                           "widens the weight scale unless the weight encoding is frozen or loaded)")
+    codes, scale = quantize_bias(values, x.grid.scale, w["scale"])
     return ctx.add_initializer(codes, f"{name}/int32"), scale
 
 
