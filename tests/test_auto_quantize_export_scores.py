@@ -94,3 +94,13 @@ def test_score_on_sim_keeps_the_sims_scores():
 def test_score_on_must_be_known():
     with pytest.raises(InvalidArgumentError, match="score_on"):
         auto_quantize(conv_net(), CALIBRATION, score, 1.0, candidates=["W8A8"], score_on="fused", **FAST)
+
+
+@pytest.mark.parametrize(("param_type", "activation_type", "named"),
+                         [("int8", "int8", False), ("int8", "int16", True), ("float16", "float16", True)])
+def test_print_sim_names_the_float_kernel_difference_of_wide_layers(param_type, activation_type, named):
+    sim = QuantizationSimModel(conv_net(), param_type=param_type, activation_type=activation_type, progress=False)
+    sim.compute_encodings(CALIBRATION)
+    section = str(sim)[str(sim).index("sim vs deployed"):]
+    assert ("float kernels:" in section) is named
+    assert "score the export (auto_quantize does" in section
