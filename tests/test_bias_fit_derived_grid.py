@@ -76,3 +76,25 @@ def test_the_deployed_model_adds_the_bias_the_sim_adds(bits):
         np.testing.assert_array_equal(_session(qdq, qdq_optimizations=False).run(None, feed)[0], simulated)
         assert np.max(np.abs(deployed - simulated)) <= 1.01 * float(out_shape)  # at most one output step
         assert _sqnr(ref, deployed) > (60 if bits == 16 else 25)
+
+
+def test_a_frozen_narrow_weight_encoding_warns_that_onnxruntime_will_cast_its_bias():
+    """A weight encoding frozen before the widening (loaded from a file, set by hand) keeps its overflowing
+    bias float; the QDQ export cannot store it on s_in * s_w, and onnxruntime would cast it: it says so."""
+    import dataclasses
+    import warnings
+
+    from quantsim.errors import QuantsimWarning
+
+    sim = QuantizationSimModel(split_conv_model(), param_type="int16", activation_type="int16", progress=False)
+    sim.compute_encodings(FEEDS)
+    with warnings.catch_warnings(record=True) as none:
+        warnings.simplefilter("always")
+        sim.to_onnx_qdq()
+    assert not [w for w in none if "BiasQuantization" in str(w.message)]  # widened: nothing to say
+    q = sim.qc_quantize_op_dict["w1"]
+    q.set_encoding(dataclasses.replace(q.encoding, scale=np.asarray(q.encoding.scale) / 64))  # unwidened
+    q.freeze_encodings()
+    sim.compute_encodings(FEEDS)  # a frozen encoding is never widened
+    with pytest.warns(QuantsimWarning, match=r"bias of conv1 overflows int32.*BiasQuantization"):
+        sim.to_onnx_qdq()
