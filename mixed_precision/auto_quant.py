@@ -26,6 +26,19 @@ group's costlier candidates once a cheaper one already scores what the float mod
 rule). Costs are bit operations relative to the costliest candidate
 everywhere (`mixed_precision.bitops`), read from the sim's actual quantizers after every automatic decision.
 
+Scores are what the deployment computes (``score_on="export"``, the default): every configuration the
+search chooses among (each stage's, each exhaustive one, AMP's phase 2: its uniform points, Pareto front and
+refinement trials) is scored on its QDQ export in onnxruntime's fused integer kernels
+(`QuantizationSimModel.fused_session`), so the chosen model, exported, delivers the score the search reports.
+The sim cannot promise that itself: the integer kernels accumulate exactly and requantize with a float
+multiplier, where the sim sums float products (a result within ~1e-6 of a rounding midpoint goes the other
+way), and onnxruntime runs the float parts of the two graphs with different kernels (NCHWc convolutions,
+LayerNorm fusions: one float ulp); each such flip is rare (1e-6 to 1e-4 of a layer's outputs) but grows
+through the layers after it, and on a deep model at a tight budget the score moves by more than the budget's
+margin (PP-OCRv4 rec: CER 0.0093 in the sim, 0.0182 exported). AMP's phase 1 (a per-group sensitivity
+ranking) stays on the sim. ``score_on="sim"`` scores the sim's own session everywhere (the search as before:
+no export per configuration; the export's score is then only checked at the end, ``deployed_score``).
+
 Every score is written to ``<results_dir>/.cache/auto_quantize_scores.json`` as soon as it is known, keyed
 by the prepared model, the candidates and the settings: after an interruption, ``clean_start=False``
 scores only what is missing. Nothing is changed on the caller's model; an exception from the callback
@@ -97,11 +110,27 @@ class _Timed:
         return self.evaluate(session)
 
 
+class _OnExport:
+    """AMP's phase-2 callback with ``score_on="export"``: the user's callback on the QDQ export of ``sim`` (the
+    sim AMP changes) in onnxruntime's fused kernels, whatever session AMP hands it (the sim's). Named
+    ``export:<callback>`` for AMP's score cache, so sim-scored and export-scored caches never mix."""
+
+    def __init__(self, evaluate: Callable, sim: QuantizationSimModel):
+        self.evaluate, self.sim = evaluate, sim
+        inner = getattr(evaluate, "func", evaluate)
+        self.__module__ = getattr(inner, "__module__", "")
+        self.__qualname__ = "export:" + getattr(inner, "__qualname__", type(inner).__name__)
+
+    def __call__(self, session: Any) -> Any:
+        return self.evaluate(self.sim.fused_session())
+
+
 class _Search:
     def __init__(self, model: onnx.ModelProto, batches: Callable[[], list], evaluate: Callable, drop: float,
                  ladder: list[Precision], results: Path | None, clean_start: bool, executor: Executor | None,
-                 time_budget: float | None, show: bool, sim_kwargs: dict):
+                 time_budget: float | None, show: bool, sim_kwargs: dict, score_on: str = "export"):
         self.model, self.batches, self.evaluate, self.drop = model, batches, evaluate, drop
+        self.score_on = score_on
         self.ladder, self.results, self.executor, self.show = ladder, results, executor, show
         self.time_budget, self.sim_kwargs, self.start = time_budget, sim_kwargs, time.perf_counter()
         self.steps: list[AutoQuantStep] = []
@@ -119,6 +148,8 @@ class _Search:
         digest.update(json.dumps([p.name for p in self.ladder]).encode())
         fn = getattr(self.evaluate, "func", self.evaluate)
         digest.update(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}".encode())
+        if self.score_on != "sim":  # keys of sim-scored caches stay as they were
+            digest.update(f"score_on={self.score_on}".encode())
         key = digest.hexdigest()
         self.cache: dict[str, dict] = {}
         path = self._cache_path()
@@ -173,7 +204,7 @@ class _Search:
             except TargetError as error:  # the target refuses this configuration: noted, not scored
                 self.notes.append(f"{stage} {settings} skipped: {str(error).splitlines()[0]}")
                 return AutoQuantStep(stage, settings, float("-inf"), float("inf"), time.perf_counter() - t0, False)
-            score = checked_score(self.evaluate(made.session), f"{stage} {settings}")
+            score = checked_score(self.evaluate(self.scored_session(made)), f"{stage} {settings}")
             bops, cached = self.relative_bops(made), False
             self.cache[key] = {"score": score, "relative_bops": bops}
             self._save()
@@ -184,6 +215,10 @@ class _Search:
                   " (cached)" if cached else "")
         self.offer(step, build, None if shared else made)
         return step
+
+    def scored_session(self, sim: QuantizationSimModel) -> Any:
+        """The session a configuration is scored on: its QDQ export's fused session, or the sim's own."""
+        return sim.fused_session() if self.score_on == "export" else sim.session
 
     def offer(self, step: AutoQuantStep, build: Callable[[], QuantizationSimModel],
               sim: QuantizationSimModel | None) -> None:
@@ -241,7 +276,8 @@ class _Search:
             evaluate = _Timed(evaluate, time.time() + self.time_budget - (time.perf_counter() - self.start))
         try:
             with tempfile.TemporaryDirectory() as scratch:
-                result = choose_mixed_precision(sim, names, evaluate, evaluate, self.drop,
+                phase2 = _OnExport(evaluate, sim) if self.score_on == "export" else evaluate
+                result = choose_mixed_precision(sim, names, evaluate, phase2, self.drop,
                                                 folder or scratch, self.clean_start, self.batches(),
                                                 executor=self.executor, progress=self.show)
         except TargetError as error:  # a flip the target refuses
@@ -309,7 +345,7 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
                   target: str | Path | None = None, executor: Executor | None = None,
                   time_budget: float | None = None, quant_schemes: Sequence[str] = ("tf_enhanced", "percentile"),
                   adaround_iterations: int = 1000, seq_mse_candidates: int = 20, clean_start: bool = True,
-                  progress: bool | None = None, **sim_kwargs: Any) -> AutoQuantResult:
+                  progress: bool | None = None, score_on: str = "export", **sim_kwargs: Any) -> AutoQuantResult:
     """The cheapest configuration whose score is at least ``eval_callback(float model) - allowed_accuracy_drop``
     (module docstring for the search).
 
@@ -321,7 +357,9 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     legal), and configurations it refuses are skipped and named in the message.
     ``executor`` runs AMP's phase 1 elsewhere (any ``concurrent.futures.Executor``, Dask's included);
     ``time_budget`` (seconds) stops the search once it is spent: between steps, and inside the AMP stage
-    before its next evaluation. ``results_dir`` gets
+    before its next evaluation. ``score_on``: ``"export"`` (default) scores each configuration on its QDQ
+    export in onnxruntime's fused integer kernels, what deploys; ``"sim"`` on the sim's session (module
+    docstring). ``results_dir`` gets
     the score cache (resumed with ``clean_start=False``) and the report (`write_auto_quant_report`). Other
     keyword arguments go to every `QuantizationSimModel` (``config_file``, ``providers``, ...).
     Returns an `AutoQuantResult` whose ``sim`` is calibrated in the chosen configuration.
@@ -332,6 +370,8 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
         raise InvalidArgumentError(f"time_budget must be a number of seconds > 0, got {time_budget!r}")
     if not callable(eval_callback):
         raise InvalidArgumentError("eval_callback must be a callable taking an onnxruntime session")
+    if score_on not in ("export", "sim"):
+        raise InvalidArgumentError(f"score_on must be 'export' or 'sim', got {score_on!r}")
     source = onnx.load(str(model)) if isinstance(model, (str, Path)) else model
     if not isinstance(source, onnx.ModelProto):
         raise InvalidArgumentError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
@@ -347,7 +387,7 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
         sim_kwargs.setdefault(switch, True)
     search = _Search(source, _batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
                      None if results_dir is None else Path(results_dir), clean_start, executor, time_budget, show,
-                     sim_kwargs)
+                     sim_kwargs, score_on)
     try:
         _run(search, quant_schemes, adaround_iterations, seq_mse_candidates)
     except _Budget:

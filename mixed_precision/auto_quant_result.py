@@ -51,7 +51,8 @@ class AutoQuantResult:
     ``budget_met`` says whether ``score >= target``; ``message`` says what was chosen, or what would be
     needed when the budget was not met. ``deployed_score`` is the callback's score of the chosen sim's QDQ
     export in onnxruntime's fused integer kernels (`QuantizationSimModel.fused_session`), what a deployment
-    runs; None when it could not be scored (the message says why)."""
+    runs; None when it could not be scored (the message says why). With ``score_on="export"`` (the default)
+    every score is already the export's, so ``deployed_score`` repeats ``score`` as a check."""
 
     sim: QuantizationSimModel
     score: float

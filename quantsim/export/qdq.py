@@ -76,6 +76,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantsim.core.bias import fits_int32, quantize_bias
+from quantsim.errors import warn_at_caller
 from quantsim.export.readiness import check_activations_calibrated
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers, referenced_names
@@ -111,6 +112,7 @@ def quantize_biases(model: onnx.ModelProto, weights: DeferredWeights | None = No
     """Replace eligible float biases with int32 codes + DequantizeLinear (module docstring)."""
     index = GraphIndex(model, weights=weights)
     replaced: dict[str, onnx.NodeProto] = {}
+    overflowing: list[str] = []
     for node in index.nodes:
         slot = BIAS_SLOT.get(node.op_type)
         if slot is None or len(node.input) <= slot or not index.is_constant(node.input[slot]):
@@ -137,6 +139,8 @@ def quantize_biases(model: onnx.ModelProto, weights: DeferredWeights | None = No
             continue
         if fits_int32(index.constant_value(bias_name), x_params[0], w_scale):  # else it stays float, as in the sim
             replaced[bias_name] = _int32_bias_node(model, index, bias_name, x_params[0], w_scale)
+        elif node.op_type in ("Conv", "Gemm"):
+            overflowing.append(node.name or node.output[0])
     for node in index.nodes:
         bias_name = _matmul_bias(index, node)
         if bias_name is not None and bias_name not in replaced:
@@ -144,6 +148,14 @@ def quantize_biases(model: onnx.ModelProto, weights: DeferredWeights | None = No
             if fits_int32(index.constant_value(bias_name), *scales):
                 replaced[bias_name] = _int32_bias_node(model, index, bias_name, *scales)
     initializers_to_nodes(model, replaced)
+    if overflowing:
+        warn_at_caller(
+            f"to_onnx_qdq: the float bias of {', '.join(overflowing[:5])}{' ...' if len(overflowing) > 5 else ''} "
+            "overflows int32 on s_in * s_w (a weight encoding frozen narrower than calibration widens it): "
+            "onnxruntime's BiasQuantization casts round(b / (s_in s_w)) to int32 without a range check in every "
+            "session with QDQ optimizations (the default), so the deployed model adds another bias; unfreeze the "
+            "weight encoding and calibrate again (quantsim widens it to fit), or run the model with "
+            "session.disable_quant_qdq")
     return model
 
 

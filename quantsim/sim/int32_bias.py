@@ -39,7 +39,8 @@ from quantsim.core.bias import fits_int32, quantize_bias
 from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, facts_of
 from quantsim.sim.quantizer import QcQuantizeOp
 
-__all__ = ["int32_bias_values", "sim_bias_values", "eligible_biases", "on_int32_grid", "matmul_bias", "biased_ops"]
+__all__ = ["int32_bias_values", "sim_bias_values", "eligible_biases", "on_int32_grid", "matmul_bias", "biased_ops",
+           "input_grid_quantizer"]
 
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -51,19 +52,27 @@ def _integer_encoding(q: QcQuantizeOp | None):
     return q.encoding
 
 
-def _input_scale(name: str, producer: dict[str, onnx.NodeProto], table: dict[str, QcQuantizeOp]) -> np.ndarray | None:
-    """The per-tensor scale of the activation grid ``name`` is on (its own quantizer's, or through data
-    movement its source's), or None when it is not on an integer grid."""
+def input_grid_quantizer(name: str, producer_of: Callable[[str], onnx.NodeProto | None],
+                         table: dict[str, QcQuantizeOp]) -> QcQuantizeOp | None:
+    """The enabled quantizer whose grid the activation ``name`` is on: its own, or through data movement
+    (`GRID_MOVEMENT_OPS`: Split, Reshape, Transpose, ...) its source's; None when no quantizer sets it.
+    ``producer_of``: tensor name -> the node writing it; ``table``: tensor name -> quantizer."""
     for _ in range(64):
         q = table.get(name)
         if q is not None and q.enabled:
-            enc = _integer_encoding(q)
-            return None if enc is None or not enc.is_per_tensor else np.asarray(enc.scale, np.float32)
-        node = producer.get(name)
+            return q
+        node = producer_of(name)
         if node is None or node.op_type not in GRID_MOVEMENT_OPS or not node.input:
             return None
         name = node.input[0]
     return None
+
+
+def _input_scale(name: str, producer: dict[str, onnx.NodeProto], table: dict[str, QcQuantizeOp]) -> np.ndarray | None:
+    """The per-tensor scale of the activation grid ``name`` is on (`input_grid_quantizer`), or None when it is
+    not on an integer grid."""
+    enc = _integer_encoding(input_grid_quantizer(name, producer.get, table))
+    return None if enc is None or not enc.is_per_tensor else np.asarray(enc.scale, np.float32)
 
 
 def _output_axis(node: onnx.NodeProto) -> int | None:
