@@ -27,7 +27,7 @@ import onnxruntime as ort
 from tqdm.auto import tqdm
 
 from quantsim.calibration.histograms import HistogramObserver
-from quantsim.calibration.statistics_graph import StatisticsOutputs, whole_statistics
+from quantsim.calibration.statistics_graph import StatisticsOutputs, in_graph_statistics, whole_statistics
 from quantsim.calibration.whole_tensors import CalibrationSessions
 from quantsim.errors import CalibrationError, InvalidArgumentError, InvalidTypeError, warn_at_caller
 
@@ -205,22 +205,13 @@ class CalibrationSession:
         """``(tensor, min, max, holds NaN, sample or None)`` per observed tensor of one batch, in the order
         the tensors were given; empty tensors are left out."""
         outputs = self._outputs
-        samples, probes = outputs.samples, outputs.nan_probes
         for tensor in outputs.tensors:
             whole = outputs.whole.get(tensor)
-            if whole is not None:
-                found = whole_statistics(values[tensor], whole)
-                if found is None:  # an empty tensor in this batch: nothing to learn from it
-                    continue
-                lo, hi, nan, sample = found
-            else:
-                lo_name, hi_name = outputs.minmax[tensor]
-                hi = float(values[hi_name])
-                lo = 0.0 if lo_name is None else float(values[lo_name])
-                probe = probes.get(tensor)
-                nan = probe is not None and math.isnan(float(values[probe]))  # its min/max cannot be trusted
-                sample_name = samples.get(tensor)
-                sample = values[sample_name] if sample_name is not None else None
+            found = (whole_statistics(values[tensor], whole) if whole is not None
+                     else in_graph_statistics(values, outputs, tensor))
+            if found is None:  # an empty tensor in this batch: nothing to learn from it
+                continue
+            lo, hi, nan, sample = found
             if not nan and lo > hi:  # an empty tensor in this batch (in-graph): nothing to learn from it
                 continue
             yield tensor, lo, hi, nan, sample

@@ -2,12 +2,13 @@
 
 `calibration_session` is what ``sim._calibration_session`` returns: a `CalibrationSession` whose onnxruntime
 session is made for the first batch's shapes (`quantsim.calibration.whole_tensors`: small tensors fetched
-whole, the others reduced in-graph). The `CalibrationSessions` behind it is cached on the sim
+whole, the others reduced in-graph, sampled with constant steps while the batches keep their sizes). The `CalibrationSessions` behind it is cached on the sim
 (``_calibration_cache``), keyed by the weight quantizers' state and the observed tensors, so a later
 calibration of an unchanged sim reuses its session.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -58,13 +59,13 @@ def calibration_session(sim: QuantizationSimModel, observed: list[QcQuantizeOp])
         shapes = index.shape
         nonnegative = find_nonnegative_tensors(index)
 
-        def build(whole: frozenset[str]):
+        def build(whole: frozenset[str], counts: Mapping[str, int] | None):
             model, weights = first.pop() if first else graph()
             model, outputs = add_statistics_outputs(
                 model, list(groups), list(groups) if sampled else [], nonnegative=nonnegative,
                 shapes={t: shapes[t] for t in groups if shapes.get(t) is not None},
                 elem_types={t: index.elem_type[t] for t in groups if t in index.elem_type},
-                sample_sizes=dict.fromkeys(small, RANGE_SAMPLE), whole=whole,
+                sample_sizes=dict.fromkeys(small, RANGE_SAMPLE), whole=whole, counts=counts,
             )
             options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(sim._session_options_kwargs or {})}
             session = make_session(model, sim.providers, session_options_kwargs=options, external_initializers=weights,
