@@ -161,7 +161,17 @@ def test_calibration_session_uses_priority_order(scheme):
     sim.progress = False
     sim.compute_encodings([{"x": np.ones((2, 3), np.float32)}])
     session = sim._calibration_cache[1].current  # the onnxruntime session the calibration made
-    assert session.get_session_options().execution_order == CALIBRATION_EXECUTION_ORDER
+    options = session.get_session_options()
+    assert options.execution_order == CALIBRATION_EXECUTION_ORDER
+    # a one-shot job: no memory pattern, workers that wait without spinning
+    assert not options.enable_mem_pattern
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # the user's session options still win
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    sim = quantsim.QuantizationSimModel(model, quant_scheme=scheme, session_options_kwargs={"enable_mem_pattern": True})
+    sim.progress = False
+    sim.compute_encodings([{"x": np.ones((2, 3), np.float32)}])
+    assert sim._calibration_cache[1].current.get_session_options().enable_mem_pattern
 
 
 def test_non_finite_sample_values_stay_out_of_histograms():

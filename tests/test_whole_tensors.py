@@ -215,3 +215,35 @@ def test_whole_statistics_equal_the_in_graph_ones(shape, declared, target, dtype
     x.flat[1] = np.nan
     assert whole_statistics(x, whole)[2]
     assert whole_statistics(x, WholeTensor(True))[2]  # no minimum: the maximum finds the NaN
+
+
+@pytest.mark.parametrize("scheme", ["min_max", "tf_enhanced"])
+def test_constant_sampling_steps_hold_while_sizes_do_and_move_in_graph_when_they_change(scheme, monkeypatch):
+    """In-graph samples use a constant step computed from the first batch's sizes; a batch of another size
+    moves the calibration to steps computed in-graph. Oracle: everything fetched whole (numpy's samples)."""
+    from quantsim.calibration import statistics_graph
+    from quantsim.sim import calibration_build
+
+    built: list[set[str]] = []
+    original = calibration_build.add_statistics_outputs
+
+    def spy(*args, **kwargs):
+        model, outputs = original(*args, **kwargs)
+        built.append({n.op_type for n in model.graph.node})
+        return model, outputs
+
+    monkeypatch.setattr(calibration_build, "add_statistics_outputs", spy)
+    monkeypatch.setattr(calibration_build, "RANGE_SAMPLE", 50)  # steps above 1 on these small tensors
+    monkeypatch.setattr(statistics_graph, "HISTOGRAM_SAMPLE", 70)
+    model = _mixed_model(seed=5)
+    same, other = _feeds((2, 2, 2), seed=6), _feeds((2, 3, 1), seed=6)
+    for feeds, sessions_made in ((same, 1), (other, 2)):
+        built.clear()
+        sim, got, got_warnings = _calibrate(model, feeds, monkeypatch, whole=False, quant_scheme=scheme)
+        sessions = sim._calibration_cache[1]
+        assert sessions.constant_steps == (sessions_made == 1)
+        assert len(built) == sessions_made and "Size" not in built[0]  # the first: constant steps
+        if sessions_made == 2:
+            assert "Size" in built[1]  # then: step = Size // target, in the graph
+        _, expected, expected_warnings = _calibrate(model, feeds, monkeypatch, whole=True, quant_scheme=scheme)
+        assert got == expected and got_warnings == expected_warnings

@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, RANGE_SAMPLE, CalibrationSession
+from quantsim.calibration.run import (
+    CALIBRATION_SESSION_CONFIG,
+    CALIBRATION_SESSION_OPTIONS,
+    RANGE_SAMPLE,
+    CalibrationSession,
+)
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.calibration.whole_tensors import CalibrationSessions
 from quantsim.graph.session import make_session
@@ -67,10 +72,10 @@ def calibration_session(sim: QuantizationSimModel, observed: list[QcQuantizeOp])
                 elem_types={t: index.elem_type[t] for t in groups if t in index.elem_type},
                 sample_sizes=dict.fromkeys(small, RANGE_SAMPLE), whole=whole, counts=counts,
             )
-            options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(sim._session_options_kwargs or {})}
+            options = {**CALIBRATION_SESSION_OPTIONS, **(sim._session_options_kwargs or {})}
             session = make_session(model, sim.providers, session_options_kwargs=options, external_initializers=weights,
                                    file_backed=sim._file_backed(), prepack=sim._weights is not None,
-                                   weight_files=sim._session_files())
+                                   weight_files=sim._session_files(), config_entries=CALIBRATION_SESSION_CONFIG)
             return session, outputs
 
         sim._calibration_cache = (key, CalibrationSessions(first[0][0], list(groups), build))
