@@ -242,8 +242,40 @@ def test_constant_sampling_steps_hold_while_sizes_do_and_move_in_graph_when_they
         sim, got, got_warnings = _calibrate(model, feeds, monkeypatch, whole=False, quant_scheme=scheme)
         sessions = sim._calibration_cache[1]
         assert sessions.constant_steps == (sessions_made == 1)
-        assert len(built) == sessions_made and "Size" not in built[0]  # the first: constant steps
+        assert len(built) == sessions_made and "Div" not in built[0]  # the first: constant steps
         if sessions_made == 2:
-            assert "Size" in built[1]  # then: step = Size // target, in the graph
+            assert "Div" in built[1]  # then: step = Size // target, in the graph
         _, expected, expected_warnings = _calibrate(model, feeds, monkeypatch, whole=True, quant_scheme=scheme)
         assert got == expected and got_warnings == expected_warnings
+
+
+def test_a_wrong_inferred_size_is_caught_and_the_batch_run_again_with_in_graph_steps(monkeypatch):
+    """Constant steps rest on ONNX shape inference; each such tensor's Size is fetched and compared, and a
+    batch where one differs is run again on a session whose steps the graph computes (recorded once)."""
+    from quantsim.calibration import statistics_graph
+    from quantsim.sim import calibration_build
+
+    monkeypatch.setattr(calibration_build, "RANGE_SAMPLE", 50)
+    monkeypatch.setattr(statistics_graph, "HISTOGRAM_SAMPLE", 70)
+    model, feeds = _mixed_model(seed=8), _feeds((2, 2), seed=9)
+    _, expected, expected_warnings = _calibrate(model, feeds, monkeypatch, whole=True, quant_scheme="tf_enhanced")
+    real = whole_tensors.tensor_sizes
+
+    def wrong(light, feed, tensors):  # as if shape inference told 3x the elements of r1
+        sizes = dict(real(light, feed, tensors))
+        sizes["r1"] = (sizes["r1"][0] * 3, sizes["r1"][1])
+        return sizes
+
+    monkeypatch.setattr(whole_tensors, "tensor_sizes", wrong)
+    sim, got, got_warnings = _calibrate(model, feeds, monkeypatch, whole=False, quant_scheme="tf_enhanced")
+    assert not sim._calibration_cache[1].constant_steps
+    assert got == expected and got_warnings == expected_warnings
+    used = []
+
+    def callback(session):
+        for feed in feeds:
+            session.run(None, feed)
+        used.append(session.batches_used)
+
+    sim.compute_encodings(callback)  # each batch recorded once, the one run again included
+    assert used == [len(feeds)] and _state(sim) == expected

@@ -204,15 +204,24 @@ class CalibrationSession:
             if outputs is not self._outputs:
                 self._session, self._outputs = session, outputs
                 self._set_fetch()
+        values = self._run_statistics(feed, run_options)
+        if not self._outputs.steps_hold(values) and self._sessions is not None:
+            _log.info("calibration: a tensor's size differs from its inferred shape; sampling steps computed "
+                      "in-graph from here on (this batch run again)")
+            self._session, self._outputs = self._sessions.session_for(feed, constant_steps=False)
+            self._set_fetch()
+            values = self._run_statistics(feed, run_options)
+        self._record(values)
+        self.batches_used += 1
+        return [values[n] for n in names]
+
+    def _run_statistics(self, feed: dict[str, np.ndarray], run_options) -> dict[str, np.ndarray]:
         try:
             results = self._session.run(self._fetch, feed, run_options)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own (unexported) error types
             raise CalibrationError(f"calibration batch {self.batches_used + self.batches_skipped}: onnxruntime failed "
                                    f"to run the model on it: {exc}") from exc
-        values = dict(zip(self._fetch, results))
-        self._record(values)
-        self.batches_used += 1
-        return [values[n] for n in names]
+        return dict(zip(self._fetch, results))
 
     def _batch_statistics(self, values: dict[str, np.ndarray]):
         """``(tensor, min, max, holds NaN, sample or None)`` per observed tensor of one batch, in the order

@@ -13,7 +13,9 @@ holds fewer than ``2 * HISTOGRAM_SAMPLE`` values plus at most one row; when the 
 longer than `HISTOGRAM_SAMPLE` (one row would be too many values), and for rank 0/1 or unknown rank, the
 sample is the element-strided ``flat[::step]`` instead. Where the caller knows the tensor's element count
 for the batches to come (``counts``: from shape inference with the first batch's shapes), ``step`` is a
-constant; otherwise the graph computes it from the tensor's ``Size`` (3 more nodes per tensor).
+constant, and the tensor's ``Size`` becomes an output the caller compares with that count (a batch where they
+differ is run again with steps computed in-graph, so a wrong inferred shape never changes a sample);
+otherwise the graph computes the step from ``Size`` (2 more nodes per tensor).
 
 How a tensor is reduced (chosen by measurement on onnxruntime's CPU provider):
 
@@ -93,12 +95,19 @@ class StatisticsOutputs:
     whole: dict[str, WholeTensor] = field(default_factory=dict)  # tensor (fetched as itself) -> its reduction
     order: list[str] = field(default_factory=list)  # every observed tensor, in the order they were given
     counts: dict[str, int] = field(default_factory=dict)  # sampled tensor -> element count its constant step assumes
+    sizes: dict[str, str] = field(default_factory=dict)  # sampled tensor with a constant step -> its Size output
 
     @property
     def statistics(self) -> list[str]:
         """Every added output, in a fixed order."""
         names = [n for lo, hi in self.minmax.values() for n in (lo, hi) if n]
-        return names + list(self.nan_probes.values()) + list(self.samples.values()) + list(self.whole)
+        return (names + list(self.nan_probes.values()) + list(self.samples.values()) + list(self.sizes.values())
+                + list(self.whole))
+
+    def steps_hold(self, values: Mapping[str, np.ndarray]) -> bool:
+        """Whether every constant sampling step was the one ``Size`` gives in this batch (``values``: the
+        fetched outputs); False means the batch must be run again with steps computed in-graph."""
+        return all(int(values[name]) == self.counts[tensor] for tensor, name in self.sizes.items())
 
     @property
     def tensors(self) -> list[str]:
@@ -193,8 +202,8 @@ def _reduce_sum(b: _Builder, x: str, output: str, axes: list[int] | None = None)
 
 
 def _stride(b: _Builder, tensor: str, target: int, count: int | None = None) -> str:
-    """``[max(1, size // target)]`` (1-D, as Slice wants it): a constant for a known element ``count``, else a
-    scalar ``Size`` divided by a 1-D constant."""
+    """``[max(1, size // target)]`` (1-D, as Slice wants it): a constant for a known element ``count`` (the
+    caller checks it against the tensor's ``Size``, an output), else a scalar ``Size`` divided by a 1-D constant."""
     if count is not None:
         return b.constant([max(1, count // target)])
     size = b.node("Size", [tensor], b.fresh(f"{tensor}/calibration_size"))
@@ -282,7 +291,7 @@ def add_statistics_outputs(
     float64 tensor's statistics keep its type. Tensors in ``whole`` (never a graph input) get no nodes: they
     become outputs themselves, reduced in numpy by `whole_statistics` (module docstring). ``counts`` (tensor ->
     element count) gives sampled tensors a constant sampling step, valid only for batches where each holds
-    that many elements (``outputs.counts``: the caller checks). The other statistics outputs hold one value
+    that many elements (``outputs.counts``; the caller checks with `StatisticsOutputs.steps_hold`). The other statistics outputs hold one value
     per row or channel, finished by `in_graph_statistics`.
     """
     b = _Builder(model)
@@ -313,6 +322,7 @@ def add_statistics_outputs(
         count = (counts or {}).get(tensor)
         if count is not None:
             outputs.counts[tensor] = count
+            outputs.sizes[tensor] = b.node("Size", [tensor], b.fresh(f"{tensor}/calibration_size"))
         outputs.samples[tensor], sample_shape = _add_sample(b, tensor, shapes.get(tensor), target, count)
         sample_shapes.append(sample_shape)
     types = elem_types or {}
@@ -326,6 +336,8 @@ def add_statistics_outputs(
                 b.output(name, types.get(tensor, TensorProto.FLOAT), shape=[None] * (4 if pooled else _rows_rank(rank)))
     for (tensor, name), sample_shape in zip(outputs.samples.items(), sample_shapes):
         b.output(name, types.get(tensor, TensorProto.FLOAT), shape=sample_shape)
+    for name in outputs.sizes.values():
+        b.output(name, TensorProto.INT64, shape=[])
     model_outputs = set(outputs.model_outputs)
     for tensor in outputs.whole:
         if tensor not in model_outputs:

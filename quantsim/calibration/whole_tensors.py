@@ -190,8 +190,12 @@ class CalibrationSessions:
         """Whether the last session samples with constant steps (its ``counts``)."""
         return self._made is not None and self._made[0][1] is not None
 
-    def session_for(self, feed: Mapping[str, np.ndarray] | None) -> tuple[ort.InferenceSession, StatisticsOutputs]:
-        """The session for a batch of ``feed`` (None: one with in-graph statistics only)."""
+    def session_for(self, feed: Mapping[str, np.ndarray] | None,
+                    constant_steps: bool = True) -> tuple[ort.InferenceSession, StatisticsOutputs]:
+        """The session for a batch of ``feed`` (None: one with in-graph statistics only); ``constant_steps=False``
+        moves this calibration to sampling steps computed in-graph (a batch whose sizes shape inference got wrong)."""
+        if not constant_steps and self._whole is not None:
+            self._counts = None
         counts = self._counts
         if feed is None:
             whole: frozenset[str] = frozenset()
