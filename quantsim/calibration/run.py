@@ -216,8 +216,10 @@ class CalibrationSession:
         return [values[n] for n in names]
 
     def _run_statistics(self, feed: dict[str, np.ndarray], run_options) -> dict[str, np.ndarray]:
+        session = self._session
+        assert session is not None  # made for the batch by ``run``
         try:
-            results = self._session.run(self._fetch, feed, run_options)
+            results = session.run(self._fetch, feed, run_options)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own (unexported) error types
             raise CalibrationError(f"calibration batch {self.batches_used + self.batches_skipped}: onnxruntime failed "
                                    f"to run the model on it: {exc}") from exc

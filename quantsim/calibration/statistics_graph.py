@@ -2,9 +2,10 @@
 
 Every observed tensor gets reduction nodes whose results become extra graph outputs, so the passes over
 the tensor run inside onnxruntime (multi-threaded, next to the producer) and only a few floats per row or
-channel cross into Python, where `in_graph_statistics` finishes them. Tensors observed for a histogram scheme (TF-enhanced, percentile) additionally get an
-in-graph sample of about `HISTOGRAM_SAMPLE` values: the full activations never become graph outputs, which
-would keep every one of them alive until the end of the run.
+channel cross into Python, where `in_graph_statistics` finishes them. Tensors observed for a histogram
+scheme (TF-enhanced, percentile) additionally get an in-graph sample of about `HISTOGRAM_SAMPLE` values:
+the full activations never become graph outputs, which would keep every one of them alive until the end of
+the run.
 
 The sample of a tensor of rank >= 2 is every ``step``-th row of its ``[rows, last axis]`` view, ``step =
 max(1, size // HISTOGRAM_SAMPLE)``: whole rows are contiguous, so onnxruntime copies them with memcpy
@@ -291,8 +292,8 @@ def add_statistics_outputs(
     float64 tensor's statistics keep its type. Tensors in ``whole`` (never a graph input) get no nodes: they
     become outputs themselves, reduced in numpy by `whole_statistics` (module docstring). ``counts`` (tensor ->
     element count) gives sampled tensors a constant sampling step, valid only for batches where each holds
-    that many elements (``outputs.counts``; the caller checks with `StatisticsOutputs.steps_hold`). The other statistics outputs hold one value
-    per row or channel, finished by `in_graph_statistics`.
+    that many elements (``outputs.counts``; the caller checks with `StatisticsOutputs.steps_hold`). The other
+    statistics outputs hold one value per row or channel, finished by `in_graph_statistics`.
     """
     b = _Builder(model)
     outputs = StatisticsOutputs([o.name for o in model.graph.output])

@@ -2,9 +2,9 @@
 
 `calibration_session` is what ``sim._calibration_session`` returns: a `CalibrationSession` whose onnxruntime
 session is made for the first batch's shapes (`quantsim.calibration.whole_tensors`: small tensors fetched
-whole, the others reduced in-graph, sampled with constant steps while the batches keep their sizes). The `CalibrationSessions` behind it is cached on the sim
-(``_calibration_cache``), keyed by the weight quantizers' state and the observed tensors, so a later
-calibration of an unchanged sim reuses its session.
+whole, the others reduced in-graph, sampled with constant steps while the batches keep their sizes). The
+`CalibrationSessions` behind it is cached on the sim (``_calibration_cache``), keyed by the weight
+quantizers' state and the observed tensors, so a later calibration of an unchanged sim reuses its session.
 """
 from __future__ import annotations
 
