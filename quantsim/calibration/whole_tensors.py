@@ -13,9 +13,10 @@ the session is made when the first batch arrives (`CalibrationSessions.session_f
   `WHOLE_BATCH_BYTES` (every fetched tensor of a batch is alive at once, as a graph output);
 * a later batch of other shapes is sized again; if its fetched tensors would exceed
   ``4 * WHOLE_BATCH_BYTES`` the calibration continues on a session with in-graph statistics only;
-* the same sizes give the in-graph samples a constant sampling step (`statistics_graph`: 3 nodes fewer per
-  sampled tensor); a later batch in which such a tensor has another element count moves the calibration to
-  a session whose steps the graph computes (``Size``), for the rest of it.
+* the same sizes give the in-graph samples a constant sampling step (`statistics_graph`: 2 nodes fewer per
+  sampled tensor), checked against each tensor's ``Size`` in every batch; a batch in which such a tensor has
+  another element count (another shape, or a shape inference got wrong) moves the calibration to a session
+  whose steps the graph computes, for the rest of it (a batch caught by its ``Size`` alone is run again).
 
 Both paths give the same statistics, so the choice never changes an encoding.
 """
