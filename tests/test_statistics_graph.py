@@ -201,3 +201,16 @@ def test_non_finite_sample_values_stay_out_of_histograms():
         got = session.stats[name].histogram
         np.testing.assert_array_equal(got.counts, want.counts)
         assert (got.lo, got.bin_width, got.count) == (want.lo, want.bin_width, want.count)
+
+
+def test_nan_probe_does_not_overflow_into_a_false_nan():
+    """Rows whose sums are finite but whose float32 total can overflow both ways (+inf + -inf = NaN, as
+    numpy's pairwise float32 summation does here) hold no NaN: the rows' sums are added in float64."""
+    x = np.full((16, 2), 1.5e38, np.float32)
+    x[4:8] = x[12:16] = -1.5e38
+    model, out = add_statistics_outputs(_identity_model([16, 2], 13), ["t"], shapes={"t": (16, 2)})
+    values = _run(model, {"x": x})
+    assert np.isfinite(values[out.nan_probes["t"]]).all()  # every row's sum is finite
+    assert in_graph_statistics(values, out, "t")[:3] == (float(x.min()), float(x.max()), False)
+    x[9, 1] = np.nan
+    assert in_graph_statistics(_run(model, {"x": x}), out, "t")[2]

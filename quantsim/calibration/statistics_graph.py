@@ -229,7 +229,8 @@ def in_graph_statistics(values: Mapping[str, np.ndarray], outputs: StatisticsOut
     hi = float(rows_hi.max())
     lo = 0.0 if lo_name is None else float(values[lo_name].min())
     probe = outputs.nan_probes.get(tensor)
-    nan = probe is not None and bool(np.isnan(values[probe].sum()))  # its min/max cannot be trusted
+    # NaN in the rows' sums, or +inf and -inf among them (added in float64: no new overflow of finite sums)
+    nan = probe is not None and bool(np.isnan(values[probe].sum(dtype=np.float64)))  # min/max cannot be trusted
     sample_name = outputs.samples.get(tensor)
     return lo, hi, nan, (values[sample_name] if sample_name is not None else None)
 
