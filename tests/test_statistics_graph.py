@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import quantsim
 from quantsim.calibration import statistics_graph
 from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER
-from quantsim.calibration.statistics_graph import add_statistics_outputs
+from quantsim.calibration.statistics_graph import add_statistics_outputs, in_graph_statistics
 
 
 def _identity_model(shape: list[int], opset: int, producer: str = "Identity") -> onnx.ModelProto:
@@ -46,8 +46,12 @@ def test_min_max_equal_numpy(opset, shape):
     onnx.checker.check_model(model)
     values = _run(model, {"x": x})
     lo, hi = out.minmax["t"]
-    assert values[lo] == x.min() and values[hi] == x.max()
+    assert in_graph_statistics(values, out, "t") == (x.min(), x.max(), False, None)
     assert out.statistics == [lo, hi, out.nan_probes["t"]]
+    # one node per statistic: the second stage (over rows) is numpy's
+    assert len(model.graph.node) == 1 + 3
+    if len(shape) >= 2:  # one value per row: the leading axes (two of them from rank 3 on)
+        assert values[hi].shape == tuple(shape[:2 if len(shape) >= 3 else 1])
 
 
 def test_unknown_rank_and_nonnegative_tensors():
@@ -55,7 +59,7 @@ def test_unknown_rank_and_nonnegative_tensors():
     model, out = add_statistics_outputs(_identity_model([4, 6], 13), ["t"], nonnegative=frozenset({"t"}))
     lo, hi = out.minmax["t"]
     assert lo is None  # the minimum of a non-negative tensor is never computed
-    assert _run(model, {"x": x})[hi] == x.max()
+    assert in_graph_statistics(_run(model, {"x": x}), out, "t")[:2] == (0.0, x.max())
 
 
 def test_conv_output_max_goes_through_global_max_pool():
@@ -63,8 +67,10 @@ def test_conv_output_max_goes_through_global_max_pool():
     model, out = add_statistics_outputs(_identity_model([2, 8, 5, 7], 13, "Conv"), ["t"], shapes={"t": (2, 8, 5, 7)})
     assert "GlobalMaxPool" in {n.op_type for n in model.graph.node}
     values = _run(model, {"x": x})
-    lo, hi = out.minmax["t"]
-    np.testing.assert_allclose([values[lo], values[hi]], [values["t"].min(), values["t"].max()], rtol=0, atol=0)
+    lo, hi, nan, _ = in_graph_statistics(values, out, "t")
+    assert values[out.minmax["t"][1]].shape == (2, 8, 1, 1)  # per channel, on onnxruntime's NCHWc layout
+    np.testing.assert_allclose([lo, hi], [values["t"].min(), values["t"].max()], rtol=0, atol=0)
+    assert not nan
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (5,), (1, 6), (11,), (2, 6), (13,), (4, 10), (97,), (3, 2, 7), (2, 3, 4, 5)])
@@ -84,8 +90,7 @@ def test_histogram_sample_takes_every_step_th_row(monkeypatch, shape, declared):
     want = x.reshape(-1, shape[-1])[::step] if by_rows else x.reshape(-1)[::step]
     np.testing.assert_array_equal(values[out.samples["t"]], want)
     assert values[out.samples["t"]].size < 2 * 6 + shape[-1]
-    lo, hi = out.minmax["t"]
-    assert (values[lo], values[hi]) == (x.min(), x.max())
+    assert in_graph_statistics(values, out, "t")[:2] == (x.min(), x.max())
 
 
 def test_long_rows_and_unknown_rank_are_sampled_by_element(monkeypatch):
@@ -156,7 +161,17 @@ def test_calibration_session_uses_priority_order(scheme):
     sim.progress = False
     sim.compute_encodings([{"x": np.ones((2, 3), np.float32)}])
     session = sim._calibration_cache[1].current  # the onnxruntime session the calibration made
-    assert session.get_session_options().execution_order == CALIBRATION_EXECUTION_ORDER
+    options = session.get_session_options()
+    assert options.execution_order == CALIBRATION_EXECUTION_ORDER
+    # a one-shot job: no memory pattern, workers that wait without spinning
+    assert not options.enable_mem_pattern
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # the user's session options still win
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    sim = quantsim.QuantizationSimModel(model, quant_scheme=scheme, session_options_kwargs={"enable_mem_pattern": True})
+    sim.progress = False
+    sim.compute_encodings([{"x": np.ones((2, 3), np.float32)}])
+    assert sim._calibration_cache[1].current.get_session_options().enable_mem_pattern
 
 
 def test_non_finite_sample_values_stay_out_of_histograms():
@@ -186,3 +201,16 @@ def test_non_finite_sample_values_stay_out_of_histograms():
         got = session.stats[name].histogram
         np.testing.assert_array_equal(got.counts, want.counts)
         assert (got.lo, got.bin_width, got.count) == (want.lo, want.bin_width, want.count)
+
+
+def test_nan_probe_does_not_overflow_into_a_false_nan():
+    """Rows whose sums are finite but whose float32 total can overflow both ways (+inf + -inf = NaN, as
+    numpy's pairwise float32 summation does here) hold no NaN: the rows' sums are added in float64."""
+    x = np.full((16, 2), 1.5e38, np.float32)
+    x[4:8] = x[12:16] = -1.5e38
+    model, out = add_statistics_outputs(_identity_model([16, 2], 13), ["t"], shapes={"t": (16, 2)})
+    values = _run(model, {"x": x})
+    assert np.isfinite(values[out.nan_probes["t"]]).all()  # every row's sum is finite
+    assert in_graph_statistics(values, out, "t")[:3] == (float(x.min()), float(x.max()), False)
+    x[9, 1] = np.nan
+    assert in_graph_statistics(_run(model, {"x": x}), out, "t")[2]

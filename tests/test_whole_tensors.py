@@ -186,6 +186,7 @@ def test_whole_statistics_equal_the_in_graph_ones(shape, declared, target, dtype
     from quantsim.calibration.statistics_graph import (
         WholeTensor,
         add_statistics_outputs,
+        in_graph_statistics,
         samples_by_rows,
         whole_statistics,
     )
@@ -204,10 +205,9 @@ def test_whole_statistics_equal_the_in_graph_ones(shape, declared, target, dtype
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype)
     values = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))
-    lo, hi = out.minmax["t"]
     whole = WholeTensor(False, target, samples_by_rows(declared, target))
     got_lo, got_hi, nan, sample = whole_statistics(x, whole)
-    assert (got_lo, got_hi, nan) == (float(values[lo]), float(values[hi]), False)
+    assert (got_lo, got_hi, nan) == in_graph_statistics(values, out, "t")[:3] == (float(x.min()), float(x.max()), False)
     expected = values[out.samples["t"]]
     assert sample.dtype == expected.dtype and sample.shape == expected.shape
     assert np.array_equal(sample, expected)
@@ -215,3 +215,67 @@ def test_whole_statistics_equal_the_in_graph_ones(shape, declared, target, dtype
     x.flat[1] = np.nan
     assert whole_statistics(x, whole)[2]
     assert whole_statistics(x, WholeTensor(True))[2]  # no minimum: the maximum finds the NaN
+
+
+@pytest.mark.parametrize("scheme", ["min_max", "tf_enhanced"])
+def test_constant_sampling_steps_hold_while_sizes_do_and_move_in_graph_when_they_change(scheme, monkeypatch):
+    """In-graph samples use a constant step computed from the first batch's sizes; a batch of another size
+    moves the calibration to steps computed in-graph. Oracle: everything fetched whole (numpy's samples)."""
+    from quantsim.calibration import statistics_graph
+    from quantsim.sim import calibration_build
+
+    built: list[set[str]] = []
+    original = calibration_build.add_statistics_outputs
+
+    def spy(*args, **kwargs):
+        model, outputs = original(*args, **kwargs)
+        built.append({n.op_type for n in model.graph.node})
+        return model, outputs
+
+    monkeypatch.setattr(calibration_build, "add_statistics_outputs", spy)
+    monkeypatch.setattr(calibration_build, "RANGE_SAMPLE", 50)  # steps above 1 on these small tensors
+    monkeypatch.setattr(statistics_graph, "HISTOGRAM_SAMPLE", 70)
+    model = _mixed_model(seed=5)
+    same, other = _feeds((2, 2, 2), seed=6), _feeds((2, 3, 1), seed=6)
+    for feeds, sessions_made in ((same, 1), (other, 2)):
+        built.clear()
+        sim, got, got_warnings = _calibrate(model, feeds, monkeypatch, whole=False, quant_scheme=scheme)
+        sessions = sim._calibration_cache[1]
+        assert sessions.constant_steps == (sessions_made == 1)
+        assert len(built) == sessions_made and "Div" not in built[0]  # the first: constant steps
+        if sessions_made == 2:
+            assert "Div" in built[1]  # then: step = Size // target, in the graph
+        _, expected, expected_warnings = _calibrate(model, feeds, monkeypatch, whole=True, quant_scheme=scheme)
+        assert got == expected and got_warnings == expected_warnings
+
+
+def test_a_wrong_inferred_size_is_caught_and_the_batch_run_again_with_in_graph_steps(monkeypatch):
+    """Constant steps rest on ONNX shape inference; each such tensor's Size is fetched and compared, and a
+    batch where one differs is run again on a session whose steps the graph computes (recorded once)."""
+    from quantsim.calibration import statistics_graph
+    from quantsim.sim import calibration_build
+
+    monkeypatch.setattr(calibration_build, "RANGE_SAMPLE", 50)
+    monkeypatch.setattr(statistics_graph, "HISTOGRAM_SAMPLE", 70)
+    model, feeds = _mixed_model(seed=8), _feeds((2, 2), seed=9)
+    _, expected, expected_warnings = _calibrate(model, feeds, monkeypatch, whole=True, quant_scheme="tf_enhanced")
+    real = whole_tensors.tensor_sizes
+
+    def wrong(light, feed, tensors):  # as if shape inference told 3x the elements of r1
+        sizes = dict(real(light, feed, tensors))
+        sizes["r1"] = (sizes["r1"][0] * 3, sizes["r1"][1])
+        return sizes
+
+    monkeypatch.setattr(whole_tensors, "tensor_sizes", wrong)
+    sim, got, got_warnings = _calibrate(model, feeds, monkeypatch, whole=False, quant_scheme="tf_enhanced")
+    assert not sim._calibration_cache[1].constant_steps
+    assert got == expected and got_warnings == expected_warnings
+    used = []
+
+    def callback(session):
+        for feed in feeds:
+            session.run(None, feed)
+        used.append(session.batches_used)
+
+    sim.compute_encodings(callback)  # each batch recorded once, the one run again included
+    assert used == [len(feeds)] and _state(sim) == expected

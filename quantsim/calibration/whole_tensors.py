@@ -12,7 +12,11 @@ the session is made when the first batch arrives (`CalibrationSessions.session_f
 * tensors of at most `WHOLE_TENSOR_BYTES` are fetched whole, smallest first, while their sum stays within
   `WHOLE_BATCH_BYTES` (every fetched tensor of a batch is alive at once, as a graph output);
 * a later batch of other shapes is sized again; if its fetched tensors would exceed
-  ``4 * WHOLE_BATCH_BYTES`` the calibration continues on a session with in-graph statistics only.
+  ``4 * WHOLE_BATCH_BYTES`` the calibration continues on a session with in-graph statistics only;
+* the same sizes give the in-graph samples a constant sampling step (`statistics_graph`: 2 nodes fewer per
+  sampled tensor), checked against each tensor's ``Size`` in every batch; a batch in which such a tensor has
+  another element count (another shape, or a shape inference got wrong) moves the calibration to a session
+  whose steps the graph computes, for the rest of it (a batch caught by its ``Size`` alone is run again).
 
 Both paths give the same statistics, so the choice never changes an encoding.
 """
@@ -30,7 +34,7 @@ from onnx import TensorProto, helper, shape_inference
 from quantsim.calibration.statistics_graph import StatisticsOutputs
 
 __all__ = ["WHOLE_TENSOR_BYTES", "WHOLE_BATCH_BYTES", "InputInfo", "model_inputs", "model_outputs",
-           "inference_graph", "tensor_bytes", "choose_whole", "CalibrationSessions"]
+           "inference_graph", "tensor_bytes", "tensor_sizes", "choose_whole", "CalibrationSessions"]
 
 _log = logging.getLogger(__name__)
 
@@ -92,6 +96,13 @@ def inference_graph(model: onnx.ModelProto) -> onnx.ModelProto:
 def tensor_bytes(light: onnx.ModelProto, feed: Mapping[str, np.ndarray], tensors: Sequence[str]) -> dict[str, int]:
     """Bytes of each of ``tensors`` for this feed, where shape inference on ``light`` (`inference_graph`) with
     the feed's shapes tells (module docstring)."""
+    return {name: count * itemsize for name, (count, itemsize) in tensor_sizes(light, feed, tensors).items()}
+
+
+def tensor_sizes(light: onnx.ModelProto, feed: Mapping[str, np.ndarray],
+                 tensors: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """``(elements, bytes per element)`` of each of ``tensors`` for this feed, where shape inference on
+    ``light`` with the feed's shapes tells; a graph input among ``tensors`` is sized from the feed itself."""
     model = onnx.ModelProto()
     model.CopyFrom(light)
     for value in model.graph.input:
@@ -100,12 +111,15 @@ def tensor_bytes(light: onnx.ModelProto, feed: Mapping[str, np.ndarray], tensors
             del shape.dim[:]
             for size in np.shape(feed[value.name]):
                 shape.dim.add().dim_value = int(size)
+    wanted, sizes = set(tensors), {}
+    for name in wanted & set(feed):
+        array = np.asarray(feed[name])
+        sizes[name] = (int(array.size), array.dtype.itemsize)
     try:
         inferred = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as exc:  # noqa: BLE001 - onnx raises several error types; in-graph statistics need none
         _log.debug("calibration: no tensor sizes (shape inference failed: %s)", exc)
-        return {}
-    wanted, sizes = set(tensors), {}
+        return sizes
     for value in list(inferred.graph.value_info) + list(inferred.graph.output):
         tensor = value.type.tensor_type
         if value.name not in wanted or not tensor.HasField("shape") or not tensor.elem_type:
@@ -113,7 +127,7 @@ def tensor_bytes(light: onnx.ModelProto, feed: Mapping[str, np.ndarray], tensors
         dims = tensor.shape.dim
         if all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
             itemsize = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
-            sizes[value.name] = int(np.prod([d.dim_value for d in dims], dtype=np.int64)) * itemsize
+            sizes[value.name] = (int(np.prod([d.dim_value for d in dims], dtype=np.int64)), itemsize)
     return sizes
 
 
@@ -139,24 +153,28 @@ def _signature(feed: Mapping[str, np.ndarray]) -> tuple:
 class CalibrationSessions:
     """The calibration's onnxruntime session, made for the first feed's shapes (module docstring).
 
-    ``graph`` is the calibration graph before statistics (only read here); ``build(whole)`` returns a session
-    and its `StatisticsOutputs` with the tensors of ``whole`` fetched whole; ``observed`` are the tensors with
+    ``graph`` is the calibration graph before statistics (only read here); ``build(whole, counts)`` returns a
+    session and its `StatisticsOutputs` with the tensors of ``whole`` fetched whole and constant sampling steps
+    for the element ``counts`` given (None: steps computed in-graph); ``observed`` are the tensors with
     statistics. The last session made is kept for reuse (a later calibration with the same choice)."""
 
     def __init__(self, graph: onnx.ModelProto, observed: Sequence[str],
-                 build: Callable[[frozenset[str]], tuple[ort.InferenceSession, StatisticsOutputs]]):
+                 build: Callable[[frozenset[str], Mapping[str, int] | None],
+                                 tuple[ort.InferenceSession, StatisticsOutputs]]):
         self.inputs = model_inputs(graph)
         self.outputs = model_outputs(graph)
         self._graph = inference_graph(graph)
         self._observed = list(observed)
         self._build = build
-        self._made: tuple[frozenset[str], ort.InferenceSession, StatisticsOutputs] | None = None
-        self._sizes: dict[tuple, dict[str, int]] = {}
+        self._made: tuple[tuple, ort.InferenceSession, StatisticsOutputs] | None = None
+        self._sizes: dict[tuple, dict[str, tuple[int, int]]] = {}
         self._whole: frozenset[str] | None = None  # this calibration's choice
+        self._counts: dict[str, int] | None = None  # this calibration's element counts (None: steps in-graph)
 
     def start(self) -> None:
         """A new calibration: its first feed chooses again."""
         self._whole = None
+        self._counts = None
 
     @property
     def current(self) -> ort.InferenceSession | None:
@@ -166,35 +184,53 @@ class CalibrationSessions:
     @property
     def whole(self) -> frozenset[str]:
         """The tensors the last session fetches whole."""
-        return frozenset() if self._made is None else self._made[0]
+        return frozenset() if self._made is None else self._made[0][0]
 
-    def session_for(self, feed: Mapping[str, np.ndarray] | None) -> tuple[ort.InferenceSession, StatisticsOutputs]:
-        """The session for a batch of ``feed`` (None: one with in-graph statistics only)."""
+    @property
+    def constant_steps(self) -> bool:
+        """Whether the last session samples with constant steps (its ``counts``)."""
+        return self._made is not None and self._made[0][1] is not None
+
+    def session_for(self, feed: Mapping[str, np.ndarray] | None,
+                    constant_steps: bool = True) -> tuple[ort.InferenceSession, StatisticsOutputs]:
+        """The session for a batch of ``feed`` (None: one with in-graph statistics only); ``constant_steps=False``
+        moves this calibration to sampling steps computed in-graph (a batch whose sizes shape inference got wrong)."""
+        if not constant_steps and self._whole is not None:
+            self._counts = None
+        counts = self._counts
         if feed is None:
             whole: frozenset[str] = frozenset()
+            counts = None
         elif self._whole is None:
             sizes = self._sizes_of(feed)
-            whole = choose_whole(sizes)
+            whole = choose_whole({t: n * item for t, (n, item) in sizes.items() if t not in feed})  # inputs: never
+            counts = {t: n for t, (n, _) in sizes.items()}
             _log.debug("calibration: %d of %d observed tensors fetched whole (%.1f MB per batch)", len(whole),
-                       len(self._observed), sum(sizes[t] for t in whole) / 1e6)
+                       len(self._observed), sum(sizes[t][0] * sizes[t][1] for t in whole) / 1e6)
         else:
             whole = self._whole
-            if whole:
+            baked = self._made[2].counts if self._made is not None and counts is not None else {}
+            if whole or baked:
                 sizes = self._sizes_of(feed)
-                if sum(sizes.get(t, WHOLE_TENSOR_BYTES) for t in whole) > 4 * WHOLE_BATCH_BYTES:
+                if whole and sum(sizes[t][0] * sizes[t][1] if t in sizes else WHOLE_TENSOR_BYTES
+                                 for t in whole) > 4 * WHOLE_BATCH_BYTES:
                     _log.info("calibration: a batch of shapes %s would fetch too much whole; in-graph statistics "
                               "from here on", _signature(feed))
                     whole = frozenset()
-        if self._whole is None or whole != self._whole:
-            self._whole = whole
-        if self._made is None or self._made[0] != whole:
+                if any(sizes.get(t, (None, 0))[0] != n for t, n in baked.items()):
+                    _log.info("calibration: a batch of shapes %s changes the sampled tensors' sizes; sampling "
+                              "steps computed in-graph from here on", _signature(feed))
+                    counts = None
+        self._whole, self._counts = whole, counts
+        key = (whole, None if counts is None else tuple(sorted(counts.items())))
+        if self._made is None or self._made[0] != key:
             self._made = None  # let the previous session go before the next is made
-            session, outputs = self._build(whole)
-            self._made = (whole, session, outputs)
+            session, outputs = self._build(whole, counts)
+            self._made = (key, session, outputs)
         return self._made[1], self._made[2]
 
-    def _sizes_of(self, feed: Mapping[str, np.ndarray]) -> dict[str, int]:
+    def _sizes_of(self, feed: Mapping[str, np.ndarray]) -> dict[str, tuple[int, int]]:
         key = _signature(feed)
         if key not in self._sizes:
-            self._sizes[key] = tensor_bytes(self._graph, feed, self._observed)
+            self._sizes[key] = tensor_sizes(self._graph, feed, self._observed)
         return self._sizes[key]

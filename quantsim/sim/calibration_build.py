@@ -2,18 +2,24 @@
 
 `calibration_session` is what ``sim._calibration_session`` returns: a `CalibrationSession` whose onnxruntime
 session is made for the first batch's shapes (`quantsim.calibration.whole_tensors`: small tensors fetched
-whole, the others reduced in-graph). The `CalibrationSessions` behind it is cached on the sim
-(``_calibration_cache``), keyed by the weight quantizers' state and the observed tensors, so a later
-calibration of an unchanged sim reuses its session.
+whole, the others reduced in-graph, sampled with constant steps while the batches keep their sizes). The
+`CalibrationSessions` behind it is cached on the sim (``_calibration_cache``), keyed by the weight
+quantizers' state and the observed tensors, so a later calibration of an unchanged sim reuses its session.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-from quantsim.calibration.run import CALIBRATION_EXECUTION_ORDER, RANGE_SAMPLE, CalibrationSession
+from quantsim.calibration.run import (
+    CALIBRATION_SESSION_CONFIG,
+    CALIBRATION_SESSION_OPTIONS,
+    RANGE_SAMPLE,
+    CalibrationSession,
+)
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.calibration.whole_tensors import CalibrationSessions
 from quantsim.graph.session import make_session
@@ -58,18 +64,18 @@ def calibration_session(sim: QuantizationSimModel, observed: list[QcQuantizeOp])
         shapes = index.shape
         nonnegative = find_nonnegative_tensors(index)
 
-        def build(whole: frozenset[str]):
+        def build(whole: frozenset[str], counts: Mapping[str, int] | None):
             model, weights = first.pop() if first else graph()
             model, outputs = add_statistics_outputs(
                 model, list(groups), list(groups) if sampled else [], nonnegative=nonnegative,
                 shapes={t: shapes[t] for t in groups if shapes.get(t) is not None},
                 elem_types={t: index.elem_type[t] for t in groups if t in index.elem_type},
-                sample_sizes=dict.fromkeys(small, RANGE_SAMPLE), whole=whole,
+                sample_sizes=dict.fromkeys(small, RANGE_SAMPLE), whole=whole, counts=counts,
             )
-            options = {"execution_order": CALIBRATION_EXECUTION_ORDER, **(sim._session_options_kwargs or {})}
+            options = {**CALIBRATION_SESSION_OPTIONS, **(sim._session_options_kwargs or {})}
             session = make_session(model, sim.providers, session_options_kwargs=options, external_initializers=weights,
                                    file_backed=sim._file_backed(), prepack=sim._weights is not None,
-                                   weight_files=sim._session_files())
+                                   weight_files=sim._session_files(), config_entries=CALIBRATION_SESSION_CONFIG)
             return session, outputs
 
         sim._calibration_cache = (key, CalibrationSessions(first[0][0], list(groups), build))
