@@ -99,7 +99,10 @@ def second_moments(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray
             cf64 = form.columns(f_batch[tensor])[0].astype(np.float64)
             qf = np.matmul(cq64, np.swapaxes(cf64, 1, 2))
             ff = np.matmul(cf64, np.swapaxes(cf64, 1, 2))
-        s_qq, s_qf, s_ff = (qq, qf, ff) if s_qq is None else (s_qq + qq, s_qf + qf, s_ff + ff)
+        if f_batch is None:  # one sum for the three (the same numbers; `row_errors` then forms one product)
+            s_qq = s_qf = s_ff = qq if s_qq is None else s_qq + qq
+        else:
+            s_qq, s_qf, s_ff = (qq, qf, ff) if s_qq is None else (s_qq + qq, s_qf + qf, s_ff + ff)
         count += cq.shape[2]
         if sample_bytes > 0:
             per_batch = max(1, sample_bytes // (4 * cq.shape[0] * cq.shape[1] * max(num_batches, 1)))

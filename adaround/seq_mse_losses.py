@@ -34,6 +34,7 @@ SQNR_EPS = 1e-10  # AIMET's, added to the mean squared error of each channel bef
 
 
 _FORM = "gmk,gkl,gml->gm"
+_FIRST, _SECOND = "gmk,gkl->gml", "gml,gml->gm"  # the two contractions of `_FORM`'s path
 
 
 def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray, *,
@@ -46,8 +47,16 @@ def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray
     candidate, reference = candidate.astype(np.float64), reference.astype(np.float64)
     if path is None:
         path = np.einsum_path(_FORM, candidate, data.s_qq, candidate, optimize=True)[0]
-    quad = np.einsum(_FORM, candidate, data.s_qq, candidate, optimize=path)
-    cross = np.einsum(_FORM, candidate, data.s_qf, reference, optimize=path)
+    if data.s_qf is data.s_qq and path[1:] == [(0, 1), (0, 1)]:
+        # one moment for both terms (both sides read the same input): the product ``candidate S`` that both
+        # einsums would form first is formed once, by the same contraction (bmm_einsum), so the terms are
+        # the same numbers (tested) for half the work
+        product = np.einsum(_FIRST, candidate, data.s_qq, optimize=True)
+        quad = np.einsum(_SECOND, product, candidate, optimize=True)
+        cross = np.einsum(_SECOND, product, reference, optimize=True)
+    else:
+        quad = np.einsum(_FORM, candidate, data.s_qq, candidate, optimize=path)
+        cross = np.einsum(_FORM, candidate, data.s_qf, reference, optimize=path)
     if const is None:
         const = np.einsum(_FORM, reference, data.s_ff, reference, optimize=path)
     return np.maximum((quad - 2 * cross + const) / data.columns, 0.0).reshape(-1)
