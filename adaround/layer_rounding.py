@@ -124,6 +124,23 @@ def reconstruction_loss(form: LinearForm, w_soft: np.ndarray, w_float: np.ndarra
     return _sampled(form, ms, data.cols, data.target, bias, activation)
 
 
+def _loss(form: LinearForm, w_soft: np.ndarray, w_float: np.ndarray, data: SecondMoments | ColumnSample,
+          bias: np.ndarray, activation: Activation | None, output_affine: OutputAffine | None = None) -> float:
+    """`reconstruction_loss`'s loss alone (the same number, without the gradient's work)."""
+    if output_affine is not None:
+        return _loss(form, output_affine.apply(w_soft), output_affine.apply(w_float), data, output_affine.bias(bias),
+                     activation)
+    ms = form.to_matrix(w_soft)
+    if isinstance(data, SecondMoments):
+        return data.loss(ms, form.to_matrix(w_float))
+    g, m_g, _ = ms.shape
+    z = np.matmul(ms, data.cols)
+    z += bias
+    z = z.reshape(g * m_g, -1)
+    diff = (z if activation is None else activation.forward(z)) - data.target
+    return float(np.vdot(diff, diff)) / diff.shape[1]
+
+
 def _sampled(form: LinearForm, ms: np.ndarray, cols: np.ndarray, target: np.ndarray, bias: np.ndarray,
              activation: Activation | None, with_loss: bool = True) -> tuple[float, np.ndarray]:
     g, m_g, _ = ms.shape
@@ -183,9 +200,7 @@ class _WindowSteps:
         flat = z.reshape(target.shape)
         if self.activation is None:
             return np.subtract(flat, target, out=out.reshape(target.shape)).reshape(z.shape)
-        y = self.activation.forward(flat)
-        diff = np.subtract(y, target, out=out.reshape(target.shape))
-        return self.activation.backward(flat, y, diff).reshape(z.shape)
+        return self.activation.output_grad(flat, target, out.reshape(target.shape)).reshape(z.shape)
 
     def __call__(self, w_soft: np.ndarray) -> np.ndarray:
         start = int(self.rng.integers(0, self.total - self.batch + 1))
@@ -275,8 +290,8 @@ def optimize_rounding(form: LinearForm, weight: np.ndarray, grid: WeightGrid, da
             break
     hard = grid.weight(base, (alpha >= 0).astype(np.float32))[0]
     nearest = grid.nearest(weight)
-    loss_before = reconstruction_loss(form, nearest, weight, data, bias, activation, output_affine)[0]
-    loss_hard = reconstruction_loss(form, hard, weight, data, bias, activation, output_affine)[0]
+    loss_before = _loss(form, nearest, weight, data, bias, activation, output_affine)
+    loss_hard = _loss(form, hard, weight, data, bias, activation, output_affine)
     if loss_hard > loss_before:  # too few iterations to settle: never end worse than nearest rounding
         return RoundingResult(nearest, loss_before, loss_before, 0.0, kept_nearest=True, iterations=taken)
     return RoundingResult(hard, loss_before, loss_hard, float(np.mean(hard != nearest)), iterations=taken)
