@@ -181,7 +181,7 @@ class _WindowSteps:
         rows = data.target.shape[0]
         self.rows_per_group = rows // groups
         self.z = np.empty((groups, self.rows_per_group, self.batch), np.float32)
-        dtype = np.float32  # of the activation's gradient (float32 from every one but LeakyRelu): kept as it was
+        dtype: np.dtype = np.dtype(np.float32)  # the activation's gradient's (float32 but LeakyRelu's): kept as it was
         if activation is not None:
             probe = np.zeros((1, 1), np.float32)
             dtype = activation.backward(probe, activation.forward(probe), probe).dtype

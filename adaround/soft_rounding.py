@@ -16,7 +16,9 @@ from adaround.rounding import GAMMA, ZETA, Adam
 
 __all__ = ["SoftRounding", "SLICE_ELEMENTS"]
 
-SLICE_ELEMENTS = 1 << 17  # weights per slice (512 KiB per float32 buffer; on PP-LCNet 1 << 16 to 1 << 18 measured best, 1 << 14 slower by its Python overhead)
+# weights per slice (512 KiB per float32 buffer): on PP-LCNet 1 << 16 to 1 << 18 measured best, 1 << 14 slower by
+# its Python overhead
+SLICE_ELEMENTS = 1 << 17
 
 
 class SoftRounding:
@@ -52,8 +54,10 @@ class SoftRounding:
         size = max(1, min(base.size, SLICE_ELEMENTS if slice_elements is None else slice_elements))
         self.work, self.work2, self.mask = (np.empty(size, np.float32) for _ in range(3))
         bounds = list(range(0, base.size, size)) + [base.size]
-        self.parts = [(slice(a, b), *(int(i) for i in np.searchsorted(edge, [a, b])))
-                      for a, b in zip(bounds[:-1], bounds[1:])]  # (weights, their edge entries lo:hi)
+        self.parts: list[tuple[slice, int, int]] = []  # (weights, their edge entries lo:hi)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            lo, hi = np.searchsorted(edge, [a, b])
+            self.parts.append((slice(a, b), int(lo), int(hi)))
 
     # whole-weight API -------------------------------------------------------------------------------
     def forward(self, alpha: np.ndarray) -> np.ndarray:
