@@ -30,7 +30,7 @@ class Activation:
 
     def output_grad(self, z: np.ndarray, target: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``backward(z, y, y - target)`` with ``y = forward(z)``, the difference written into ``out``; the
-        answer may be a buffer of the activation's (valid until its next call)."""
+        answer may be ``out`` itself (overwritten) or a new array."""
         if self._output_grad is not None:
             return self._output_grad(z, target, out)
         y = self.forward(z)
@@ -99,8 +99,7 @@ def _hard_swish() -> Activation:
         inside = np.less(np.abs(z, out=c), 3, out=c)  # 1.0 / 0.0: as multiplying by the bool
         third *= inside
         slope += third
-        slope *= diff
-        return slope
+        return np.multiply(slope, diff, out=diff)  # into ``out``: the caller's buffer
 
     return Activation("HardSwish", forward, backward, output_grad)
 

@@ -162,7 +162,7 @@ def _sampled(form: LinearForm, ms: np.ndarray, cols: np.ndarray, target: np.ndar
 # convolutions, the window read from cache by the second product). Slicing never changes a number: every
 # elementwise pass is per element, and a grouped layer's products are one BLAS call per group either way.
 _GROUP_SLICE_BYTES = 1 << 21  # a slice of groups' window columns
-_ROW_SLICE_ELEMENTS = 1 << 15  # a slice of output rows' elementwise work (ungrouped layers)
+_ROW_SLICE_ELEMENTS = 1 << 16  # a slice of output rows' elementwise work (ungrouped layers)
 
 
 class _WindowSteps:
@@ -218,7 +218,7 @@ class _WindowSteps:
             z = np.matmul(matrix, cols, out=self.z)
             for part in self.slices:
                 dz = self._output_grad(z[:, part], self.bias[:, part], target[part], self.dz[:, part])
-                if self.activation is not None:
+                if not np.may_share_memory(dz, self.dz):  # a new array (activations without a buffered gradient)
                     self.dz[:, part] = dz
             np.matmul(self.dz, np.swapaxes(cols, 1, 2), out=self.grad)
         grad = self.grad
