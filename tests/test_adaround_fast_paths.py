@@ -98,8 +98,13 @@ def test_hard_swish_buffered_gradient_is_its_forward_backward_chain():
     expected = act.backward(z, y, diff)
     out = np.empty_like(z)
     for _ in range(2):  # the second call reuses the buffers
-        np.testing.assert_array_equal(act.output_grad(z, target, out), expected)
-        np.testing.assert_array_equal(out, diff)
+        got = act.output_grad(z, target, out)
+        assert got is out  # written into the caller's buffer: no copy
+        np.testing.assert_array_equal(got, expected)
+    generic = activation_for("Tanh", {}, 4, True)  # no buffered gradient: the chain, the difference in ``out``
+    y = generic.forward(z)
+    np.testing.assert_array_equal(generic.output_grad(z, target, out), generic.backward(z, y, y - target))
+    np.testing.assert_array_equal(out, y - target)
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 27), (8, 1, 9), (1, 40, 30), (2, 6, 5)])
