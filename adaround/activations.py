@@ -20,10 +20,21 @@ Backward = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (z, f(z
 
 
 class Activation:
-    """``forward(z)`` and ``backward(z, y, upstream)`` of one activation in column form."""
+    """``forward(z)`` and ``backward(z, y, upstream)`` of one activation in column form; `output_grad` chains
+    them for a squared error (an activation may give a faster one computing the same numbers)."""
 
-    def __init__(self, name: str, forward: Forward, backward: Backward):
+    def __init__(self, name: str, forward: Forward, backward: Backward,
+                 output_grad: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None):
         self.name, self.forward, self.backward = name, forward, backward
+        self._output_grad = output_grad
+
+    def output_grad(self, z: np.ndarray, target: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``backward(z, y, y - target)`` with ``y = forward(z)``, the difference written into ``out``; the
+        answer may be ``out`` itself (overwritten) or a new array."""
+        if self._output_grad is not None:
+            return self._output_grad(z, target, out)
+        y = self.forward(z)
+        return self.backward(z, y, np.subtract(y, target, out=out))
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -69,7 +80,28 @@ def _hard_swish() -> Activation:
         slope *= g
         return slope
 
-    return Activation("HardSwish", forward, backward)
+    scratch: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def output_grad(z, target, out):  # forward and backward as above, on three reused buffers
+        if z.dtype != np.float32:
+            y = forward(z)
+            return backward(z, y, np.subtract(y, target, out=out))
+        if z.shape not in scratch:
+            scratch[z.shape] = (np.empty(z.shape, np.float32), np.empty(z.shape, np.float32), np.empty(z.shape, np.float32))
+        a, b, c = scratch[z.shape]
+        np.divide(z, 6.0, out=a)
+        a += 0.5
+        np.clip(a, 0.0, 1.0, out=a)
+        diff = np.subtract(np.multiply(z, a, out=a), target, out=out)
+        third = np.multiply(z, np.float32(1 / 6), out=a)
+        slope = np.add(third, np.float32(0.5), out=b)
+        np.clip(slope, 0.0, 1.0, out=slope)
+        inside = np.less(np.abs(z, out=c), 3, out=c)  # 1.0 / 0.0: as multiplying by the bool
+        third *= inside
+        slope += third
+        return np.multiply(slope, diff, out=diff)  # into ``out``: the caller's buffer
+
+    return Activation("HardSwish", forward, backward, output_grad)
 
 
 def _elu(alpha: float) -> Activation:

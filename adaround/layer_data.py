@@ -40,10 +40,13 @@ class SecondMoments:
     columns: int
     sample: np.ndarray | None = None  # [groups, K, S] sim-side columns in random order, or None
 
-    def __post_init__(self) -> None:
-        # the gradient runs every iteration: float32 is twice as fast and ample for it
-        self._qq32 = self.s_qq.astype(np.float32)
-        self._fq32 = np.ascontiguousarray(np.swapaxes(self.s_qf, 1, 2), dtype=np.float32)
+    def _float32(self) -> tuple[np.ndarray, np.ndarray]:
+        """``S_qq`` and ``S_qf^T`` in float32, made on first use (Sequential MSE never takes a gradient): the
+        gradient runs every iteration, and float32 is twice as fast and ample for it."""
+        if getattr(self, "_qq32", None) is None:
+            self._qq32 = self.s_qq.astype(np.float32)
+            self._fq32 = np.ascontiguousarray(np.swapaxes(self.s_qf, 1, 2), dtype=np.float32)
+        return self._qq32, self._fq32
 
     def loss(self, w_soft: np.ndarray, w_float: np.ndarray) -> float:
         """Mean over columns of the squared output error (summed over output channels)."""
@@ -55,11 +58,12 @@ class SecondMoments:
 
     def grad(self, w_soft: np.ndarray, w_float: np.ndarray) -> np.ndarray:
         """``d loss / d W_soft`` (``[groups, M/g, K]``); the float weight's term is computed once per weight."""
+        qq32, fq32 = self._float32()
         key = (w_float.ctypes.data, w_float.shape)
         if getattr(self, "_target_key", None) != key:
-            self._target = np.matmul(w_float.astype(np.float32), self._fq32)
+            self._target = np.matmul(w_float.astype(np.float32), fq32)
             self._target_key = key
-        return (2.0 / self.columns) * (np.matmul(w_soft, self._qq32) - self._target)
+        return (2.0 / self.columns) * (np.matmul(w_soft, qq32) - self._target)
 
 
 @dataclass
@@ -99,7 +103,10 @@ def second_moments(form: LinearForm, quantized: Iterator[Mapping[str, np.ndarray
             cf64 = form.columns(f_batch[tensor])[0].astype(np.float64)
             qf = np.matmul(cq64, np.swapaxes(cf64, 1, 2))
             ff = np.matmul(cf64, np.swapaxes(cf64, 1, 2))
-        s_qq, s_qf, s_ff = (qq, qf, ff) if s_qq is None else (s_qq + qq, s_qf + qf, s_ff + ff)
+        if f_batch is None:  # one sum for the three (the same numbers; `row_errors` then forms one product)
+            s_qq = s_qf = s_ff = qq if s_qq is None else s_qq + qq
+        else:
+            s_qq, s_qf, s_ff = (qq, qf, ff) if s_qq is None else (s_qq + qq, s_qf + qf, s_ff + ff)
         count += cq.shape[2]
         if sample_bytes > 0:
             per_batch = max(1, sample_bytes // (4 * cq.shape[0] * cq.shape[1] * max(num_batches, 1)))

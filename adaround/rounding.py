@@ -86,19 +86,35 @@ class Adam:
     def step(self, grad: np.ndarray) -> None:
         """One update, in place. ``lr m_hat / (sqrt(v_hat) + eps)`` is computed as the equal
         ``lr_t m / (sqrt(v) + eps_t)`` with the bias corrections folded into two scalars."""
+        self.begin()
+        self.update(grad)
+
+    def begin(self) -> None:
+        """Start an update: the step count and its two scalars (then `update` each part of the parameter)."""
         b1, b2 = self.betas
         self.t += 1
-        buffer = np.subtract(grad, self.m, out=getattr(self, "_buffer", None))  # m += (1 - b1) (g - m)
-        buffer *= 1 - b1
-        self.m += buffer
-        np.multiply(grad, grad, out=buffer)  # v += (1 - b2) (g^2 - v)
-        buffer -= self.v
-        buffer *= 1 - b2
-        self.v += buffer
         correction = math.sqrt(1 - b2 ** self.t)
-        np.sqrt(self.v, out=buffer)
-        buffer += self.eps * correction
-        np.divide(self.m, buffer, out=buffer)
-        buffer *= self.lr * correction / (1 - b1 ** self.t)
-        self.param -= buffer
-        self._buffer = buffer
+        self._eps_t = self.eps * correction
+        self._lr_t = self.lr * correction / (1 - b1 ** self.t)
+
+    def update(self, grad: np.ndarray, part: slice | None = None) -> None:
+        """The update begun by `begin` on the elements ``part`` of the flattened parameter (all when None), with
+        their gradient ``grad``; parts are independent (every operation is elementwise)."""
+        b1, b2 = self.betas
+        param, m, v = (a.reshape(-1)[part] if part is not None else a for a in (self.param, self.m, self.v))
+        buffer = getattr(self, "_buffer", None)
+        if buffer is None or buffer.size < grad.size:
+            buffer = self._buffer = np.empty(grad.size, np.result_type(grad, m))
+        buffer = buffer[:grad.size].reshape(grad.shape)
+        np.subtract(grad, m, out=buffer)  # m += (1 - b1) (g - m)
+        buffer *= 1 - b1
+        m += buffer
+        np.multiply(grad, grad, out=buffer)  # v += (1 - b2) (g^2 - v)
+        buffer -= v
+        buffer *= 1 - b2
+        v += buffer
+        np.sqrt(v, out=buffer)
+        buffer += self._eps_t
+        np.divide(m, buffer, out=buffer)
+        buffer *= self._lr_t
+        param -= buffer

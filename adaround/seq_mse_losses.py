@@ -34,6 +34,8 @@ SQNR_EPS = 1e-10  # AIMET's, added to the mean squared error of each channel bef
 
 
 _FORM = "gmk,gkl,gml->gm"
+_FIRST, _SECOND = "gmk,gkl->gml", "gml,gml->gm"  # the two contractions of `_FORM`'s path
+_PAIR = ["einsum_path", (0, 1)]  # a two-operand einsum's only path (`optimize=True` would search for it each time)
 
 
 def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray, *,
@@ -43,11 +45,19 @@ def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray
     ``path``: ``np.einsum_path``'s answer for these shapes (the one ``optimize=True`` finds; finding it again
     for every candidate cost more than the products); ``const``: the reference's own term, the same for every
     candidate. Either only saves work: the numbers are the same."""
-    candidate, reference = candidate.astype(np.float64), reference.astype(np.float64)
+    candidate, reference = candidate.astype(np.float64), np.asarray(reference, dtype=np.float64)
     if path is None:
         path = np.einsum_path(_FORM, candidate, data.s_qq, candidate, optimize=True)[0]
-    quad = np.einsum(_FORM, candidate, data.s_qq, candidate, optimize=path)
-    cross = np.einsum(_FORM, candidate, data.s_qf, reference, optimize=path)
+    if data.s_qf is data.s_qq and path[1:] == [(0, 1), (0, 1)]:
+        # one moment for both terms (both sides read the same input): the product ``candidate S`` that both
+        # einsums would form first is formed once, by the same contraction (bmm_einsum), so the terms are
+        # the same numbers (tested) for half the work
+        product = np.einsum(_FIRST, candidate, data.s_qq, optimize=_PAIR)
+        quad = np.einsum(_SECOND, product, candidate, optimize=_PAIR)
+        cross = np.einsum(_SECOND, product, reference, optimize=_PAIR)
+    else:
+        quad = np.einsum(_FORM, candidate, data.s_qq, candidate, optimize=path)
+        cross = np.einsum(_FORM, candidate, data.s_qf, reference, optimize=path)
     if const is None:
         const = np.einsum(_FORM, reference, data.s_ff, reference, optimize=path)
     return np.maximum((quad - 2 * cross + const) / data.columns, 0.0).reshape(-1)
@@ -58,7 +68,7 @@ def _scored(data: SecondMoments, candidates: list[np.ndarray], reference: np.nda
     ref64 = reference.astype(np.float64)
     path = np.einsum_path(_FORM, ref64, data.s_qq, ref64, optimize=True)[0]
     const = np.einsum(_FORM, ref64, data.s_ff, ref64, optimize=path)
-    return [row_errors(data, c, reference, path=path, const=const) for c in candidates]
+    return [row_errors(data, c, ref64, path=path, const=const) for c in candidates]
 
 
 def _pairs(quantized, floating):

@@ -31,7 +31,7 @@ from quantsim.graph.large_models import copy_without_initializers
 from quantsim.graph.session import make_session
 from quantsim.sim.build import _constant_key
 from quantsim.sim.fake_values import FakeValues
-from quantsim.sim.int32_bias import sim_bias_values
+from quantsim.sim.int32_bias import biased_ops, sim_bias_values
 
 if TYPE_CHECKING:
     from quantsim.sim.model import QuantizationSimModel
@@ -95,6 +95,7 @@ class _SimGraph:
         self.structure, self.keys = _structure(sim)
         self.positions = {t.name: i for i, t in enumerate(self.model.graph.initializer)}
         self.patches: list[str] = []  # the constants patched since the build, in order (`StagedCapturer`)
+        self.bias_ops: list[tuple[onnx.NodeProto, str, int | None]] | None = None  # `biased_ops`, once needed
 
     def update(self, sim: QuantizationSimModel) -> bool:
         """Bring the graph up to the sim's current quantizers and weights by recomputing the constants whose
@@ -109,6 +110,7 @@ class _SimGraph:
         by_name = {q.name: q for q in sim._quantizers}
         changed = [name for name, key in keys.items()
                    if self.keys.get(name) != key or rewritten.intersection(by_name[name].tensors)]
+        touched = rewritten.union(*(by_name[name].tensors for name in changed))
         for name in changed:
             q = by_name[name]
             encoding = None if q.spec.is_float else q.require_encoding()
@@ -120,18 +122,24 @@ class _SimGraph:
         for tensor in rewritten:  # a weight no active quantizer reads: its own values
             if not self._put(tensor, np.array(sim._index.constant_value(tensor))):
                 return False
-        if (changed or rewritten) and getattr(sim, "int32_bias", False) and not self._int32_biases(sim):
+        if touched and getattr(sim, "int32_bias", False) and not self._int32_biases(sim, touched):
             return False
         self.written = dict(writes)
         return True
 
-    def _int32_biases(self, sim: QuantizationSimModel) -> bool:
+    def _int32_biases(self, sim: QuantizationSimModel, touched: set[str]) -> bool:
         """Biases on the int32 grid ``s_in * s_w`` (`quantsim.sim.int32_bias`, as `build_sim_model` puts them)
-        for the current weight encodings and values; only those whose value moved are put (and counted as
-        patched)."""
+        for the current weight encodings and values, of the layers whose weight or bias is in ``touched`` (the
+        constants whose encoding or values changed since the last update: every other bias's value, which
+        depends on its own value, its layer's weight encoding and its input's (in `_structure`), is as
+        put before); only those whose value moved are put (and counted as patched)."""
         active = [q for q in sim._quantizers if q.enabled and q.is_initialized()]
         index = sim._index
-        values = sim_bias_values(sim._model.graph, active, index.constant_value, index.initializers.__contains__)
+        is_constant = index.initializers.__contains__
+        if self.bias_ops is None:  # the prepared graph's biased layers: fixed while `source` is
+            self.bias_ops = list(biased_ops(sim._model.graph, is_constant))
+        ops = [op for op in self.bias_ops if op[1] in touched or op[0].input[1] in touched]
+        values = sim_bias_values(sim._model.graph, active, index.constant_value, is_constant, ops) if ops else {}
         for name, value in values.items():
             current = self.external.get(name)
             if current is None and name in self.positions:

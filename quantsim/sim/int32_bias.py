@@ -29,7 +29,7 @@ ConvTranspose only per tensor. The integer export's float islands use the same v
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import onnx
@@ -119,10 +119,12 @@ def biased_ops(graph: onnx.GraphProto, is_constant: Callable[[str], bool]):
             yield node, bias, 1
 
 
-def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_constant: Callable[[str], bool]
+def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_constant: Callable[[str], bool],
+                    ops: Iterable[tuple[onnx.NodeProto, str, int | None]] | None = None
                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{bias name: (input scale, weight scale)}`` of the biases of ``graph`` (the sim's prepared graph) that
-    the exports put on an int32 grid (module docstring)."""
+    the exports put on an int32 grid (module docstring); ``ops``: only these of `biased_ops`'s answers
+    (None: all of them)."""
     producer = {out: node for node in graph.node for out in node.output}
     uses: dict[str, int] = {}
     for node in graph.node:
@@ -130,7 +132,7 @@ def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_c
             uses[name] = uses.get(name, 0) + 1
     table = {t: q for q in quantizers for t in q.tensors}
     found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for node, bias, axis in biased_ops(graph, is_constant):
+    for node, bias, axis in biased_ops(graph, is_constant) if ops is None else ops:
         if node.op_type == "MatMul" and (out := table.get(node.output[0])) is not None and out.enabled:
             continue  # quantized before the Add: an ordinary QLinearAdd in the integer model
         own = table.get(bias)
@@ -162,11 +164,13 @@ def on_int32_grid(value: np.ndarray, x_scale: np.ndarray, w_scale: np.ndarray) -
 
 
 def sim_bias_values(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], value_of: Callable[[str], np.ndarray],
-                    is_constant: Callable[[str], bool]) -> dict[str, np.ndarray]:
+                    is_constant: Callable[[str], bool],
+                    ops: Iterable[tuple[onnx.NodeProto, str, int | None]] | None = None) -> dict[str, np.ndarray]:
     """``{bias name: its value on the int32 grid}`` for the float32 biases of ``graph`` that the exports add as
-    int32 codes (float16/float64 models keep theirs: the sim's Cast pairs keep the model's own types)."""
+    int32 codes (float16/float64 models keep theirs: the sim's Cast pairs keep the model's own types);
+    ``ops``: only the biases of these of `biased_ops`'s answers (None: all)."""
     values = {}
-    for name, (x_scale, w_scale) in eligible_biases(graph, quantizers, is_constant).items():
+    for name, (x_scale, w_scale) in eligible_biases(graph, quantizers, is_constant, ops).items():
         value = np.asarray(value_of(name))
         if value.dtype == np.float32 and fits_int32(value, x_scale, w_scale):  # else float, as in the exports
             values[name] = on_int32_grid(value, x_scale, w_scale)
