@@ -59,7 +59,7 @@ def test_untied_concat_survives_export_and_reload(tmp_path, version):
 
     fresh = QuantizationSimModel(str(tmp_path / "head.onnx"), progress=False)
     assert fresh.qc_quantize_op_dict["boxes"] is fresh.qc_quantize_op_dict["scores"]  # placement ties them
-    load_encodings_to_sim(fresh, str(tmp_path / f"head.encodings"), strict=False)
+    load_encodings_to_sim(fresh, str(tmp_path / "head.encodings"), strict=False)
 
     assert fresh.qc_quantize_op_dict["boxes"] is not fresh.qc_quantize_op_dict["scores"]
     assert _state(fresh) == _state(sim)
