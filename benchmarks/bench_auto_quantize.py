@@ -16,7 +16,10 @@ a row saying so. Per model, on the case's calibration split (scores on its held-
 * what the chosen configuration delivers once exported (issue 30 item 4), each scored in onnxruntime and
   compared with the search's score: the AIMET encodings + float model loaded onto a fresh sim
   (`load_encodings_to_sim`), the QDQ model (`to_onnx_qdq`, a default fused session) and the integer model
-  (`export_integer`) where the configuration allows it (else the reason);
+  (`export_integer`) where the configuration allows it (else the reason), both with the weight codes that
+  run exactly on this CPU (``weight_codes="auto"``; where that is uint8, the default int8-coded QDQ file is
+  shown beside, "int8 codes": AVX2 without VNNI saturates them), and the sim's own graph in an unoptimized
+  session (how far float-kernel rounding flips alone move the metric: the yardstick for the exports' gaps);
 * with ``--nncf-python`` (an interpreter that has nncf; never a dependency of this project), NNCF's
   ``quantize_with_accuracy_control`` on the same data, metric and drop (`benchmarks.nncf_accuracy_control`).
 
@@ -92,28 +95,49 @@ def _uniform(case: C.Case, score: CaseScore, param: str, activation: str) -> flo
 
 
 def _exports(sim, score: CaseScore) -> dict[str, Any]:
-    """Scores of the chosen sim's exports (an error text instead of a score where one fails)."""
+    """Scores of the chosen sim's exports (an error text instead of a score where one fails).
+
+    The QDQ and integer models are scored with the 8-bit weight codes that onnxruntime multiplies exactly on
+    this machine (``weight_codes="auto"``: uint8 where its uint8 x int8 kernels saturate, AVX2 without VNNI;
+    `quantsim.graph.int8_kernels`), the deployment `auto_quantize` itself scores; where that is uint8, the
+    QDQ file as written by default (int8 codes, exact on VNNI CPUs) is scored too (``qdq_int8_codes``: what
+    saturation costs here). ``sim_unoptimized`` is the sim's own graph in a session without graph
+    optimizations: the same computation with other float kernels, so its distance from ``sim_now`` is how far
+    rounding flips alone move the metric (near-tie codes that float summation order sends either way)."""
     from quantsim import QuantizationSimModel, load_encodings_to_sim
+    from quantsim.export.weight_codes import resolve_weight_codes
 
     out: dict[str, Any] = {"sim_now": score(sim.session)}
+    codes = resolve_weight_codes("auto", getattr(sim, "providers", None))
+    out["weight_codes"] = codes
+
+    def attempt(name: str, run) -> None:
+        try:
+            out[name] = run()
+        except Exception as error:  # noqa: BLE001 - reported in the table (e.g. 16-bit or 4-bit quantizers)
+            out[name] = f"{type(error).__name__}: {' '.join(str(error).split())[:120]}"
+
+    def reload() -> float:
+        with tempfile.TemporaryDirectory() as folder:
+            sim.export(folder, "chosen")
+            fresh = QuantizationSimModel(str(Path(folder) / "chosen.onnx"), progress=False, **SIM_SWITCHES)
+            load_encodings_to_sim(fresh, str(Path(folder) / "chosen.encodings"), strict=False)
+            return score(fresh.session)
+
+    def unoptimized() -> float:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return score(ort.InferenceSession(sim.sim_model().SerializeToString(), options,
+                                          providers=["CPUExecutionProvider"]))
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            with tempfile.TemporaryDirectory() as folder:
-                sim.export(folder, "chosen")
-                fresh = QuantizationSimModel(str(Path(folder) / "chosen.onnx"), progress=False, **SIM_SWITCHES)
-                load_encodings_to_sim(fresh, str(Path(folder) / "chosen.encodings"), strict=False)
-                out["encodings"] = score(fresh.session)
-        except Exception as error:  # noqa: BLE001 - reported in the table
-            out["encodings"] = f"{type(error).__name__}: {' '.join(str(error).split())[:120]}"
-        try:
-            out["qdq"] = score(_session(sim.to_onnx_qdq()))
-        except Exception as error:  # noqa: BLE001
-            out["qdq"] = f"{type(error).__name__}: {' '.join(str(error).split())[:120]}"
-        try:
-            out["integer"] = score(_session(sim.export_integer().model))
-        except Exception as error:  # noqa: BLE001 - e.g. 16-bit or 4-bit quantizers, float ops
-            out["integer"] = f"{type(error).__name__}: {' '.join(str(error).split())[:120]}"
+        attempt("sim_unoptimized", unoptimized)
+        attempt("encodings", reload)
+        attempt("qdq", lambda: score(_session(sim.to_onnx_qdq(weight_codes=codes))))
+        if codes != "int8":
+            attempt("qdq_int8_codes", lambda: score(_session(sim.to_onnx_qdq(weight_codes="int8"))))
+        attempt("integer", lambda: score(_session(sim.export_integer(weight_codes=codes).model)))
     return out
 
 
@@ -225,6 +249,13 @@ def _delivers(row: dict[str, Any], name: str) -> str:
     return f"{_fmt(row, name)}{'' if ok else ' (!)'}"
 
 
+def _aside(row: dict[str, Any]) -> str:
+    """The QDQ cell's notes: the int8-coded file where this CPU saturates it, the sim's unoptimized session."""
+    notes = [f"{name} {_fmt(row, key)}" for key, name in (("qdq_int8_codes", "int8 codes"),
+                                                          ("sim_unoptimized", "sim unoptimized")) if key in row]
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def _nncf_cell(row: dict[str, Any]) -> str:
     n = row.get("nncf")
     if not n:
@@ -264,7 +295,7 @@ def render(row: dict[str, Any], drop: float = 0.01) -> str:
     return head + (f"| {_fmt(row, 'auto')} | {'yes' if row['met'] else 'no'} | {row['bops']:.3f} | {100 * row['share']:.0f}% "
                    f"| {row['seconds']:.0f} ({row['cpu_seconds']:.0f}) | {row['passes']:.0f} / "
                    f"{row.get('cpu_passes', float('nan')):.0f} ({row['rounding_seconds']:.0f}) "
-                   f"| {_delivers(row, 'encodings')} | {_delivers(row, 'qdq')} | {_delivers(row, 'integer')} "
+                   f"| {_delivers(row, 'encodings')} | {_delivers(row, 'qdq')}{_aside(row)} | {_delivers(row, 'integer')} "
                    f"| {_nncf_cell(row)} | {verdict(row, drop)} | {row['chosen']} |")
 
 

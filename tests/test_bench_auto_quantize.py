@@ -97,3 +97,21 @@ def test_rows_mark_exports_that_miss_the_search_score():
     partial = B.render({k: ROW[k] for k in ("key", "model", "metric", "sign", "float", "w8a8", "w16a16")}
                        | {"error": "search did not finish in 900 s"})
     assert "search did not finish in 900 s" in partial and "0.9500" in partial
+
+
+def test_export_scores_use_codes_that_run_exactly_here_and_show_the_noise_band(tmp_path):
+    """`_exports` on a tiny calibrated sim: every export scored, the codes recorded, and the row renders the
+    int8-coded file and the sim's unoptimized session beside the QDQ score."""
+    from quantsim import QuantizationSimModel
+    from quantsim.graph.int8_kernels import uint8_int8_kernels_saturate
+
+    case = _case(tmp_path)
+    sim = QuantizationSimModel(str(case.model_path), progress=False, **B.SIM_SWITCHES)
+    sim.compute_encodings(case.calib)
+    out = B._exports(sim, B.CaseScore(case))
+    assert out["weight_codes"] == ("uint8" if uint8_int8_kernels_saturate() else "int8")
+    for name in ("sim_now", "sim_unoptimized", "encodings", "qdq", "integer"):
+        assert out[name] == 1.0, (name, out[name])  # the identity keeps every argmax
+    assert ("qdq_int8_codes" in out) == (out["weight_codes"] == "uint8")
+    rendered = B.render({**ROW, **out, "auto": 1.0})
+    assert "sim unoptimized 1.0000" in rendered

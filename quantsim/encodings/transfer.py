@@ -7,6 +7,7 @@ everything only after every entry has been validated, so a failed load leaves th
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +35,9 @@ from quantsim.errors import (
 )
 from quantsim.graph.file_set import FileSet, check_file_name
 from quantsim.sim.quantizer import QcQuantizeOp
+from quantsim.sim.ties import split_tied, tied_encodings_differ
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "EncodingMismatch",
@@ -274,7 +278,8 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
     derived = derived_names(sim.graph_index, records)
     records = [r for r in records if r.name not in derived or _enabled(sim, r.name)]
     unknown = set(_check_for_model(sim, records, source))
-    mismatches, plan, to_float = [], [], []
+    mismatches, to_float = [], []
+    pending: list[tuple[QcQuantizeOp, QSpec, Encoding | None, str]] = []  # (quantizer, spec, encoding, tensor)
     problems = []
     for record in wide:  # aimet-onnx loads an int32 activation grid (practically float): the sim runs it in float
         q = sim.qc_quantize_op_dict.get(record.name)
@@ -300,7 +305,7 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
             continue
         spec, enc = _bind(q, record, source)
         mismatches += _mismatches(q, record, spec, version)
-        plan.append((q, spec, enc))
+        pending.append((q, spec, enc, record.name))
     if strict and (problems or mismatches):
         details = problems + [str(m) for m in mismatches]
         raise EncodingMismatchError(f"{source} does not match the sim ({len(details)} issue(s)):\n  " + "\n  ".join(details))
@@ -308,6 +313,7 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
         shown = "\n  ".join(problems[:_PROBLEMS_SHOWN])
         more = f"\n  ... and {len(problems) - _PROBLEMS_SHOWN} more" if len(problems) > _PROBLEMS_SHOWN else ""
         warn_at_caller(f"{source}: skipped {len(problems)} entr{'y' if len(problems) == 1 else 'ies'}:\n  {shown}{more}")
+    plan = _untie_where_the_file_does(sim, pending, disable_missing_quantizers, version)
     for q, spec, enc in plan:
         q._spec = spec  # bypass set_qspec: it would drop the encoding we are about to set
         q.set_encoding(enc)
@@ -328,6 +334,30 @@ def load_records(sim, version: str, records: list[TensorEncoding], source: str, 
     for m in mismatches:
         warn_at_caller(f"{source}: {m}")
     return mismatches
+
+
+def _untie_where_the_file_does(sim, pending: list, disable_missing: bool, version: str) -> list:
+    """``pending`` (quantizer, spec, encoding, tensor) as (quantizer, spec, encoding), after splitting every tied
+    quantizer whose tensors the file gives different grids, or, when missing quantizers are disabled, grids
+    for only some of them (`quantsim.sim.ties`): a sim that untied a Concat (its inputs on grids of their
+    own, its output float) exports one entry per input and none for the output, and a fresh sim, which ties
+    them, must reproduce that rather than let the last entry win for all three. A 2.0.0 file writes no entry
+    for a float16 tensor, so there the absence of one says nothing about a float16 quantizer."""
+    by_quantizer: dict[int, list] = {}
+    for q, spec, enc, name in pending:
+        by_quantizer.setdefault(id(q), []).append((q, spec, enc, name))
+    for entries in by_quantizer.values():
+        q = entries[0][0]
+        if len(q.tensors) < 2:
+            continue
+        named = {name for *_, name in entries}
+        missing = disable_missing and any(t not in named for t in q.tensors) and not (
+            version == "2.0.0" and q.spec.is_float)
+        if missing or tied_encodings_differ([(spec, enc) for _, spec, enc, _ in entries]):
+            _log.debug("load_encodings_to_sim: %s untied: the file gives its tensors %s grids of their own",
+                       q.name, ", ".join(q.tensors))
+            split_tied(sim, q)
+    return [(sim.qc_quantize_op_dict[name], spec, enc) for _, spec, enc, name in pending]
 
 
 def _warn_unfitting(sim, plan: list, source: str) -> None:
