@@ -15,19 +15,29 @@ where ``reference`` is ``eval_callback`` on the float model (one onnxruntime ses
 4. when the base precision meets the target, **cheaper candidates** (low-bit weights such as W4A8): each
    everywhere with Sequential MSE then AdaRound (``seq_mse_candidates``, ``adaround_iterations``), and if
    none meets the target, a mix of the base and the cheaper candidates per quantizer group;
-5. when the base misses the target, a mix of the base and the **costlier candidates** (W8A16, W16A16,
-   FP16, ...) per quantizer group.
+5. when the base misses the target, the **costlier candidates** (W8A16, W16A16, FP16, ...) each everywhere,
+   cheapest first, up to the first that meets the target (one calibration and one callback each); if none
+   does, the search stops there and says so (no mix of them can do better than the costliest everywhere, as
+   far as the search can tell). Else a mix per quantizer group of the base and the costlier candidates up to
+   that first meeting one (the costlier ones are not needed).
 
 A mix is searched exhaustively when the space has at most `EXHAUSTIVE_LIMIT` distinct configurations
 (cheapest first, each calibrated for itself and scored, up to the first that meets the target), else by
 `choose_mixed_precision`
-(AMP, in ``<results_dir>/amp``, resumable; ``eval_callback`` scores both of its phases, so its phase 1 skips a
-group's costlier candidates once a cheaper one already scores what the float model does: AMP's saturation
-rule). Costs are bit operations relative to the costliest candidate
-everywhere (`mixed_precision.bitops`), read from the sim's actual quantizers after every automatic decision.
+(AMP, in ``<results_dir>/amp``, resumable). AMP's phase 2 (the prefix search and its refinement) is always
+scored by ``eval_callback``, so the budget is judged by the user's metric; its phase 1 (each quantizer group
+alone at each cheaper candidate, hundreds of evaluations on a real model, only used to rank the flips) is
+scored with ``phase1="proxy"`` (the default) by `auto_quant_proxy.OutputSQNR`: the SQNR of the sim's outputs
+against the float model's on the first calibration batch (float outputs computed once; a session rebuild
+and one batch per evaluation instead of the user's whole evaluation), or with ``phase1="callback"`` by
+``eval_callback`` as well (then phase 1 skips a group's costlier candidates once a cheaper one already scores
+what the float model does: AMP's saturation rule). Costs are bit operations relative to the costliest
+candidate everywhere (`mixed_precision.bitops`), read from the sim's actual quantizers after every automatic
+decision. The result counts what was spent (``AutoQuantResult.counts``: callback evaluations, phase-1 proxy
+evaluations, calibration passes), also said in its message.
 
 Every score is written to ``<results_dir>/.cache/auto_quantize_scores.json`` as soon as it is known, keyed
-by the prepared model, the candidates and the settings: after an interruption, ``clean_start=False``
+by the prepared model, the candidates, the callback and ``phase1``: after an interruption, ``clean_start=False``
 scores only what is missing. Nothing is changed on the caller's model; an exception from the callback
 propagates after the scores so far are saved.
 """
@@ -57,6 +67,7 @@ from adaround import apply_adaround, apply_seq_mse
 from mixed_precision.amp import choose_mixed_precision
 from mixed_precision.amp_executor import checked_score
 from mixed_precision.amp_space import AmpSpace, Config
+from mixed_precision.auto_quant_proxy import OutputSQNR
 from mixed_precision.auto_quant_result import AutoQuantResult, AutoQuantStep, write_auto_quant_report
 from mixed_precision.bitops import layer_costs, simulated_bit_operations
 from mixed_precision.files import write_text_atomic
@@ -64,7 +75,7 @@ from mixed_precision.presets import Precision, candidate
 from quantsim import InvalidArgumentError, QuantizationSimModel, TargetError, TargetProfile, load_target
 from quantsim.prepare import hash_model
 
-__all__ = ["auto_quantize", "DEFAULT_LADDER", "EXHAUSTIVE_LIMIT", "CLE_TOLERANCE"]
+__all__ = ["auto_quantize", "DEFAULT_LADDER", "EXHAUSTIVE_LIMIT", "CLE_TOLERANCE", "PHASE1_MODES"]
 
 _log = logging.getLogger(__name__)
 
@@ -75,6 +86,8 @@ for itself and scored, cheapest first, so the search stops at the cheapest that 
 CLE_TOLERANCE = 1e-4
 """Largest output difference (relative to the output's range) for which equalization counts as keeping the
 float model."""
+PHASE1_MODES = ("proxy", "callback")
+"""What scores AMP's phase 1 in `auto_quantize` (module docstring): the built-in output SQNR, or ``eval_callback``."""
 _CACHE = Path(".cache") / "auto_quantize_scores.json"
 
 
@@ -100,17 +113,29 @@ class _Timed:
 class _Search:
     def __init__(self, model: onnx.ModelProto, batches: Callable[[], list], evaluate: Callable, drop: float,
                  ladder: list[Precision], results: Path | None, clean_start: bool, executor: Executor | None,
-                 time_budget: float | None, show: bool, sim_kwargs: dict):
+                 time_budget: float | None, show: bool, sim_kwargs: dict, phase1: str = "proxy"):
         self.model, self.batches, self.evaluate, self.drop = model, batches, evaluate, drop
+        self.phase1 = phase1
+        self.counts = {"callback_evaluations": 0, "proxy_evaluations": 0, "calibration_passes": 0}
         self.ladder, self.results, self.executor, self.show = ladder, results, executor, show
         self.time_budget, self.sim_kwargs, self.start = time_budget, sim_kwargs, time.perf_counter()
         self.steps: list[AutoQuantStep] = []
         self.best: tuple[AutoQuantStep, Callable[[], QuantizationSimModel], QuantizationSimModel | None] | None = None
         self.notes: list[str] = []
-        self.reference = checked_score(evaluate(_float_session(model)), "the float model")
+        self.reference = self.call(_float_session(model), "the float model")
         self.target = self.reference - drop
         self.clean_start = clean_start
         self.key = self._cache_key(clean_start)
+
+    def call(self, session: Any, what: str) -> float:
+        """``eval_callback`` on ``session``, counted."""
+        self.counts["callback_evaluations"] += 1
+        return checked_score(self.evaluate(session), what)
+
+    def calibrate(self, sim: QuantizationSimModel, model_batches: list | None = None) -> None:
+        """One calibration pass over the calibration data, counted."""
+        self.counts["calibration_passes"] += 1
+        sim.compute_encodings(model_batches if model_batches is not None else self.batches())
 
     # scores, cached ---------------------------------------------------------------------------------------
     def _cache_key(self, clean_start: bool) -> str:
@@ -119,6 +144,7 @@ class _Search:
         digest.update(json.dumps([p.name for p in self.ladder]).encode())
         fn = getattr(self.evaluate, "func", self.evaluate)
         digest.update(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}".encode())
+        digest.update(f"phase1={self.phase1}".encode())
         key = digest.hexdigest()
         self.cache: dict[str, dict] = {}
         path = self._cache_path()
@@ -132,7 +158,7 @@ class _Search:
             if stored.get("key") == key and isinstance(stored.get("scores"), dict):
                 self.cache = stored["scores"]
             elif stored:
-                warnings.warn(f"auto_quantize: {path} was written for another model, candidates or callback; "
+                warnings.warn(f"auto_quantize: {path} was written for another model, candidates, callback or phase1; "
                               "starting clean", RuntimeWarning, stacklevel=4)
         return key
 
@@ -173,7 +199,7 @@ class _Search:
             except TargetError as error:  # the target refuses this configuration: noted, not scored
                 self.notes.append(f"{stage} {settings} skipped: {str(error).splitlines()[0]}")
                 return AutoQuantStep(stage, settings, float("-inf"), float("inf"), time.perf_counter() - t0, False)
-            score = checked_score(self.evaluate(made.session), f"{stage} {settings}")
+            score = self.call(made.session, f"{stage} {settings}")
             bops, cached = self.relative_bops(made), False
             self.cache[key] = {"score": score, "relative_bops": bops}
             self._save()
@@ -220,33 +246,50 @@ class _Search:
         if configs is not None:
             self.exhaustive(space, configs, settings)
         else:
-            self.amp(sim, names, settings)
+            self.amp(sim, names, settings, model)
 
     def exhaustive(self, space: AmpSpace, configs: list[Config], settings: dict) -> None:
         """Each configuration, cheapest first, calibrated for itself and scored, until one meets the target."""
         for config in configs:
             def build(config: Config = config) -> QuantizationSimModel:
-                space.calibrated(config, self.batches(), lambda: None)
+                space.calibrated(config, self.batches(), self.passed)
                 return space.sim
             step = self.score("exhaustive", {**settings, "config": "/".join(space.describe(config))}, build,
                               shared=True)
             if step.met:
                 return
 
-    def amp(self, sim: QuantizationSimModel, names: list[str], settings: dict) -> None:
+    def passed(self) -> None:
+        self.counts["calibration_passes"] += 1
+
+    def amp(self, sim: QuantizationSimModel, names: list[str], settings: dict, model: onnx.ModelProto | None) -> None:
         self.check_time()
         folder = None if self.results is None else self.results / "amp"
-        evaluate = self.evaluate
+        evaluate: Callable = self.evaluate
+        phase1: Callable = evaluate
+        if self.phase1 == "proxy":  # the first calibration batch, float outputs computed once
+            phase1 = OutputSQNR(model if model is not None else self.model, self.batches()[:1])
         if self.time_budget is not None:  # stop inside AMP too (its scores so far stay in results_dir's cache)
-            evaluate = _Timed(evaluate, time.time() + self.time_budget - (time.perf_counter() - self.start))
+            deadline = time.time() + self.time_budget - (time.perf_counter() - self.start)
+            evaluate = _Timed(evaluate, deadline)
+            phase1 = evaluate if self.phase1 == "callback" else _Timed(phase1, deadline)
         try:
             with tempfile.TemporaryDirectory() as scratch:
-                result = choose_mixed_precision(sim, names, evaluate, evaluate, self.drop,
+                result = choose_mixed_precision(sim, names, phase1, evaluate, self.drop,
                                                 folder or scratch, self.clean_start, self.batches(),
                                                 executor=self.executor, progress=self.show)
         except TargetError as error:  # a flip the target refuses
             self.notes.append(f"AMP stopped: {str(error).splitlines()[0]}")
             return
+        proxy = self.phase1 == "proxy"
+        self.counts["callback_evaluations"] += result.phase2_evaluations + (0 if proxy else result.phase1_evaluations)
+        self.counts["proxy_evaluations"] += result.phase1_evaluations if proxy else 0
+        self.counts["calibration_passes"] += result.calibration_passes
+        self.notes.append(f"AMP ({'/'.join(names)}): {result.phase1_evaluations} phase-1 "
+                          f"{'proxy (output SQNR)' if proxy else 'callback'} evaluations, "
+                          f"{result.phase2_evaluations} phase-2 callback evaluations "
+                          f"({result.refinement_trials} refinement trials), {result.calibration_passes} calibration "
+                          f"passes, {result.cached_scores} cached scores")
         step = AutoQuantStep("amp", settings, result.score, self.relative_bops(sim), result.wall_time_s,
                              result.score >= self.target)
         self.steps.append(step)
@@ -309,7 +352,7 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
                   target: str | Path | None = None, executor: Executor | None = None,
                   time_budget: float | None = None, quant_schemes: Sequence[str] = ("tf_enhanced", "percentile"),
                   adaround_iterations: int = 1000, seq_mse_candidates: int = 20, clean_start: bool = True,
-                  progress: bool | None = None, **sim_kwargs: Any) -> AutoQuantResult:
+                  progress: bool | None = None, phase1: str = "proxy", **sim_kwargs: Any) -> AutoQuantResult:
     """The cheapest configuration whose score is at least ``eval_callback(float model) - allowed_accuracy_drop``
     (module docstring for the search).
 
@@ -319,6 +362,10 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     name such as "generic-npu", a profile file, or an AIMET config with ``supported_kernels``): only candidates
     it allows on every weighted op type are tried, every sim is built with it (so each precision decision stays
     legal), and configurations it refuses are skipped and named in the message.
+    ``phase1``: what scores AMP's phase 1 (`PHASE1_MODES`): ``"proxy"`` (default), the SQNR of the sim's
+    outputs against the float model's on the first calibration batch (`auto_quant_proxy.OutputSQNR`), or
+    ``"callback"``, ``eval_callback`` (the old behaviour, one full evaluation per quantizer group and
+    candidate); phase 2, which judges the budget, always uses ``eval_callback``.
     ``executor`` runs AMP's phase 1 elsewhere (any ``concurrent.futures.Executor``, Dask's included);
     ``time_budget`` (seconds) stops the search once it is spent: between steps, and inside the AMP stage
     before its next evaluation. ``results_dir`` gets
@@ -332,6 +379,9 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
         raise InvalidArgumentError(f"time_budget must be a number of seconds > 0, got {time_budget!r}")
     if not callable(eval_callback):
         raise InvalidArgumentError("eval_callback must be a callable taking an onnxruntime session")
+    if not isinstance(phase1, str) or phase1 not in PHASE1_MODES:
+        raise InvalidArgumentError(f"auto_quantize: phase1 must be one of {', '.join(map(repr, PHASE1_MODES))}, "
+                                   f"got {phase1!r}")
     source = onnx.load(str(model)) if isinstance(model, (str, Path)) else model
     if not isinstance(source, onnx.ModelProto):
         raise InvalidArgumentError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
@@ -347,7 +397,7 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
         sim_kwargs.setdefault(switch, True)
     search = _Search(source, _batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
                      None if results_dir is None else Path(results_dir), clean_start, executor, time_budget, show,
-                     sim_kwargs)
+                     sim_kwargs, phase1)
     try:
         _run(search, quant_schemes, adaround_iterations, seq_mse_candidates)
     except _Budget:
@@ -404,16 +454,33 @@ def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int)
             search.mix(cheaper + [base], best_scheme, model)
     else:
         bar.update()
-        costlier = ladder[ladder.index(base):]
+        costlier = _uniform_costlier(search, ladder[ladder.index(base):], best_scheme, model)
         if len(costlier) > 1:
             search.mix(costlier, best_scheme, model)
     bar.update()
     bar.close()
 
 
+def _uniform_costlier(search: _Search, costlier: list[Precision], scheme: str,
+                      model: onnx.ModelProto | None) -> list[Precision]:
+    """Each costlier candidate everywhere, cheapest first, up to the first meeting the target; the candidates
+    a mix then needs (the base and those up to that one), or none when no candidate meets the target even
+    everywhere (a note says so: the search stops there, without a mix)."""
+    for k, precision in enumerate(costlier[1:], start=1):
+        step = search.score("uniform", {"precision": precision.name, "scheme": scheme, "cle": model is not None},
+                            partial(_calibrated, search, precision, scheme, model))
+        if step.met:
+            return costlier[:k + 1]
+    if len(costlier) > 1:
+        tried = [s for s in search.steps if s.stage == "uniform"]
+        scores = ", ".join(f"{s.settings['precision']} {s.score:.6g}" for s in tried)
+        search.notes.append(f"no candidate meets the target even everywhere ({scores}): no mix was searched")
+    return []
+
+
 def _calibrated(search: _Search, precision: Precision, scheme: str, model: onnx.ModelProto | None):
     sim = search.sim(precision, scheme, model)
-    sim.compute_encodings(search.batches())
+    search.calibrate(sim)
     return sim
 
 
@@ -423,7 +490,7 @@ def _rounded(search: _Search, precision: Precision, scheme: str, model, candidat
         apply_seq_mse(sim, search.batches(), num_candidates=candidates, progress=False)
     if iterations:
         apply_adaround(sim, search.batches(), num_iterations=iterations, progress=False)
-    sim.compute_encodings(search.batches())
+    search.calibrate(sim)
     return sim
 
 
@@ -431,9 +498,15 @@ def _deployed_score(search: _Search, sim: QuantizationSimModel) -> float | str:
     """The callback's score of the chosen sim's QDQ export in onnxruntime's fused integer kernels (what a
     deployment runs: issue of sim-vs-deployment agreement), or a note saying why it could not be scored."""
     try:
-        return checked_score(search.evaluate(sim.fused_session()), "the chosen configuration's QDQ export")
+        return search.call(sim.fused_session(), "the chosen configuration's QDQ export")
     except Exception as error:  # noqa: BLE001 - reported in the result, the search's answer stands
         return f"its QDQ export could not be scored ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+
+
+def _missing_costlier(search: _Search) -> str:
+    """"costlier candidates (...) or " naming the usual ones the ladder lacks ("" when it has them all)."""
+    missing = [name for name in ("W8A16", "W16A16", "FP16") if name not in {p.name for p in search.ladder}]
+    return f"costlier candidates ({', '.join(missing)}) or " if missing else ""
 
 
 def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
@@ -450,8 +523,7 @@ def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
         best = max(search.steps, key=lambda s: s.score)
         message = (f"budget not met: the best configuration tried, {best.label}, scores {best.score:.6g} < target "
                    f"{search.target:.6g}; it would need an allowed drop of at least "
-                   f"{search.reference - best.score:.6g}, or costlier candidates (e.g. FP16, W16A16) or more "
-                   "calibration data")
+                   f"{search.reference - best.score:.6g}, or {_missing_costlier(search)}more calibration data")
     scored = _deployed_score(search, sim)
     deployed = None if isinstance(scored, str) else scored
     if isinstance(scored, str):
@@ -460,13 +532,18 @@ def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
         search.notes.append(f"its QDQ export in onnxruntime's integer kernels scores {scored:.6g}, below the target: "
                             "they round near ties differently from the sim (print(result.sim) names the differences)")
         warnings.warn(f"auto_quantize: {search.notes[-1]}", RuntimeWarning, stacklevel=3)
+    counts = search.counts
+    search.notes.append(f"spent {counts['callback_evaluations']} callback evaluations, "
+                        f"{counts['proxy_evaluations']} phase-1 proxy evaluations and {counts['calibration_passes']} "
+                        "calibration passes (besides Sequential MSE / AdaRound)")
     message = "; ".join([message, *search.notes])
     if not met:
         warnings.warn(f"auto_quantize: {message}", RuntimeWarning, stacklevel=3)
     enabled = [q for q in sim.quantizers if q.enabled and q.param_type != "bias"]
     share = sum(q.precision().bits > 8 for q in enabled) / max(len(enabled), 1)
     result = AutoQuantResult(sim, step.score, step.relative_bops, search.reference, search.target, search.drop, met,
-                             step, search.steps, message, time.perf_counter() - search.start, share, deployed)
+                             step, search.steps, message, time.perf_counter() - search.start, share, deployed,
+                             dict(counts))
     if results_dir is not None:
         write_auto_quant_report(result, results_dir)
     return result
