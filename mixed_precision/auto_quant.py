@@ -48,6 +48,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import tempfile
 import time
 import warnings
@@ -125,6 +126,7 @@ class _Search:
         self.reference = self.call(_float_session(model), "the float model")
         self.target = self.reference - drop
         self.clean_start = clean_start
+        self.known: dict[str, float] = {}  # scores of candidates everywhere, as AMP configures them (for AMP)
         self.key = self._cache_key(clean_start)
 
     def call(self, session: Any, what: str) -> float:
@@ -275,9 +277,10 @@ class _Search:
             phase1 = evaluate if self.phase1 == "callback" else _Timed(phase1, deadline)
         try:
             with tempfile.TemporaryDirectory() as scratch:
+                known = {"float": self.reference, **{n: v for n, v in self.known.items() if n in names}}
                 result = choose_mixed_precision(sim, names, phase1, evaluate, self.drop,
                                                 folder or scratch, self.clean_start, self.batches(),
-                                                executor=self.executor, progress=self.show)
+                                                executor=self.executor, progress=self.show, known_scores=known)
         except TargetError as error:  # a flip the target refuses
             self.notes.append(f"AMP stopped: {str(error).splitlines()[0]}")
             return
@@ -454,6 +457,7 @@ def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int)
             search.mix(cheaper + [base], best_scheme, model)
     else:
         bar.update()
+        search.known[base.name] = best_score  # the base everywhere, with the scheme and model the mix uses
         costlier = _uniform_costlier(search, ladder[ladder.index(base):], best_scheme, model)
         if len(costlier) > 1:
             search.mix(costlier, best_scheme, model)
@@ -465,11 +469,29 @@ def _uniform_costlier(search: _Search, costlier: list[Precision], scheme: str,
                       model: onnx.ModelProto | None) -> list[Precision]:
     """Each costlier candidate everywhere, cheapest first, up to the first meeting the target; the candidates
     a mix then needs (the base and those up to that one), or none when no candidate meets the target even
-    everywhere (a note says so: the search stops there, without a mix)."""
+    everywhere (a note says so: the search stops there, without a mix). Each is configured as AMP configures
+    a candidate everywhere (one sim at the base precision, `AmpSpace.uniform`), so AMP takes these scores
+    (``search.known``) instead of evaluating them again."""
+    space: list[AmpSpace] = []
+
+    def build(k: int) -> QuantizationSimModel:
+        if not space:
+            space.append(AmpSpace.build(search.sim(costlier[0], scheme, model), costlier, search.sample))
+        space[0].calibrated(space[0].uniform(k), search.batches(), search.passed)
+        return space[0].sim
+
     for k, precision in enumerate(costlier[1:], start=1):
         step = search.score("uniform", {"precision": precision.name, "scheme": scheme, "cle": model is not None},
-                            partial(_calibrated, search, precision, scheme, model))
+                            partial(build, k), shared=True)
+        if math.isfinite(step.score):
+            search.known[precision.name] = step.score
         if step.met:
+            base = min((s for s in search.steps if s.stage in ("defaults", "scheme", "cle")),
+                       key=lambda s: s.relative_bops)
+            if step.relative_bops <= base.relative_bops:  # as cheap as the base as the sim runs it: no mix is cheaper
+                search.notes.append(f"{precision.name} everywhere costs what {base.settings['precision']} does "
+                                    "(relative BOPs as the sim runs them): no mix was searched")
+                return []
             return costlier[:k + 1]
     if len(costlier) > 1:
         tried = [s for s in search.steps if s.stage == "uniform"]

@@ -209,3 +209,51 @@ def test_the_counts_are_in_the_report(tmp_path):
     assert result.to_dict()["counts"] == result.counts
     assert f"{result.counts['proxy_evaluations']} proxy evaluations" in result.summary()
     assert f"{result.counts['calibration_passes']} calibration passes" in result.message
+
+
+# the scores AMP is handed -------------------------------------------------------------------------------------
+def test_amp_is_handed_the_scores_it_would_compute(monkeypatch, tmp_path):
+    """The candidates everywhere (and the base) that auto_quantize scored before the mix are handed to AMP
+    (``known_scores``) instead of being evaluated again: they must be the scores AMP computes itself on the
+    same sim (a pickled copy, run without them), and the search must end where it would without them."""
+    real = auto_quant.choose_mixed_precision
+    seen = {}
+
+    def spy(sim, candidates, eval1, eval2, drop, folder, clean_start, data, **kwargs):
+        known = kwargs.pop("known_scores")
+        alone = real(pickle.loads(pickle.dumps(sim)), candidates, eval1, eval2, drop, tmp_path / "alone", True, data,
+                     **kwargs)
+        handed = real(sim, candidates, eval1, eval2, drop, folder, clean_start, data, known_scores=known, **kwargs)
+        seen.update(known=known, alone=alone, handed=handed)
+        return handed
+
+    monkeypatch.setattr(auto_quant, "choose_mixed_precision", spy)
+    result = auto_quantize(M.mlp(), M.feeds(), M.score, 1e-3, candidates=LADDER, **FAST)
+    known, alone, handed = seen["known"], seen["alone"], seen["handed"]
+    assert set(known) == {"float", "W8A8", "W8A16", "W16A16"} and result.chosen.stage == "amp"
+    for name in ("W8A8", "W8A16", "W16A16"):
+        assert known[name] == alone.uniform_scores[name]
+    assert known["float"] == result.reference_score == pytest.approx(alone.float_score, abs=1e-9)
+    assert handed.phase2_evaluations == alone.phase2_evaluations - 4
+    assert handed.chosen.bitops_ratio == alone.chosen.bitops_ratio and handed.score == alone.score
+
+
+def test_known_scores_are_checked():
+    from mixed_precision import choose_mixed_precision
+
+    with pytest.raises(InvalidArgumentError, match="'W4A4' is neither 'float' nor one of the candidates"):
+        choose_mixed_precision(M.new_sim(), ["W8A8", "W16A16"], M.score, M.score, 0.1, "unused", True, M.feeds(),
+                               known_scores={"W4A4": 1.0})
+    with pytest.raises(InvalidArgumentError, match="known_scores\\['float'\\]"):
+        choose_mixed_precision(M.new_sim(), ["W8A8", "W16A16"], M.score, M.score, 0.1, "unused", True, M.feeds(),
+                               known_scores={"float": float("nan")})
+
+
+def test_no_mix_when_the_meeting_candidate_costs_what_the_base_does(monkeypatch):
+    """When the first candidate meeting the target everywhere costs what the base does (as the sim runs them:
+    range health can leave every activation at 16 bits under W8A8 too), no mix can be cheaper: none is
+    searched. Costs are made equal here by reading every sim as costing the same."""
+    monkeypatch.setattr(auto_quant._Search, "relative_bops", lambda self, sim: 0.5)
+    result = auto_quantize(M.mlp(), M.feeds(), M.score, 2e-3, candidates=LADDER, **FAST)
+    assert [s.stage for s in result.steps][-1] == "uniform" and result.chosen.stage == "uniform"
+    assert result.budget_met and "no mix was searched" in result.message
