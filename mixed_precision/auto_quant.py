@@ -15,11 +15,12 @@ where ``reference`` is ``eval_callback`` on the float model (one onnxruntime ses
 4. when the base precision meets the target, **cheaper candidates** (low-bit weights such as W4A8): each
    everywhere with Sequential MSE then AdaRound (``seq_mse_candidates``, ``adaround_iterations``), and if
    none meets the target, a mix of the base and the cheaper candidates per quantizer group;
-5. when the base misses the target, the **costlier candidates** (W8A16, W16A16, FP16, ...) each everywhere,
-   cheapest first, up to the first that meets the target (one calibration and one callback each); if none
+5. when the base misses the target, the **costlier candidates** (W8A16, W16A16, FP16, ...) each everywhere
+   (stage **uniform**), cheapest first, up to the first that meets the target (one calibration and one callback each); if none
    does, the search stops there and says so (no mix of them can do better than the costliest everywhere, as
    far as the search can tell). Else a mix per quantizer group of the base and the costlier candidates up to
-   that first meeting one (the costlier ones are not needed).
+   that first meeting one (the costlier ones are not needed), unless that one everywhere costs no more than
+   the base does as the sim runs them (range health can leave activations 16-bit under W8A8 too).
 
 A mix is searched exhaustively when the space has at most `EXHAUSTIVE_LIMIT` distinct configurations
 (cheapest first, each calibrated for itself and scored, up to the first that meets the target), else by
@@ -43,16 +44,14 @@ propagates after the scores so far are saved.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
-import itertools
 import json
 import logging
 import math
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from pathlib import Path
@@ -60,20 +59,26 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from tqdm.auto import tqdm
 
-import adaround
 from adaround import apply_adaround, apply_seq_mse
 from mixed_precision.amp import choose_mixed_precision
 from mixed_precision.amp_executor import checked_score
 from mixed_precision.amp_space import AmpSpace, Config
+from mixed_precision.auto_quant_inputs import (
+    CLE_TOLERANCE,
+    calibration_batches,
+    equalized,
+    float_session,
+    legal_candidates,
+    small_space,
+)
 from mixed_precision.auto_quant_proxy import OutputSQNR
 from mixed_precision.auto_quant_result import AutoQuantResult, AutoQuantStep, write_auto_quant_report
 from mixed_precision.bitops import layer_costs, simulated_bit_operations
 from mixed_precision.files import write_text_atomic
 from mixed_precision.presets import Precision, candidate
-from quantsim import InvalidArgumentError, QuantizationSimModel, TargetError, TargetProfile, load_target
+from quantsim import InvalidArgumentError, QuantizationSimModel, TargetError, load_target
 from quantsim.prepare import hash_model
 
 __all__ = ["auto_quantize", "DEFAULT_LADDER", "EXHAUSTIVE_LIMIT", "CLE_TOLERANCE", "PHASE1_MODES"]
@@ -84,9 +89,6 @@ DEFAULT_LADDER = ("W4A8", "W8A8", "W8A16", "W16A16", "FP16")
 EXHAUSTIVE_LIMIT = 16
 """Largest number of distinct per-group configurations searched exhaustively (else AMP): each is calibrated
 for itself and scored, cheapest first, so the search stops at the cheapest that meets the target."""
-CLE_TOLERANCE = 1e-4
-"""Largest output difference (relative to the output's range) for which equalization counts as keeping the
-float model."""
 PHASE1_MODES = ("proxy", "callback")
 """What scores AMP's phase 1 in `auto_quantize` (module docstring): the built-in output SQNR, or ``eval_callback``."""
 _CACHE = Path(".cache") / "auto_quantize_scores.json"
@@ -123,7 +125,7 @@ class _Search:
         self.steps: list[AutoQuantStep] = []
         self.best: tuple[AutoQuantStep, Callable[[], QuantizationSimModel], QuantizationSimModel | None] | None = None
         self.notes: list[str] = []
-        self.reference = self.call(_float_session(model), "the float model")
+        self.reference = self.call(float_session(model), "the float model")
         self.target = self.reference - drop
         self.clean_start = clean_start
         self.known: dict[str, float] = {}  # scores of candidates everywhere, as AMP configures them (for AMP)
@@ -134,10 +136,10 @@ class _Search:
         self.counts["callback_evaluations"] += 1
         return checked_score(self.evaluate(session), what)
 
-    def calibrate(self, sim: QuantizationSimModel, model_batches: list | None = None) -> None:
+    def calibrate(self, sim: QuantizationSimModel) -> None:
         """One calibration pass over the calibration data, counted."""
         self.counts["calibration_passes"] += 1
-        sim.compute_encodings(model_batches if model_batches is not None else self.batches())
+        sim.compute_encodings(self.batches())
 
     # scores, cached ---------------------------------------------------------------------------------------
     def _cache_key(self, clean_start: bool) -> str:
@@ -299,56 +301,6 @@ class _Search:
         self.offer(step, lambda: sim, sim)
 
 
-def small_space(space: AmpSpace, limit: int) -> list[Config] | None:
-    """The distinct configurations of ``space`` (cheapest first) when there are at most ``limit``, else None.
-    Counted per group (the candidates that mean something different for it) before anything is listed: a
-    few hundred groups have far too many configurations to enumerate."""
-    canonical = [space.canonical((c,) * len(space.groups)) for c in range(len(space.candidates))]
-    choices = [sorted({config[g] for config in canonical}) for g in range(len(space.groups))]
-    count = 1
-    for options in choices:
-        count *= len(options)
-        if count > limit:
-            return None
-    return sorted(itertools.product(*choices), key=lambda c: (space.bops(c), c))
-
-
-def _float_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-
-
-def _batches(data: Any) -> Callable[[], list]:
-    if callable(data):
-        def fresh() -> list:
-            batches = list(data())
-            if not batches:
-                raise InvalidArgumentError("auto_quantize: the calibration_data callable returned no batch")
-            return batches
-        return fresh
-    if isinstance(data, Mapping) or not isinstance(data, Iterable):
-        raise InvalidArgumentError("auto_quantize: calibration_data must be a sequence of feed dicts "
-                                   f"({{input name: array}}) or a callable returning one, got {type(data).__name__}")
-    kept = list(data)
-    if not kept or not all(isinstance(b, Mapping) for b in kept):
-        raise InvalidArgumentError("auto_quantize: calibration_data must hold at least one feed dict "
-                                   "({input name: array})")
-    return lambda: kept
-
-
-def _equalized(model: onnx.ModelProto, first: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto | None, str]:
-    """A CLE copy of ``model`` when it keeps the float outputs on ``first`` (else None and why)."""
-    work = copy.deepcopy(model)
-    equalized = adaround.equalize_model(work)  # looked up at call time (tests replace it)
-    equalized = equalized if equalized is not None else work
-    before = _float_session(model).run(None, dict(first))
-    after = _float_session(equalized).run(None, dict(first))
-    worst = max(float(np.max(np.abs(a - b))) / max(float(np.ptp(a)), 1e-12) for a, b in zip(before, after))
-    if worst > CLE_TOLERANCE:
-        return None, (f"CLE skipped: it changes the float model's outputs by {worst:.3g} of their range "
-                      f"(> {CLE_TOLERANCE:g})")
-    return equalized, ""
-
-
 def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequence[Mapping[str, np.ndarray]] | Callable,
                   eval_callback: Callable[[Any], float], allowed_accuracy_drop: float, *,
                   results_dir: str | Path | None = None, candidates: Sequence[Any] | None = None,
@@ -391,14 +343,14 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     ladder = [candidate(c) for c in (candidates or DEFAULT_LADDER)]
     if target is not None:
         profile = load_target(target)
-        ladder = _legal_candidates(ladder, profile, source)
+        ladder = legal_candidates(ladder, profile, source)
         sim_kwargs["target"] = profile
     if not ladder:
         raise InvalidArgumentError("auto_quantize: no candidate left (check candidates= and the target's kernels)")
     show = True if progress is None else bool(progress)
     for switch in ("fold_batchnorm", "range_health", "depthwise_supergroups"):  # this project's defaults, unannounced
         sim_kwargs.setdefault(switch, True)
-    search = _Search(source, _batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
+    search = _Search(source, calibration_batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
                      None if results_dir is None else Path(results_dir), clean_start, executor, time_budget, show,
                      sim_kwargs, phase1)
     try:
@@ -406,13 +358,6 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     except _Budget:
         search.notes.append(f"time budget of {time_budget:g} s spent: the search stopped early")
     return _finish(search, results_dir)
-
-
-def _legal_candidates(ladder: list[Precision], profile: TargetProfile, model: onnx.ModelProto) -> list[Precision]:
-    """The candidates ``profile`` allows on every weighted op type of ``model`` (a mix of them then needs no
-    precision the target lacks; what it refuses per node, a scored configuration reports)."""
-    ops = {n.op_type for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")} or {"*"}
-    return [c for c in ladder if all(profile.allows(op, c.param_type, c.activation_type) for op in ops)]
 
 
 def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int) -> None:
@@ -435,14 +380,14 @@ def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int)
                 break
     bar.update()
     if not any(s.met for s in search.steps):
-        equalized, why = _equalized(search.model, search.batches()[0])
-        if equalized is None:
+        copied, why = equalized(search.model, search.batches()[0])
+        if copied is None:
             search.notes.append(why)
         else:
             step = search.score("cle", {"precision": base.name, "scheme": best_scheme},
-                                partial(_calibrated, search, base, best_scheme, equalized))
+                                partial(_calibrated, search, base, best_scheme, copied))
             if step.score > best_score:
-                best_score, model = step.score, equalized
+                best_score, model = step.score, copied
     bar.update()
     cheaper = ladder[:ladder.index(base)]
     if any(s.met for s in search.steps):
@@ -457,7 +402,8 @@ def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int)
             search.mix(cheaper + [base], best_scheme, model)
     else:
         bar.update()
-        search.known[base.name] = best_score  # the base everywhere, with the scheme and model the mix uses
+        if math.isfinite(best_score):  # the base everywhere, with the scheme and model the mix uses
+            search.known[base.name] = best_score
         costlier = _uniform_costlier(search, ladder[ladder.index(base):], best_scheme, model)
         if len(costlier) > 1:
             search.mix(costlier, best_scheme, model)

@@ -25,10 +25,10 @@ class AutoQuantStep:
     """One configuration the search scored.
 
     ``stage`` is the technique that made it (``defaults``, ``scheme``, ``cle``, ``seq_mse+adaround``,
-    ``exhaustive``, ``amp``); ``settings`` what was set (precision, calibration scheme, ...);
-    ``relative_bops`` its bit operations over the costliest candidate everywhere, read from the sim's
-    quantizers after every automatic decision; ``seconds`` the wall time spent on it (0 when its score came
-    from the cache); ``met`` whether it reached the target."""
+    ``uniform`` (a costlier candidate everywhere), ``exhaustive``, ``amp``); ``settings`` what was set
+    (precision, calibration scheme, ...); ``relative_bops`` its bit operations over the costliest candidate
+    everywhere, read from the sim's quantizers after every automatic decision; ``seconds`` the wall time
+    spent on it (0 when its score came from the cache); ``met`` whether it reached the target."""
 
     stage: str
     settings: dict[str, Any]
