@@ -189,7 +189,7 @@ def bench(key: str, size: C.Size, drop: float, iterations: int, candidates: list
                 "bops": result.relative_bops, "share": result.promoted_share, "seconds": seconds, "cpu_seconds": cpu,
                 "rounding_seconds": rounding, "passes": (seconds - rounding) / max(pass_wall, 1e-9),
                 "cpu_passes": (cpu - rounding_cpu) / max(pass_cpu, 1e-9), "met": result.budget_met,
-                "chosen": result.chosen.label, "message": result.message,
+                "chosen": result.chosen.label, "message": result.message, "counts": dict(result.counts),
                 "steps": [[s.stage, s.score, s.relative_bops, s.seconds] for s in result.steps]})
     row.update(_exports(result.sim, score))
     return row

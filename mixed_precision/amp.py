@@ -119,7 +119,8 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
                            amp_search_algo: AMPSearchAlgo = AMPSearchAlgo.Binary, *,
                            executor: Executor | None = None, executor_chunks: int = 16,
                            progress: bool | None = None, refine: bool | int = True,
-                           phase1_saturation: bool = True) -> AmpResult:
+                           phase1_saturation: bool = True,
+                           known_scores: Mapping[str, float] | None = None) -> AmpResult:
     """Choose a precision per quantizer group: the cheapest configuration (in bit operations) whose score is
     within ``allowed_accuracy_drop`` of the float model's (module docstring). AIMET's signature and return
     value (`AmpResult` is AIMET's pareto list, with more attributes). ``phase1_optimize``: one calibration
@@ -136,13 +137,20 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     (`mixed_precision.amp_refine`); ``True`` spends at most `amp_refine.default_limit` trials, an int at most
     that many, ``False`` (or 0) keeps AIMET's prefix search alone. Only with a budget and the binary search.
     ``phase1_saturation``: phase 1's saturation rule (module docstring); ``False`` scores every (group,
-    candidate) as aimet-onnx does.
+    candidate) as aimet-onnx does. ``known_scores`` (not in AIMET): phase-2 scores the caller already has,
+    ``"float"`` for the float model and a candidate's name for that candidate everywhere on this sim (as
+    `AmpSpace.build` configures it with ``AmpSpace.uniform``), used instead of evaluating them (each
+    candidate is still calibrated everywhere once, for phase 1 and its observed cost); a known ``"float"``
+    also sets the target (its score minus ``allowed_accuracy_drop``). Candidates' scores are used only when
+    every group may take every candidate (else "everywhere" is not the same configuration: they are
+    evaluated as usual).
     """
     start = time.perf_counter()
     precisions, drop = _check_inputs(candidates, eval_callback_for_phase1, eval_callback_for_phase2,
                                      allowed_accuracy_drop, forward_pass_callback)
     if not isinstance(refine, (bool, int)) or not isinstance(refine, bool) and refine < 0:
         raise InvalidArgumentError(f"refine must be True, False or a number of trials >= 0, got {refine!r}")
+    given = _known(known_scores, [p.name for p in precisions])
     algo = AMPSearchAlgo(amp_search_algo)
     show = sim.progress if progress is None else bool(progress)
     results = Path(results_dir)
@@ -157,6 +165,8 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     allowed = target_candidates(sim, space.controlled, [", ".join(g.nodes or g.quantizers) for g in space.groups],
                                 space.requested, allowed)
     space = replace(space, allowed=None if all(len(a) == len(space.candidates) for a in allowed) else allowed)
+    if space.allowed is not None:  # "everywhere" is not every group at the candidate: only the float score holds
+        given = {k: v for k, v in given.items() if k == "float"}
     names = [p.name for p in space.candidates]
     cache = ScoreCache(results, cache_key(sim, names, space.groups, (eval_callback_for_phase1,
                                                                      eval_callback_for_phase2), space.allowed),
@@ -167,7 +177,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
         with sim.transaction():
             result = _search(space, cache, counts, drop, algo, eval_callback_for_phase1, eval_callback_for_phase2,
                              forward_pass_callback, executor, executor_chunks, show, start, refine,
-                             bool(phase1_optimize), bool(phase1_saturation))
+                             bool(phase1_optimize), bool(phase1_saturation), given)
     finally:
         sim.progress = previous
     write_pareto_files(result, results, drop)
@@ -180,7 +190,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
 def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | None, algo: AMPSearchAlgo,
             eval1: Callable, eval2: Callable, forward: Any, executor: Executor | None, chunks: int, show: bool,
             start: float, refine_limit: bool | int = True, phase1_optimize: bool = True,
-            saturation: bool = True) -> AmpResult:
+            saturation: bool = True, given: Mapping[str, float] | None = None) -> AmpResult:
     sim, names = space.sim, [p.name for p in space.candidates]
     baseline, cheapest = 0, len(names) - 1
     calibrated: list[Config | None] = [None]  # the configuration the sim is calibrated for now
@@ -189,6 +199,9 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | No
         counts.passes += 1
 
     def phase2_score(key: str, what: str) -> float:
+        if given and key in given:  # the caller's (known_scores)
+            cache.put(key, given[key])
+            return given[key]
         cached = cache.get(key)
         if cached is not None:
             return cached
@@ -371,6 +384,21 @@ def _search(space: AmpSpace, cache: ScoreCache, counts: Counts, drop: float | No
         message += (f"; refinement: {kept} more flips kept in {len(trials)} trials "
                     f"({sum(t.kept for t in trials)} kept)")
     return finish(config, points, chosen, True, message, phase1_named)
+
+
+def _known(scores: Mapping[str, float] | None, names: list[str]) -> dict[str, float]:
+    """``known_scores`` as cache keys (``float``, ``uniform:<name>``), checked."""
+    if scores is None:
+        return {}
+    if not isinstance(scores, Mapping):
+        raise InvalidArgumentError(f"known_scores must be a mapping of 'float' or candidate names to scores, got "
+                                   f"{type(scores).__name__}")
+    given = {}
+    for name, value in scores.items():
+        if name != "float" and name not in names:
+            raise InvalidArgumentError(f"known_scores: {name!r} is neither 'float' nor one of the candidates {names}")
+        given["float" if name == "float" else f"uniform:{name}"] = checked_score(value, f"known_scores[{name!r}]")
+    return given
 
 
 def _refine_limit(setting: bool | int, remaining: int) -> int:

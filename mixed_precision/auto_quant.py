@@ -15,16 +15,28 @@ where ``reference`` is ``eval_callback`` on the float model (one onnxruntime ses
 4. when the base precision meets the target, **cheaper candidates** (low-bit weights such as W4A8): each
    everywhere with Sequential MSE then AdaRound (``seq_mse_candidates``, ``adaround_iterations``), and if
    none meets the target, a mix of the base and the cheaper candidates per quantizer group;
-5. when the base misses the target, a mix of the base and the **costlier candidates** (W8A16, W16A16,
-   FP16, ...) per quantizer group.
+5. when the base misses the target, the **costlier candidates** (W8A16, W16A16, FP16, ...) each everywhere
+   (stage **uniform**), cheapest first, up to the first that meets the target (one calibration and one callback each); if none
+   does, the search stops there and says so (no mix of them can do better than the costliest everywhere, as
+   far as the search can tell). Else a mix per quantizer group of the base and the costlier candidates up to
+   that first meeting one (the costlier ones are not needed), unless that one everywhere costs no more than
+   the base does as the sim runs them (range health can leave activations 16-bit under W8A8 too).
 
 A mix is searched exhaustively when the space has at most `EXHAUSTIVE_LIMIT` distinct configurations
 (cheapest first, each calibrated for itself and scored, up to the first that meets the target), else by
 `choose_mixed_precision`
-(AMP, in ``<results_dir>/amp``, resumable; ``eval_callback`` scores both of its phases, so its phase 1 skips a
-group's costlier candidates once a cheaper one already scores what the float model does: AMP's saturation
-rule). Costs are bit operations relative to the costliest candidate
-everywhere (`mixed_precision.bitops`), read from the sim's actual quantizers after every automatic decision.
+(AMP, in ``<results_dir>/amp``, resumable). AMP's phase 2 (the prefix search and its refinement) is always
+scored by ``eval_callback`` (on the export, below), so the budget is judged by the user's metric; its phase 1
+(each quantizer group alone at each cheaper candidate, hundreds of evaluations on a real model, only used to
+rank the flips) is
+scored with ``phase1="proxy"`` (the default) by `auto_quant_proxy.OutputSQNR`: the SQNR of the sim's outputs
+against the float model's on the first calibration batch (float outputs computed once; a session rebuild
+and one batch per evaluation instead of the user's whole evaluation), or with ``phase1="callback"`` by
+``eval_callback`` as well (then phase 1 skips a group's costlier candidates once a cheaper one already scores
+what the float model does: AMP's saturation rule). Costs are bit operations relative to the costliest
+candidate everywhere (`mixed_precision.bitops`), read from the sim's actual quantizers after every automatic
+decision. The result counts what was spent (``AutoQuantResult.counts``: callback evaluations, phase-1 proxy
+evaluations, calibration passes), also said in its message.
 
 Scores are what the deployment computes (``score_on="export"``, the default): every configuration the
 search chooses among (each stage's, each exhaustive one, AMP's phase 2: its uniform points, Pareto front and
@@ -40,21 +52,20 @@ ranking) stays on the sim. ``score_on="sim"`` scores the sim's own session every
 no export per configuration; the export's score is then only checked at the end, ``deployed_score``).
 
 Every score is written to ``<results_dir>/.cache/auto_quantize_scores.json`` as soon as it is known, keyed
-by the prepared model, the candidates and the settings: after an interruption, ``clean_start=False``
+by the prepared model, the candidates, the callback, ``phase1`` and ``score_on``: after an interruption, ``clean_start=False``
 scores only what is missing. Nothing is changed on the caller's model; an exception from the callback
 propagates after the scores so far are saved.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
-import itertools
 import json
 import logging
+import math
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from pathlib import Path
@@ -62,22 +73,29 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from tqdm.auto import tqdm
 
-import adaround
 from adaround import apply_adaround, apply_seq_mse
 from mixed_precision.amp import choose_mixed_precision
 from mixed_precision.amp_executor import checked_score
 from mixed_precision.amp_space import AmpSpace, Config
+from mixed_precision.auto_quant_inputs import (
+    CLE_TOLERANCE,
+    calibration_batches,
+    equalized,
+    float_session,
+    legal_candidates,
+    small_space,
+)
+from mixed_precision.auto_quant_proxy import OutputSQNR
 from mixed_precision.auto_quant_result import AutoQuantResult, AutoQuantStep, write_auto_quant_report
 from mixed_precision.bitops import layer_costs, simulated_bit_operations
 from mixed_precision.files import write_text_atomic
 from mixed_precision.presets import Precision, candidate
-from quantsim import InvalidArgumentError, QuantizationSimModel, TargetError, TargetProfile, load_target
+from quantsim import InvalidArgumentError, QuantizationSimModel, TargetError, load_target
 from quantsim.prepare import hash_model
 
-__all__ = ["auto_quantize", "DEFAULT_LADDER", "EXHAUSTIVE_LIMIT", "CLE_TOLERANCE"]
+__all__ = ["auto_quantize", "DEFAULT_LADDER", "EXHAUSTIVE_LIMIT", "CLE_TOLERANCE", "PHASE1_MODES"]
 
 _log = logging.getLogger(__name__)
 
@@ -85,9 +103,8 @@ DEFAULT_LADDER = ("W4A8", "W8A8", "W8A16", "W16A16", "FP16")
 EXHAUSTIVE_LIMIT = 16
 """Largest number of distinct per-group configurations searched exhaustively (else AMP): each is calibrated
 for itself and scored, cheapest first, so the search stops at the cheapest that meets the target."""
-CLE_TOLERANCE = 1e-4
-"""Largest output difference (relative to the output's range) for which equalization counts as keeping the
-float model."""
+PHASE1_MODES = ("proxy", "callback")
+"""What scores AMP's phase 1 in `auto_quantize` (module docstring): the built-in output SQNR, or ``eval_callback``."""
 _CACHE = Path(".cache") / "auto_quantize_scores.json"
 
 
@@ -128,18 +145,31 @@ class _OnExport:
 class _Search:
     def __init__(self, model: onnx.ModelProto, batches: Callable[[], list], evaluate: Callable, drop: float,
                  ladder: list[Precision], results: Path | None, clean_start: bool, executor: Executor | None,
-                 time_budget: float | None, show: bool, sim_kwargs: dict, score_on: str = "export"):
+                 time_budget: float | None, show: bool, sim_kwargs: dict, phase1: str = "proxy",
+                 score_on: str = "export"):
         self.model, self.batches, self.evaluate, self.drop = model, batches, evaluate, drop
-        self.score_on = score_on
+        self.phase1, self.score_on = phase1, score_on
+        self.counts = {"callback_evaluations": 0, "proxy_evaluations": 0, "calibration_passes": 0}
         self.ladder, self.results, self.executor, self.show = ladder, results, executor, show
         self.time_budget, self.sim_kwargs, self.start = time_budget, sim_kwargs, time.perf_counter()
         self.steps: list[AutoQuantStep] = []
         self.best: tuple[AutoQuantStep, Callable[[], QuantizationSimModel], QuantizationSimModel | None] | None = None
         self.notes: list[str] = []
-        self.reference = checked_score(evaluate(_float_session(model)), "the float model")
+        self.reference = self.call(float_session(model), "the float model")
         self.target = self.reference - drop
         self.clean_start = clean_start
+        self.known: dict[str, float] = {}  # scores of candidates everywhere, as AMP configures them (for AMP)
         self.key = self._cache_key(clean_start)
+
+    def call(self, session: Any, what: str) -> float:
+        """``eval_callback`` on ``session``, counted."""
+        self.counts["callback_evaluations"] += 1
+        return checked_score(self.evaluate(session), what)
+
+    def calibrate(self, sim: QuantizationSimModel) -> None:
+        """One calibration pass over the calibration data, counted."""
+        self.counts["calibration_passes"] += 1
+        sim.compute_encodings(self.batches())
 
     # scores, cached ---------------------------------------------------------------------------------------
     def _cache_key(self, clean_start: bool) -> str:
@@ -148,7 +178,8 @@ class _Search:
         digest.update(json.dumps([p.name for p in self.ladder]).encode())
         fn = getattr(self.evaluate, "func", self.evaluate)
         digest.update(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}".encode())
-        if self.score_on != "sim":  # keys of sim-scored caches stay as they were
+        digest.update(f"phase1={self.phase1}".encode())
+        if self.score_on != "sim":  # sim-scored and export-scored caches never mix
             digest.update(f"score_on={self.score_on}".encode())
         key = digest.hexdigest()
         self.cache: dict[str, dict] = {}
@@ -163,7 +194,7 @@ class _Search:
             if stored.get("key") == key and isinstance(stored.get("scores"), dict):
                 self.cache = stored["scores"]
             elif stored:
-                warnings.warn(f"auto_quantize: {path} was written for another model, candidates or callback; "
+                warnings.warn(f"auto_quantize: {path} was written for another model, candidates, callback or phase1; "
                               "starting clean", RuntimeWarning, stacklevel=4)
         return key
 
@@ -204,7 +235,7 @@ class _Search:
             except TargetError as error:  # the target refuses this configuration: noted, not scored
                 self.notes.append(f"{stage} {settings} skipped: {str(error).splitlines()[0]}")
                 return AutoQuantStep(stage, settings, float("-inf"), float("inf"), time.perf_counter() - t0, False)
-            score = checked_score(self.evaluate(self.scored_session(made)), f"{stage} {settings}")
+            score = self.call(self.scored_session(made), f"{stage} {settings}")
             bops, cached = self.relative_bops(made), False
             self.cache[key] = {"score": score, "relative_bops": bops}
             self._save()
@@ -255,88 +286,56 @@ class _Search:
         if configs is not None:
             self.exhaustive(space, configs, settings)
         else:
-            self.amp(sim, names, settings)
+            self.amp(sim, names, settings, model)
 
     def exhaustive(self, space: AmpSpace, configs: list[Config], settings: dict) -> None:
         """Each configuration, cheapest first, calibrated for itself and scored, until one meets the target."""
         for config in configs:
             def build(config: Config = config) -> QuantizationSimModel:
-                space.calibrated(config, self.batches(), lambda: None)
+                space.calibrated(config, self.batches(), self.passed)
                 return space.sim
             step = self.score("exhaustive", {**settings, "config": "/".join(space.describe(config))}, build,
                               shared=True)
             if step.met:
                 return
 
-    def amp(self, sim: QuantizationSimModel, names: list[str], settings: dict) -> None:
+    def passed(self) -> None:
+        self.counts["calibration_passes"] += 1
+
+    def amp(self, sim: QuantizationSimModel, names: list[str], settings: dict, model: onnx.ModelProto | None) -> None:
         self.check_time()
         folder = None if self.results is None else self.results / "amp"
-        evaluate = self.evaluate
+        evaluate: Callable = self.evaluate
+        phase1: Callable = evaluate
+        if self.phase1 == "proxy":  # the first calibration batch, float outputs computed once
+            phase1 = OutputSQNR(model if model is not None else self.model, self.batches()[:1])
         if self.time_budget is not None:  # stop inside AMP too (its scores so far stay in results_dir's cache)
-            evaluate = _Timed(evaluate, time.time() + self.time_budget - (time.perf_counter() - self.start))
+            deadline = time.time() + self.time_budget - (time.perf_counter() - self.start)
+            evaluate = _Timed(evaluate, deadline)
+            phase1 = evaluate if self.phase1 == "callback" else _Timed(phase1, deadline)
         try:
             with tempfile.TemporaryDirectory() as scratch:
                 phase2 = _OnExport(evaluate, sim) if self.score_on == "export" else evaluate
-                result = choose_mixed_precision(sim, names, evaluate, phase2, self.drop,
+                known = {"float": self.reference, **{n: v for n, v in self.known.items() if n in names}}
+                result = choose_mixed_precision(sim, names, phase1, phase2, self.drop,
                                                 folder or scratch, self.clean_start, self.batches(),
-                                                executor=self.executor, progress=self.show)
+                                                executor=self.executor, progress=self.show, known_scores=known)
         except TargetError as error:  # a flip the target refuses
             self.notes.append(f"AMP stopped: {str(error).splitlines()[0]}")
             return
+        proxy = self.phase1 == "proxy"
+        self.counts["callback_evaluations"] += result.phase2_evaluations + (0 if proxy else result.phase1_evaluations)
+        self.counts["proxy_evaluations"] += result.phase1_evaluations if proxy else 0
+        self.counts["calibration_passes"] += result.calibration_passes
+        self.notes.append(f"AMP ({'/'.join(names)}): {result.phase1_evaluations} phase-1 "
+                          f"{'proxy (output SQNR)' if proxy else 'callback'} evaluations, "
+                          f"{result.phase2_evaluations} phase-2 callback evaluations "
+                          f"({result.refinement_trials} refinement trials), {result.calibration_passes} calibration "
+                          f"passes, {result.cached_scores} cached scores")
         step = AutoQuantStep("amp", settings, result.score, self.relative_bops(sim), result.wall_time_s,
                              result.score >= self.target)
         self.steps.append(step)
         self.offer(step, lambda: sim, sim)
-
-
-def small_space(space: AmpSpace, limit: int) -> list[Config] | None:
-    """The distinct configurations of ``space`` (cheapest first) when there are at most ``limit``, else None.
-    Counted per group (the candidates that mean something different for it) before anything is listed: a
-    few hundred groups have far too many configurations to enumerate."""
-    canonical = [space.canonical((c,) * len(space.groups)) for c in range(len(space.candidates))]
-    choices = [sorted({config[g] for config in canonical}) for g in range(len(space.groups))]
-    count = 1
-    for options in choices:
-        count *= len(options)
-        if count > limit:
-            return None
-    return sorted(itertools.product(*choices), key=lambda c: (space.bops(c), c))
-
-
-def _float_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-
-
-def _batches(data: Any) -> Callable[[], list]:
-    if callable(data):
-        def fresh() -> list:
-            batches = list(data())
-            if not batches:
-                raise InvalidArgumentError("auto_quantize: the calibration_data callable returned no batch")
-            return batches
-        return fresh
-    if isinstance(data, Mapping) or not isinstance(data, Iterable):
-        raise InvalidArgumentError("auto_quantize: calibration_data must be a sequence of feed dicts "
-                                   f"({{input name: array}}) or a callable returning one, got {type(data).__name__}")
-    kept = list(data)
-    if not kept or not all(isinstance(b, Mapping) for b in kept):
-        raise InvalidArgumentError("auto_quantize: calibration_data must hold at least one feed dict "
-                                   "({input name: array})")
-    return lambda: kept
-
-
-def _equalized(model: onnx.ModelProto, first: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto | None, str]:
-    """A CLE copy of ``model`` when it keeps the float outputs on ``first`` (else None and why)."""
-    work = copy.deepcopy(model)
-    equalized = adaround.equalize_model(work)  # looked up at call time (tests replace it)
-    equalized = equalized if equalized is not None else work
-    before = _float_session(model).run(None, dict(first))
-    after = _float_session(equalized).run(None, dict(first))
-    worst = max(float(np.max(np.abs(a - b))) / max(float(np.ptp(a)), 1e-12) for a, b in zip(before, after))
-    if worst > CLE_TOLERANCE:
-        return None, (f"CLE skipped: it changes the float model's outputs by {worst:.3g} of their range "
-                      f"(> {CLE_TOLERANCE:g})")
-    return equalized, ""
 
 
 def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequence[Mapping[str, np.ndarray]] | Callable,
@@ -345,7 +344,8 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
                   target: str | Path | None = None, executor: Executor | None = None,
                   time_budget: float | None = None, quant_schemes: Sequence[str] = ("tf_enhanced", "percentile"),
                   adaround_iterations: int = 1000, seq_mse_candidates: int = 20, clean_start: bool = True,
-                  progress: bool | None = None, score_on: str = "export", **sim_kwargs: Any) -> AutoQuantResult:
+                  progress: bool | None = None, phase1: str = "proxy", score_on: str = "export",
+                  **sim_kwargs: Any) -> AutoQuantResult:
     """The cheapest configuration whose score is at least ``eval_callback(float model) - allowed_accuracy_drop``
     (module docstring for the search).
 
@@ -355,6 +355,10 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     name such as "generic-npu", a profile file, or an AIMET config with ``supported_kernels``): only candidates
     it allows on every weighted op type are tried, every sim is built with it (so each precision decision stays
     legal), and configurations it refuses are skipped and named in the message.
+    ``phase1``: what scores AMP's phase 1 (`PHASE1_MODES`): ``"proxy"`` (default), the SQNR of the sim's
+    outputs against the float model's on the first calibration batch (`auto_quant_proxy.OutputSQNR`), or
+    ``"callback"``, ``eval_callback`` (the old behaviour, one full evaluation per quantizer group and
+    candidate); phase 2, which judges the budget, always uses ``eval_callback``.
     ``executor`` runs AMP's phase 1 elsewhere (any ``concurrent.futures.Executor``, Dask's included);
     ``time_budget`` (seconds) stops the search once it is spent: between steps, and inside the AMP stage
     before its next evaluation. ``score_on``: ``"export"`` (default) scores each configuration on its QDQ
@@ -370,6 +374,9 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
         raise InvalidArgumentError(f"time_budget must be a number of seconds > 0, got {time_budget!r}")
     if not callable(eval_callback):
         raise InvalidArgumentError("eval_callback must be a callable taking an onnxruntime session")
+    if not isinstance(phase1, str) or phase1 not in PHASE1_MODES:
+        raise InvalidArgumentError(f"auto_quantize: phase1 must be one of {', '.join(map(repr, PHASE1_MODES))}, "
+                                   f"got {phase1!r}")
     if score_on not in ("export", "sim"):
         raise InvalidArgumentError(f"score_on must be 'export' or 'sim', got {score_on!r}")
     source = onnx.load(str(model)) if isinstance(model, (str, Path)) else model
@@ -378,28 +385,21 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     ladder = [candidate(c) for c in (candidates or DEFAULT_LADDER)]
     if target is not None:
         profile = load_target(target)
-        ladder = _legal_candidates(ladder, profile, source)
+        ladder = legal_candidates(ladder, profile, source)
         sim_kwargs["target"] = profile
     if not ladder:
         raise InvalidArgumentError("auto_quantize: no candidate left (check candidates= and the target's kernels)")
     show = True if progress is None else bool(progress)
     for switch in ("fold_batchnorm", "range_health", "depthwise_supergroups"):  # this project's defaults, unannounced
         sim_kwargs.setdefault(switch, True)
-    search = _Search(source, _batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
+    search = _Search(source, calibration_batches(calibration_data), eval_callback, float(allowed_accuracy_drop), ladder,
                      None if results_dir is None else Path(results_dir), clean_start, executor, time_budget, show,
-                     sim_kwargs, score_on)
+                     sim_kwargs, phase1, score_on)
     try:
         _run(search, quant_schemes, adaround_iterations, seq_mse_candidates)
     except _Budget:
         search.notes.append(f"time budget of {time_budget:g} s spent: the search stopped early")
     return _finish(search, results_dir)
-
-
-def _legal_candidates(ladder: list[Precision], profile: TargetProfile, model: onnx.ModelProto) -> list[Precision]:
-    """The candidates ``profile`` allows on every weighted op type of ``model`` (a mix of them then needs no
-    precision the target lacks; what it refuses per node, a scored configuration reports)."""
-    ops = {n.op_type for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")} or {"*"}
-    return [c for c in ladder if all(profile.allows(op, c.param_type, c.activation_type) for op in ops)]
 
 
 def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int) -> None:
@@ -422,14 +422,14 @@ def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int)
                 break
     bar.update()
     if not any(s.met for s in search.steps):
-        equalized, why = _equalized(search.model, search.batches()[0])
-        if equalized is None:
+        copied, why = equalized(search.model, search.batches()[0])
+        if copied is None:
             search.notes.append(why)
         else:
             step = search.score("cle", {"precision": base.name, "scheme": best_scheme},
-                                partial(_calibrated, search, base, best_scheme, equalized))
+                                partial(_calibrated, search, base, best_scheme, copied))
             if step.score > best_score:
-                best_score, model = step.score, equalized
+                best_score, model = step.score, copied
     bar.update()
     cheaper = ladder[:ladder.index(base)]
     if any(s.met for s in search.steps):
@@ -444,16 +444,53 @@ def _run(search: _Search, schemes: Sequence[str], iterations: int, seq_mse: int)
             search.mix(cheaper + [base], best_scheme, model)
     else:
         bar.update()
-        costlier = ladder[ladder.index(base):]
+        if math.isfinite(best_score):  # the base everywhere, with the scheme and model the mix uses
+            search.known[base.name] = best_score
+        costlier = _uniform_costlier(search, ladder[ladder.index(base):], best_scheme, model)
         if len(costlier) > 1:
             search.mix(costlier, best_scheme, model)
     bar.update()
     bar.close()
 
 
+def _uniform_costlier(search: _Search, costlier: list[Precision], scheme: str,
+                      model: onnx.ModelProto | None) -> list[Precision]:
+    """Each costlier candidate everywhere, cheapest first, up to the first meeting the target; the candidates
+    a mix then needs (the base and those up to that one), or none when no candidate meets the target even
+    everywhere (a note says so: the search stops there, without a mix). Each is configured as AMP configures
+    a candidate everywhere (one sim at the base precision, `AmpSpace.uniform`), so AMP takes these scores
+    (``search.known``) instead of evaluating them again."""
+    space: list[AmpSpace] = []
+
+    def build(k: int) -> QuantizationSimModel:
+        if not space:
+            space.append(AmpSpace.build(search.sim(costlier[0], scheme, model), costlier, search.sample))
+        space[0].calibrated(space[0].uniform(k), search.batches(), search.passed)
+        return space[0].sim
+
+    for k, precision in enumerate(costlier[1:], start=1):
+        step = search.score("uniform", {"precision": precision.name, "scheme": scheme, "cle": model is not None},
+                            partial(build, k), shared=True)
+        if math.isfinite(step.score):
+            search.known[precision.name] = step.score
+        if step.met:
+            base = min((s for s in search.steps if s.stage in ("defaults", "scheme", "cle")),
+                       key=lambda s: s.relative_bops)
+            if step.relative_bops <= base.relative_bops:  # as cheap as the base as the sim runs it: no mix is cheaper
+                search.notes.append(f"{precision.name} everywhere costs what {base.settings['precision']} does "
+                                    "(relative BOPs as the sim runs them): no mix was searched")
+                return []
+            return costlier[:k + 1]
+    if len(costlier) > 1:
+        tried = [s for s in search.steps if s.stage == "uniform"]
+        scores = ", ".join(f"{s.settings['precision']} {s.score:.6g}" for s in tried)
+        search.notes.append(f"no candidate meets the target even everywhere ({scores}): no mix was searched")
+    return []
+
+
 def _calibrated(search: _Search, precision: Precision, scheme: str, model: onnx.ModelProto | None):
     sim = search.sim(precision, scheme, model)
-    sim.compute_encodings(search.batches())
+    search.calibrate(sim)
     return sim
 
 
@@ -463,7 +500,7 @@ def _rounded(search: _Search, precision: Precision, scheme: str, model, candidat
         apply_seq_mse(sim, search.batches(), num_candidates=candidates, progress=False)
     if iterations:
         apply_adaround(sim, search.batches(), num_iterations=iterations, progress=False)
-    sim.compute_encodings(search.batches())
+    search.calibrate(sim)
     return sim
 
 
@@ -471,9 +508,15 @@ def _deployed_score(search: _Search, sim: QuantizationSimModel) -> float | str:
     """The callback's score of the chosen sim's QDQ export in onnxruntime's fused integer kernels (what a
     deployment runs: issue of sim-vs-deployment agreement), or a note saying why it could not be scored."""
     try:
-        return checked_score(search.evaluate(sim.fused_session()), "the chosen configuration's QDQ export")
+        return search.call(sim.fused_session(), "the chosen configuration's QDQ export")
     except Exception as error:  # noqa: BLE001 - reported in the result, the search's answer stands
         return f"its QDQ export could not be scored ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+
+
+def _missing_costlier(search: _Search) -> str:
+    """"costlier candidates (...) or " naming the usual ones the ladder lacks ("" when it has them all)."""
+    missing = [name for name in ("W8A16", "W16A16", "FP16") if name not in {p.name for p in search.ladder}]
+    return f"costlier candidates ({', '.join(missing)}) or " if missing else ""
 
 
 def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
@@ -490,8 +533,7 @@ def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
         best = max(search.steps, key=lambda s: s.score)
         message = (f"budget not met: the best configuration tried, {best.label}, scores {best.score:.6g} < target "
                    f"{search.target:.6g}; it would need an allowed drop of at least "
-                   f"{search.reference - best.score:.6g}, or costlier candidates (e.g. FP16, W16A16) or more "
-                   "calibration data")
+                   f"{search.reference - best.score:.6g}, or {_missing_costlier(search)}more calibration data")
     scored = _deployed_score(search, sim)
     deployed = None if isinstance(scored, str) else scored
     if isinstance(scored, str):
@@ -500,13 +542,18 @@ def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
         search.notes.append(f"its QDQ export in onnxruntime's integer kernels scores {scored:.6g}, below the target: "
                             "they round near ties differently from the sim (print(result.sim) names the differences)")
         warnings.warn(f"auto_quantize: {search.notes[-1]}", RuntimeWarning, stacklevel=3)
+    counts = search.counts
+    search.notes.append(f"spent {counts['callback_evaluations']} callback evaluations, "
+                        f"{counts['proxy_evaluations']} phase-1 proxy evaluations and {counts['calibration_passes']} "
+                        "calibration passes (besides Sequential MSE / AdaRound)")
     message = "; ".join([message, *search.notes])
     if not met:
         warnings.warn(f"auto_quantize: {message}", RuntimeWarning, stacklevel=3)
     enabled = [q for q in sim.quantizers if q.enabled and q.param_type != "bias"]
     share = sum(q.precision().bits > 8 for q in enabled) / max(len(enabled), 1)
     result = AutoQuantResult(sim, step.score, step.relative_bops, search.reference, search.target, search.drop, met,
-                             step, search.steps, message, time.perf_counter() - search.start, share, deployed)
+                             step, search.steps, message, time.perf_counter() - search.start, share, deployed,
+                             dict(counts))
     if results_dir is not None:
         write_auto_quant_report(result, results_dir)
     return result

@@ -7,7 +7,7 @@ table; ``auto_quantize.html`` the Pareto chart of every scored step (`mixed_prec
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,10 @@ class AutoQuantStep:
     """One configuration the search scored.
 
     ``stage`` is the technique that made it (``defaults``, ``scheme``, ``cle``, ``seq_mse+adaround``,
-    ``exhaustive``, ``amp``); ``settings`` what was set (precision, calibration scheme, ...);
-    ``relative_bops`` its bit operations over the costliest candidate everywhere, read from the sim's
-    quantizers after every automatic decision; ``seconds`` the wall time spent on it (0 when its score came
-    from the cache); ``met`` whether it reached the target."""
+    ``uniform`` (a costlier candidate everywhere), ``exhaustive``, ``amp``); ``settings`` what was set
+    (precision, calibration scheme, ...); ``relative_bops`` its bit operations over the costliest candidate
+    everywhere, read from the sim's quantizers after every automatic decision; ``seconds`` the wall time
+    spent on it (0 when its score came from the cache); ``met`` whether it reached the target."""
 
     stage: str
     settings: dict[str, Any]
@@ -48,7 +48,10 @@ class AutoQuantResult:
     """The outcome of `auto_quantize`. ``sim`` is calibrated in the chosen configuration (ready to export);
     ``score`` and ``relative_bops`` are the chosen step's; ``steps`` lists every configuration scored, in the
     order tried; ``pareto`` the steps no other step beats on both cost and score (cheapest first);
-    ``budget_met`` says whether ``score >= target``; ``message`` says what was chosen, or what would be
+    ``budget_met`` says whether ``score >= target``; ``counts`` what the search spent: ``callback_evaluations``
+    (``eval_callback`` calls, the float model's and the deployed score's included), ``proxy_evaluations``
+    (AMP phase-1 evaluations by the built-in output SQNR) and ``calibration_passes`` (passes over the
+    calibration data, Sequential MSE's and AdaRound's own not counted); ``message`` says what was chosen, or what would be
     needed when the budget was not met. ``deployed_score`` is the callback's score of the chosen sim's QDQ
     export in onnxruntime's fused integer kernels (`QuantizationSimModel.fused_session`), what a deployment
     runs; None when it could not be scored (the message says why). With ``score_on="export"`` (the default)
@@ -67,6 +70,7 @@ class AutoQuantResult:
     seconds: float
     promoted_share: float
     deployed_score: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def pareto(self) -> list[AutoQuantStep]:
@@ -82,6 +86,7 @@ class AutoQuantResult:
                 "relative_bops": self.relative_bops, "promoted_share": self.promoted_share,
                 "chosen": self.steps.index(self.chosen) if self.chosen in self.steps else None,
                 "deployed_score": self.deployed_score, "message": self.message, "seconds": self.seconds,
+                "counts": dict(self.counts),
                 "steps": [asdict(s) for s in self.steps]}
 
     def summary(self) -> str:
@@ -96,8 +101,10 @@ class AutoQuantResult:
             lines.append(f"| {i} | {s.stage}{mark} | {settings} | {s.score:.6g} | {s.relative_bops:.4f} | "
                          f"{'yes' if s.met else 'no'} | {s.seconds:.1f}{' (cached)' if s.cached else ''} |")
         deployed = "not scored" if self.deployed_score is None else f"{self.deployed_score:.6g}"
-        lines.append(f"\nTotal {self.seconds:.1f} s; {100 * self.promoted_share:.1f}% of the quantizers above 8 bits; "
-                     f"the chosen QDQ export in onnxruntime's integer kernels scores {deployed}.")
+        spent = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in self.counts.items())
+        lines.append(f"\nTotal {self.seconds:.1f} s{f' ({spent})' if spent else ''}; {100 * self.promoted_share:.1f}% "
+                     f"of the quantizers above 8 bits; the chosen QDQ export in onnxruntime's integer kernels scores "
+                     f"{deployed}.")
         return "\n".join(lines) + "\n"
 
 
