@@ -213,7 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--candidates", type=candidate_list, metavar="LIST",
                         help="with --max-drop: precisions to choose from (default W4A8,W8A8,W8A16,W16A16,FP16)")
     budget.add_argument("--time-budget", type=non_negative_float, metavar="SECONDS",
-                        help="with --max-drop: stop the search after the step running when this is spent")
+                        help="with --max-drop: stop the search once this is spent (between steps, and inside the "
+                             "mixed-precision search before its next evaluation)")
+    budget.add_argument("--phase1", choices=("proxy", "callback"),
+                        help="with --max-drop: what ranks the layers in the mixed-precision search's phase 1: the "
+                             "output SQNR against the float model on the first calibration batch (proxy, default) or "
+                             "the --eval function (callback: one full evaluation per layer group and precision)")
+    budget.add_argument("--score-on", choices=("export", "sim"),
+                        help="with --max-drop: score each configuration on its QDQ export in onnxruntime's integer "
+                             "kernels (export, default: what deploys) or on the sim's session (sim)")
     budget.add_argument("--resume", action="store_true",
                         help="with --max-drop: reuse the scores an interrupted search left in --out")
     output = quantize.add_argument_group("output")

@@ -6,7 +6,8 @@ search (`mixed_precision.auto_quantize`) chooses the configuration, scoring each
 report (``auto_quantize.md``, ``.json``, ``.html``) go to ``--out``; ``--resume`` reuses the scores of an
 interrupted search there. ``--seq-mse`` / ``--adaround``, when given, set the search's Sequential MSE
 candidates and AdaRound iterations; the options that would set a precision or scheme the search chooses are
-refused with ``--max-drop``, and ``--eval``, ``--candidates``, ``--time-budget``, ``--resume`` without it.
+refused with ``--max-drop``, and ``--eval``, ``--candidates``, ``--time-budget``, ``--resume``, ``--phase1``,
+``--score-on`` without it.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ __all__ = ["check_budget_options", "run_search", "SEARCH_FILES"]
 _log = logging.getLogger(__name__)
 
 SEARCH_FILES = ("auto_quantize.md", "auto_quantize.json", "auto_quantize.html")
-_BUDGET_ONLY = ("eval", "candidates", "time_budget", "resume")
+_BUDGET_ONLY = ("eval", "candidates", "time_budget", "resume", "phase1", "score_on")
 _CHOSEN_BY_SEARCH = {"param_type": "int8", "activation_type": "int8", "quant_scheme": "min_max", "overrides": None}
 
 
@@ -57,6 +58,10 @@ def run_search(args: argparse.Namespace, data: Any, out: Path) -> tuple[Any, str
         options["candidates"] = args.candidates
     if args.time_budget:
         options["time_budget"] = args.time_budget
+    if args.phase1:
+        options["phase1"] = args.phase1
+    if args.score_on:
+        options["score_on"] = args.score_on
     if args.seq_mse:
         options["seq_mse_candidates"] = args.seq_mse
     if args.adaround:
@@ -76,4 +81,5 @@ def search_settings(args: argparse.Namespace) -> list[tuple[str, str]]:
     """The report's settings rows for a search."""
     return [("accuracy budget", f"--max-drop {args.max_drop:g} on {args.eval}"),
             ("candidates", ", ".join(args.candidates) if args.candidates else "W4A8, W8A8, W8A16, W16A16, FP16"),
-            ("time budget", f"{args.time_budget:g} s" if args.time_budget else "none")]
+            ("time budget", f"{args.time_budget:g} s" if args.time_budget else "none"),
+            ("phase-1 ranking", args.phase1 or "proxy"), ("scored on", args.score_on or "export")]

@@ -77,6 +77,7 @@ def test_max_drop_writes_the_chosen_configuration_and_its_search(setup):
 @pytest.mark.parametrize("extra, message", [
     (["--max-drop", "1"], "--max-drop needs --eval"),
     (["--eval", "user_eval:relative_error"], "--eval: only with --max-drop"),
+    (["--phase1", "callback", "--score-on", "sim"], "--phase1, --score-on: only with --max-drop"),
     (["--max-drop", "1", "--eval", "user_eval:relative_error", "--param-type", "int4"], "--param-type: with --max-drop"),
     (["--max-drop", "1", "--eval", "user_eval:missing"], "--eval user_eval:missing: module 'user_eval' has no function"),
     (["--max-drop", "1", "--eval", "user_eval:not_a_number"], "returned 'good', not a number"),
@@ -92,3 +93,26 @@ def test_max_drop_is_a_non_negative_number(setup, capsys):
     root, model, calib = setup
     assert main(["quantize", str(model), "--data", str(calib), "--out", str(root / "x"), "--max-drop", "-1"]) == 2
     assert "--max-drop: expected a finite number >= 0" in capsys.readouterr().err
+
+
+def test_phase1_and_score_on_reach_the_search(setup, monkeypatch):
+    """--phase1 / --score-on are handed to auto_quantize and named in the report's settings."""
+    import mixed_precision
+
+    root, model, calib = setup
+    seen = {}
+    real = mixed_precision.auto_quantize
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mixed_precision, "auto_quantize", spy)
+    out = root / "opts"
+    code = main(["-q", "quantize", str(model), "--data", str(calib), "--out", str(out), "--max-drop", "1",
+                 "--eval", "user_eval:relative_error", "--candidates", "W8A8", "--phase1", "callback",
+                 "--score-on", "sim"])
+    assert code == 0
+    assert seen["phase1"] == "callback" and seen["score_on"] == "sim"
+    report = (out / "report.md").read_text()
+    assert "callback" in report and "| scored on | sim |" in report
