@@ -15,7 +15,8 @@ a row saying so. Per model, on the case's calibration split (scores on its held-
   Sequential MSE steps (the issue's yardstick: at most 30), whether the budget was met;
 * what the chosen configuration delivers once exported (issue 30 item 4), each scored in onnxruntime and
   compared with the search's score: the AIMET encodings + float model loaded onto a fresh sim
-  (`load_encodings_to_sim`), the QDQ model (`to_onnx_qdq`, a default fused session) and the integer model
+  (`load_encodings_to_sim`; compared with the chosen sim's own session, which it must reproduce: the search
+  scores the QDQ export, ``score_on="export"``), the QDQ model (`to_onnx_qdq`, a default fused session) and the integer model
   (`export_integer`) where the configuration allows it (else the reason), both with the weight codes that
   run exactly on this CPU (``weight_codes="auto"``; where that is uint8, the default int8-coded QDQ file is
   shown beside, "int8 codes": AVX2 without VNNI saturates them), and the sim's own graph in an unoptimized
@@ -241,11 +242,13 @@ def _fmt(row: dict[str, Any], name: str) -> str:
     return "n/a" if value is None else f"fails ({value[:60]})"
 
 
-def _delivers(row: dict[str, Any], name: str) -> str:
+def _delivers(row: dict[str, Any], name: str, against: str = "auto") -> str:
+    """The cell of export ``name``, marked (!) when it is further than `AGREEMENT` from ``row[against]``."""
     value = row.get(name)
     if not isinstance(value, (int, float)):
         return _fmt(row, name)
-    ok = abs(value - row["auto"]) <= AGREEMENT
+    reference = row.get(against)
+    ok = abs(value - (reference if isinstance(reference, (int, float)) else row["auto"])) <= AGREEMENT
     return f"{_fmt(row, name)}{'' if ok else ' (!)'}"
 
 
@@ -295,7 +298,7 @@ def render(row: dict[str, Any], drop: float = 0.01) -> str:
     return head + (f"| {_fmt(row, 'auto')} | {'yes' if row['met'] else 'no'} | {row['bops']:.3f} | {100 * row['share']:.0f}% "
                    f"| {row['seconds']:.0f} ({row['cpu_seconds']:.0f}) | {row['passes']:.0f} / "
                    f"{row.get('cpu_passes', float('nan')):.0f} ({row['rounding_seconds']:.0f}) "
-                   f"| {_delivers(row, 'encodings')} | {_delivers(row, 'qdq')}{_aside(row)} | {_delivers(row, 'integer')} "
+                   f"| {_delivers(row, 'encodings', 'sim_now')} | {_delivers(row, 'qdq')}{_aside(row)} | {_delivers(row, 'integer')} "
                    f"| {_nncf_cell(row)} | {verdict(row, drop)} | {row['chosen']} |")
 
 
