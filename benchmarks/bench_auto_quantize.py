@@ -298,7 +298,8 @@ def render(row: dict[str, Any], drop: float = 0.01) -> str:
     return head + (f"| {_fmt(row, 'auto')} | {'yes' if row['met'] else 'no'} | {row['bops']:.3f} | {100 * row['share']:.0f}% "
                    f"| {row['seconds']:.0f} ({row['cpu_seconds']:.0f}) | {row['passes']:.0f} / "
                    f"{row.get('cpu_passes', float('nan')):.0f} ({row['rounding_seconds']:.0f}) "
-                   f"| {_delivers(row, 'encodings', 'sim_now')} | {_delivers(row, 'qdq')}{_aside(row)} | {_delivers(row, 'integer')} "
+                   f"| {_delivers(row, 'encodings', 'sim_now')} | {_delivers(row, 'qdq')}{_aside(row)} "
+                   f"| {_delivers(row, 'integer')} "
                    f"| {_nncf_cell(row)} | {verdict(row, drop)} | {row['chosen']} |")
 
 
