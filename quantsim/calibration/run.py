@@ -34,7 +34,7 @@ from quantsim.errors import CalibrationError, InvalidArgumentError, InvalidTypeE
 _log = logging.getLogger(__name__)
 
 __all__ = ["TensorStats", "RANGE_SAMPLE", "CalibrationSession", "check_feed", "run_calibration", "drive_calibration",
-           "CALIBRATION_EXECUTION_ORDER", "CALIBRATION_SESSION_OPTIONS", "CALIBRATION_SESSION_CONFIG"]
+           "CALIBRATION_EXECUTION_ORDER", "CALIBRATION_SESSION_OPTIONS"]
 
 CALIBRATION_EXECUTION_ORDER = ort.ExecutionOrder.PRIORITY_BASED
 
@@ -42,14 +42,10 @@ CALIBRATION_SESSION_OPTIONS: dict = {"execution_order": CALIBRATION_EXECUTION_OR
 """``SessionOptions`` of calibration sessions (a user's ``session_options_kwargs`` override them). A
 calibration runs a few batches once: onnxruntime's memory pattern, planned on the first run and allocated
 as one block on the next, only adds work there (first pass 0.19 s instead of 0.29 s of CPU on PP-LCNet
-orientation's 2 batches, 0.42-0.54 instead of 0.54-0.59 on PP-OCRv4 det's)."""
-
-CALIBRATION_SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
-"""Session configuration entries of calibration sessions: onnxruntime's worker threads wait without
-spinning. Spinning shortens the wake-up between back-to-back kernels of latency-bound inference; a
-calibration pass is a few large batches, where spinning workers burn the CPU time of a core that other
-work (on a shared machine, the other worker) could use: PP-OCRv4 rec's calibration pass took 0.93-1.08 s of
-CPU instead of 1.30-1.48 s without it, its wall time no longer (2 cores, load 14-16)."""
+orientation's 2 batches, 0.42-0.54 instead of 0.54-0.59 on PP-OCRv4 det's; on a quiet machine, wall time
+0.16 instead of 0.22 s for orientation's whole calibration, 0.32 instead of 0.34 s for det's). Worker
+threads keep spinning, onnxruntime's default: without it the CPU time fell on a loaded machine, but on a
+quiet one the wall time rose (Silero VAD 0.043-0.046 -> 0.053-0.054 s, det 0.31 -> 0.32-0.33 s)."""
 
 RANGE_SAMPLE = 1 << 12
 """Values kept per tensor for the range-health check: enough to see every code holding more than ~0.05% of

@@ -66,7 +66,6 @@ def make_session(
     file_backed: bool | None = None,
     prepack: bool = False,
     weight_files: WeightFiles | None = None,
-    config_entries: Mapping[str, str] | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession over ``model``.
 
@@ -78,8 +77,7 @@ def make_session(
     then repacks weights for its kernels (runs as fast as a float session's; the packed copy replaces the
     mapped pages, which onnxruntime releases: for weights nothing else holds). The session keeps what it
     needs alive. Values may be `DeferredArray` (module docstring); ``weight_files`` lets a memory-mapped set reuse
-    the keyed values written for earlier sessions and keeps the new ones for later sessions. ``config_entries``
-    are onnxruntime session configuration entries (``add_session_config_entry``).
+    the keyed values written for earlier sessions and keeps the new ones for later sessions.
 
     ``fuse_qdq=False`` (the exact sim) sets ``session.disable_quant_qdq`` so onnxruntime runs every
     QuantizeLinear/DequantizeLinear as written: the outputs are the float fake-quantization the sim
@@ -91,8 +89,6 @@ def make_session(
         if not hasattr(options, key):
             raise AttributeError(f"onnxruntime.SessionOptions has no attribute {key!r}")
         setattr(options, key, value)
-    for key, value in (config_entries or {}).items():
-        options.add_session_config_entry(key, value)
     disabled = list(ALWAYS_DISABLED_OPTIMIZERS)
     if not fuse_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")

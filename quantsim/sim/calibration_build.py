@@ -14,12 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from quantsim.calibration.run import (
-    CALIBRATION_SESSION_CONFIG,
-    CALIBRATION_SESSION_OPTIONS,
-    RANGE_SAMPLE,
-    CalibrationSession,
-)
+from quantsim.calibration.run import CALIBRATION_SESSION_OPTIONS, RANGE_SAMPLE, CalibrationSession
 from quantsim.calibration.statistics_graph import add_statistics_outputs
 from quantsim.calibration.whole_tensors import CalibrationSessions
 from quantsim.graph.session import make_session
@@ -75,7 +70,7 @@ def calibration_session(sim: QuantizationSimModel, observed: list[QcQuantizeOp])
             options = {**CALIBRATION_SESSION_OPTIONS, **(sim._session_options_kwargs or {})}
             session = make_session(model, sim.providers, session_options_kwargs=options, external_initializers=weights,
                                    file_backed=sim._file_backed(), prepack=sim._weights is not None,
-                                   weight_files=sim._session_files(), config_entries=CALIBRATION_SESSION_CONFIG)
+                                   weight_files=sim._session_files())
             return session, outputs
 
         sim._calibration_cache = (key, CalibrationSessions(first[0][0], list(groups), build))
