@@ -13,6 +13,7 @@ runs phase 1 on a process pool (a Dask client's ``get_executor()`` works the sam
 """
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import onnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]  # the repository first: examples/adaround.py shadows `adaround`
 
 from examples_common import float_outputs, load_case, output_agreement, parse_case_arguments  # noqa: E402
 
@@ -50,7 +52,9 @@ def run(model: onnx.ModelProto, calibration: list[dict], evaluation: list[dict],
     phase2 = OutputScore(model, evaluation)
     phase1.metric = "SQNR dB"  # a fine-grained score ranks the groups best
     sim = QuantizationSimModel(model, progress=progress)
-    with ProcessPoolExecutor(workers) if workers else nullcontext() as pool:
+    # spawned workers: a forked copy of a process whose onnxruntime sessions hold threads can hang
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn) if workers else nullcontext() as pool:
         result = choose_mixed_precision(sim, ["W8A8", "W4A8"], phase1, phase2, drop, out_dir, True, calibration,
                                         executor=pool)
     print(result.message)

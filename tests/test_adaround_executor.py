@@ -1,6 +1,7 @@
 """AdaRound's ``executor=``: each layer draws from its own generator (`adaround.layer_job.layer_seed`), so
 independent layers optimised at once on threads, processes or a Dask cluster give the local run's rounded
 weights and reports bit for bit, in both call forms."""
+import multiprocessing
 import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
@@ -90,7 +91,9 @@ def test_the_model_has_independent_layers_in_every_mode():
 @pytest.mark.parametrize("pool", [ThreadPoolExecutor, ProcessPoolExecutor])
 def test_an_executor_gives_the_local_result_bit_for_bit(pool):
     local = _run()
-    with pool(2) as executor:
+    # processes are spawned: a fork of this process, whose onnxruntime sessions hold threads, can hang
+    options = {"mp_context": multiprocessing.get_context("spawn")} if pool is ProcessPoolExecutor else {}
+    with pool(2, **options) as executor:
         remote = _run(executor)
     _assert_same(local, remote)
     assert all(status == "rounded" for _, status, *_ in local[1])

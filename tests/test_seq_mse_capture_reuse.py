@@ -206,6 +206,7 @@ def test_levels_group_independent_layers():
 @pytest.mark.parametrize("pool", ["threads", "processes"])
 @pytest.mark.parametrize("params", [SeqMseParams(), SeqMseParams(inp_symmetry="asym", loss_fn="l1")])
 def test_executor_results_equal_the_local_run_bit_for_bit(pool, params):
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
     feeds = [{"x": np.random.default_rng(s).standard_normal((2, 3, 8, 8)).astype(np.float32)} for s in range(3)]
@@ -217,7 +218,9 @@ def test_executor_results_equal_the_local_run_bit_for_bit(pool, params):
         return _ranges(sim), [(r.node, r.loss_before, r.loss_after) for r in reports]
 
     local = run()
-    with (ThreadPoolExecutor(2) if pool == "threads" else ProcessPoolExecutor(2)) as executor:
+    # processes are spawned: a fork of this process, whose onnxruntime sessions hold threads, can hang
+    spawn = multiprocessing.get_context("spawn")
+    with (ThreadPoolExecutor(2) if pool == "threads" else ProcessPoolExecutor(2, mp_context=spawn)) as executor:
         remote = run(executor)
     _assert_same(local[0], remote[0])
     assert local[1] == remote[1]
