@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
+
+from mixed_precision.auto_quant_inputs import float_session
 
 __all__ = ["OutputSQNR", "MAX_DB", "sqnr_db"]
 
@@ -68,12 +69,13 @@ def sqnr_db(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Sequenc
 
 class OutputSQNR:
     """Score ``session`` by the SQNR (dB) of its outputs against ``model``'s on ``feeds`` (module docstring).
-    The float outputs are computed once, here, in an onnxruntime CPU session of ``model``."""
+    The float outputs are computed once, here, in an onnxruntime CPU session of ``model``
+    (`auto_quant_inputs.float_session`, the session the search scores the float model in)."""
 
     def __init__(self, model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]):
         if not feeds:
             raise ValueError("OutputSQNR needs at least one feed")
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = float_session(model)
         self.names = [o.name for o in session.get_outputs()]
         self.feeds = [dict(f) for f in feeds]
         self.reference = [session.run(self.names, f) for f in self.feeds]
