@@ -41,7 +41,7 @@ from quantsim import (
     broadcast_param,
     fake_quantize,
 )
-from quantsim.errors import warn_at_caller
+from quantsim.errors import warn_at_caller, warn_if_forking_pool
 
 __all__ = ["apply_adaround", "LayerReport", "select_layers"]
 
@@ -251,6 +251,7 @@ def apply_adaround(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.n
         raise InvalidTypeError(f"apply_adaround(sim, inputs, ...): sim must be a QuantizationSimModel, got "
                                f"{type(sim).__name__} (for AIMET's older form on a model use "
                                "Adaround.apply_adaround(model, params, path, filename_prefix, ...))")
+    warn_if_forking_pool(executor, "apply_adaround")
     if node_names_to_optimize is not None:
         warn_at_caller("node_names_to_optimize is deprecated (as in AIMET): use nodes_to_include", DeprecationWarning)
         if nodes_to_include is not None:

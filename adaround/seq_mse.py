@@ -50,7 +50,7 @@ from quantsim import (
     encoding_from_range,
     fake_quantize,
 )
-from quantsim.errors import warn_at_caller
+from quantsim.errors import warn_at_caller, warn_if_forking_pool
 
 __all__ = ["apply_seq_mse", "SeqMseParams", "SequentialMse", "INPUT_SYMMETRIES", "LOSS_FUNCTIONS"]
 
@@ -181,6 +181,7 @@ def apply_seq_mse(sim: Any, inputs: Any, num_candidates: Any = 20, nodes_to_excl
     sim, inputs, positional, num_candidates, nodes_to_exclude = _resolve_call(sim, inputs, num_candidates,
                                                                              nodes_to_exclude, params)
     params = positional if positional is not None else params
+    warn_if_forking_pool(executor, "apply_seq_mse")
     if not isinstance(sim, QuantizationSimModel):
         raise InvalidTypeError(f"apply_seq_mse(sim, inputs, ...): sim must be a QuantizationSimModel, got "
                                f"{type(sim).__name__}")

@@ -66,6 +66,7 @@ from mixed_precision.amp_result import AmpResult, ParetoPoint, write_pareto_file
 from mixed_precision.amp_space import AmpSpace, Config, Observed, distinct
 from mixed_precision.presets import candidate
 from quantsim import InvalidArgumentError, QuantizationSimModel
+from quantsim.errors import warn_if_forking_pool
 
 __all__ = ["choose_mixed_precision", "AMPSearchAlgo", "CallbackFunc"]
 
@@ -146,6 +147,7 @@ def choose_mixed_precision(sim: QuantizationSimModel, candidates: Iterable[Any],
     evaluated as usual).
     """
     start = time.perf_counter()
+    warn_if_forking_pool(executor, "choose_mixed_precision")
     precisions, drop = _check_inputs(candidates, eval_callback_for_phase1, eval_callback_for_phase2,
                                      allowed_accuracy_drop, forward_pass_callback)
     if not isinstance(refine, (bool, int)) or not isinstance(refine, bool) and refine < 0:

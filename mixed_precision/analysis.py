@@ -27,6 +27,7 @@ import numpy as np
 
 from mixed_precision.amp_executor import Changes, plain_score, run_evaluations
 from quantsim import Encoding, QuantizationSimModel, QuantizerGroup, fake_quantize
+from quantsim.errors import warn_if_forking_pool
 
 __all__ = ["GroupScore", "TensorHealth", "group_sensitivity", "tensor_health", "report_dict", "FEW_CODES",
            "LOW_SQNR_MARGIN_DB", "HISTOGRAM_BINS"]
@@ -80,6 +81,7 @@ def group_sensitivity(sim: QuantizationSimModel, eval_fn: Callable[[Any], float]
     it is left exactly as it was. ``executor``: run the evaluations there, in ``chunks`` tasks (module
     docstring; with processes ``eval_fn`` must pickle)."""
     groups = list(sim.quantizer_groups() if groups is None else groups)
+    warn_if_forking_pool(executor, "group_sensitivity")
     active = {q.name for q in sim.quantizers if q.enabled}
     state = {q.name: (q.spec, q.encoding) for q in sim.quantizers}
 

@@ -13,6 +13,7 @@ from types import FrameType
 
 __all__ = [
     "warn_at_caller",
+    "warn_if_forking_pool",
     "QuantsimError",
     "QuantsimWarning",
     "AimetDifferenceWarning",
@@ -159,3 +160,20 @@ def warn_at_caller(message: str, category: type[Warning] = QuantsimWarning) -> N
     while frame is not None and _is_library_frame(frame):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def warn_if_forking_pool(executor: object, where: str) -> None:
+    """Warn (at the caller's line) when ``executor`` is a `concurrent.futures.ProcessPoolExecutor` that starts
+    its workers by ``fork``, the default on Linux before Python 3.14: a forked copy of a process whose
+    onnxruntime sessions hold worker threads can deadlock in the child (their locks are copied held), so such a
+    pool can hang the call ``where`` names. Threads, spawned or forkserver processes and Dask are not warned."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    if not isinstance(executor, ProcessPoolExecutor):
+        return
+    context = getattr(executor, "_mp_context", None)
+    method = context.get_start_method() if context is not None else None
+    if method == "fork":
+        warn_at_caller(f"{where}: executor is a ProcessPoolExecutor that forks its workers; a fork of a process "
+                       "whose onnxruntime sessions hold threads can deadlock. Pass ProcessPoolExecutor(..., "
+                       "mp_context=multiprocessing.get_context('spawn')) (or 'forkserver')", RuntimeWarning)
