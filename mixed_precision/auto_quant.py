@@ -49,7 +49,10 @@ LayerNorm fusions: one float ulp); each such flip is rare (1e-6 to 1e-4 of a lay
 through the layers after it, and on a deep model at a tight budget the score moves by more than the budget's
 margin (PP-OCRv4 rec: CER 0.0093 in the sim, 0.0182 exported). AMP's phase 1 (a per-group sensitivity
 ranking) stays on the sim. ``score_on="sim"`` scores the sim's own session everywhere (the search as before:
-no export per configuration; the export's score is then only checked at the end, ``deployed_score``).
+no export per configuration); ``"both"`` scores the lower of the two (twice the callback evaluations), for a
+model deployed both through the fused QDQ kernels and the exact integer export, which computes what the sim
+does up to the same near-tie flips. Whatever the mode, the chosen configuration is scored both ways at the
+end (``deployed_score``, ``sim_score``) and a warning names either that misses a met target.
 
 Every score is written to ``<results_dir>/.cache/auto_quantize_scores.json`` as soon as it is known, keyed
 by the prepared model, the candidates, the callback, ``phase1`` and ``score_on``: after an interruption, ``clean_start=False``
@@ -104,6 +107,7 @@ EXHAUSTIVE_LIMIT = 16
 """Largest number of distinct per-group configurations searched exhaustively (else AMP): each is calibrated
 for itself and scored, cheapest first, so the search stops at the cheapest that meets the target."""
 PHASE1_MODES = ("proxy", "callback")
+SCORE_MODES = ("export", "sim", "both")
 """What scores AMP's phase 1 in `auto_quantize` (module docstring): the built-in output SQNR, or ``eval_callback``."""
 _CACHE = Path(".cache") / "auto_quantize_scores.json"
 
@@ -128,18 +132,23 @@ class _Timed:
 
 
 class _OnExport:
-    """AMP's phase-2 callback with ``score_on="export"``: the user's callback on the QDQ export of ``sim`` (the
-    sim AMP changes) in onnxruntime's fused kernels, whatever session AMP hands it (the sim's). Named
-    ``export:<callback>`` for AMP's score cache, so sim-scored and export-scored caches never mix."""
+    """AMP's phase-2 callback with ``score_on="export"`` or ``"both"``: the user's callback on the QDQ export
+    of ``sim`` (the sim AMP changes) in onnxruntime's fused kernels, whatever session AMP hands it (the sim's),
+    and with ``"both"`` the lower of that and the sim's own score. Named ``<mode>:<callback>`` for AMP's score
+    cache, so caches of different modes never mix."""
 
-    def __init__(self, evaluate: Callable, sim: QuantizationSimModel):
-        self.evaluate, self.sim = evaluate, sim
+    def __init__(self, evaluate: Callable, sim: QuantizationSimModel, mode: str = "export"):
+        self.evaluate, self.sim, self.mode = evaluate, sim, mode
         inner = getattr(evaluate, "func", evaluate)
         self.__module__ = getattr(inner, "__module__", "")
-        self.__qualname__ = "export:" + getattr(inner, "__qualname__", type(inner).__name__)
+        self.__qualname__ = f"{mode}:" + getattr(inner, "__qualname__", type(inner).__name__)
 
     def __call__(self, session: Any) -> Any:
-        return self.evaluate(self.sim.fused_session())
+        exported = self.evaluate(self.sim.fused_session())
+        if self.mode != "both":
+            return exported
+        own = self.evaluate(self.sim.session)
+        return exported if own != own else min(exported, own)  # NaN from the sim: AMP's own check reports it
 
 
 class _Search:
@@ -235,7 +244,7 @@ class _Search:
             except TargetError as error:  # the target refuses this configuration: noted, not scored
                 self.notes.append(f"{stage} {settings} skipped: {str(error).splitlines()[0]}")
                 return AutoQuantStep(stage, settings, float("-inf"), float("inf"), time.perf_counter() - t0, False)
-            score = self.call(self.scored_session(made), f"{stage} {settings}")
+            score = self.score_of(made, f"{stage} {settings}")
             bops, cached = self.relative_bops(made), False
             self.cache[key] = {"score": score, "relative_bops": bops}
             self._save()
@@ -247,9 +256,13 @@ class _Search:
         self.offer(step, build, None if shared else made)
         return step
 
-    def scored_session(self, sim: QuantizationSimModel) -> Any:
-        """The session a configuration is scored on: its QDQ export's fused session, or the sim's own."""
-        return sim.fused_session() if self.score_on == "export" else sim.session
+    def score_of(self, sim: QuantizationSimModel, what: str) -> float:
+        """A configuration's score: its QDQ export's in onnxruntime's fused kernels, the sim's own, or (``"both"``)
+        the lower of the two."""
+        if self.score_on == "sim":
+            return self.call(sim.session, what)
+        exported = self.call(sim.fused_session(), what)
+        return exported if self.score_on == "export" else min(exported, self.call(sim.session, what + " (sim)"))
 
     def offer(self, step: AutoQuantStep, build: Callable[[], QuantizationSimModel],
               sim: QuantizationSimModel | None) -> None:
@@ -315,7 +328,7 @@ class _Search:
             phase1 = evaluate if self.phase1 == "callback" else _Timed(phase1, deadline)
         try:
             with tempfile.TemporaryDirectory() as scratch:
-                phase2 = _OnExport(evaluate, sim) if self.score_on == "export" else evaluate
+                phase2 = evaluate if self.score_on == "sim" else _OnExport(evaluate, sim, self.score_on)
                 known = {"float": self.reference, **{n: v for n, v in self.known.items() if n in names}}
                 result = choose_mixed_precision(sim, names, phase1, phase2, self.drop,
                                                 folder or scratch, self.clean_start, self.batches(),
@@ -324,7 +337,9 @@ class _Search:
             self.notes.append(f"AMP stopped: {str(error).splitlines()[0]}")
             return
         proxy = self.phase1 == "proxy"
-        self.counts["callback_evaluations"] += result.phase2_evaluations + (0 if proxy else result.phase1_evaluations)
+        per_point = 2 if self.score_on == "both" else 1
+        self.counts["callback_evaluations"] += per_point * result.phase2_evaluations + (
+            0 if proxy else result.phase1_evaluations)
         self.counts["proxy_evaluations"] += result.phase1_evaluations if proxy else 0
         self.counts["calibration_passes"] += result.calibration_passes
         self.notes.append(f"AMP ({'/'.join(names)}): {result.phase1_evaluations} phase-1 "
@@ -362,8 +377,8 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     ``executor`` runs AMP's phase 1 elsewhere (any ``concurrent.futures.Executor``, Dask's included);
     ``time_budget`` (seconds) stops the search once it is spent: between steps, and inside the AMP stage
     before its next evaluation. ``score_on``: ``"export"`` (default) scores each configuration on its QDQ
-    export in onnxruntime's fused integer kernels, what deploys; ``"sim"`` on the sim's session (module
-    docstring). ``results_dir`` gets
+    export in onnxruntime's fused integer kernels, what deploys; ``"sim"`` on the sim's session; ``"both"`` on
+    the lower of the two (module docstring). ``results_dir`` gets
     the score cache (resumed with ``clean_start=False``) and the report (`write_auto_quant_report`). Other
     keyword arguments go to every `QuantizationSimModel` (``config_file``, ``providers``, ...).
     Returns an `AutoQuantResult` whose ``sim`` is calibrated in the chosen configuration.
@@ -377,8 +392,8 @@ def auto_quantize(model: onnx.ModelProto | str | Path, calibration_data: Sequenc
     if not isinstance(phase1, str) or phase1 not in PHASE1_MODES:
         raise InvalidArgumentError(f"auto_quantize: phase1 must be one of {', '.join(map(repr, PHASE1_MODES))}, "
                                    f"got {phase1!r}")
-    if score_on not in ("export", "sim"):
-        raise InvalidArgumentError(f"score_on must be 'export' or 'sim', got {score_on!r}")
+    if score_on not in SCORE_MODES:
+        raise InvalidArgumentError(f"score_on must be one of {', '.join(map(repr, SCORE_MODES))}, got {score_on!r}")
     source = onnx.load(str(model)) if isinstance(model, (str, Path)) else model
     if not isinstance(source, onnx.ModelProto):
         raise InvalidArgumentError(f"model must be an onnx.ModelProto or a path, got {type(model).__name__}")
@@ -504,13 +519,33 @@ def _rounded(search: _Search, precision: Precision, scheme: str, model, candidat
     return sim
 
 
-def _deployed_score(search: _Search, sim: QuantizationSimModel) -> float | str:
-    """The callback's score of the chosen sim's QDQ export in onnxruntime's fused integer kernels (what a
-    deployment runs: issue of sim-vs-deployment agreement), or a note saying why it could not be scored."""
+def _final_score(search: _Search, session: Callable[[], Any], what: str) -> float | str:
+    """The callback's score of the chosen configuration's ``session()`` (its QDQ export in onnxruntime's fused
+    kernels, or the sim's own), or a note saying why it could not be scored."""
     try:
-        return search.call(sim.fused_session(), "the chosen configuration's QDQ export")
+        return search.call(session(), f"the chosen configuration's {what}")
     except Exception as error:  # noqa: BLE001 - reported in the result, the search's answer stands
-        return f"its QDQ export could not be scored ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+        return f"its {what} could not be scored ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+
+
+def _check_final(search: _Search, sim: QuantizationSimModel, met: bool) -> tuple[float | None, float | None]:
+    """Score the chosen configuration both ways (QDQ export in fused kernels; the sim, which the unfused
+    export and the integer export's exact arithmetic compute up to near-tie flips) and note, with a warning,
+    each that misses a met target."""
+    found: list[float | None] = []
+    for session, what in ((sim.fused_session, "QDQ export"), (lambda: sim.session, "sim")):
+        scored = _final_score(search, session, what)
+        if isinstance(scored, str):
+            search.notes.append(scored)
+        elif met and scored < search.target:
+            where = ("its QDQ export in onnxruntime's integer kernels" if what == "QDQ export" else
+                     "the sim itself (what export_integer's exact arithmetic computes)")
+            search.notes.append(f"{where} scores {scored:.6g}, below the target: the two round near ties "
+                                "differently (print(result.sim) names the differences; score_on='both' chooses "
+                                "on the lower of the two)")
+            warnings.warn(f"auto_quantize: {search.notes[-1]}", RuntimeWarning, stacklevel=4)
+        found.append(None if isinstance(scored, str) else scored)
+    return found[0], found[1]
 
 
 def _missing_costlier(search: _Search) -> str:
@@ -534,14 +569,7 @@ def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
         message = (f"budget not met: the best configuration tried, {best.label}, scores {best.score:.6g} < target "
                    f"{search.target:.6g}; it would need an allowed drop of at least "
                    f"{search.reference - best.score:.6g}, or {_missing_costlier(search)}more calibration data")
-    scored = _deployed_score(search, sim)
-    deployed = None if isinstance(scored, str) else scored
-    if isinstance(scored, str):
-        search.notes.append(scored)
-    elif met and scored < search.target:
-        search.notes.append(f"its QDQ export in onnxruntime's integer kernels scores {scored:.6g}, below the target: "
-                            "they round near ties differently from the sim (print(result.sim) names the differences)")
-        warnings.warn(f"auto_quantize: {search.notes[-1]}", RuntimeWarning, stacklevel=3)
+    deployed, own = _check_final(search, sim, met)
     counts = search.counts
     search.notes.append(f"spent {counts['callback_evaluations']} callback evaluations, "
                         f"{counts['proxy_evaluations']} phase-1 proxy evaluations and {counts['calibration_passes']} "
@@ -553,7 +581,7 @@ def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
     share = sum(q.precision().bits > 8 for q in enabled) / max(len(enabled), 1)
     result = AutoQuantResult(sim, step.score, step.relative_bops, search.reference, search.target, search.drop, met,
                              step, search.steps, message, time.perf_counter() - search.start, share, deployed,
-                             dict(counts))
+                             dict(counts), own)
     if results_dir is not None:
         write_auto_quant_report(result, results_dir)
     return result

@@ -54,8 +54,10 @@ class AutoQuantResult:
     calibration data, Sequential MSE's and AdaRound's own not counted); ``message`` says what was chosen, or what would be
     needed when the budget was not met. ``deployed_score`` is the callback's score of the chosen sim's QDQ
     export in onnxruntime's fused integer kernels (`QuantizationSimModel.fused_session`), what a deployment
-    runs; None when it could not be scored (the message says why). With ``score_on="export"`` (the default)
-    every score is already the export's, so ``deployed_score`` repeats ``score`` as a check."""
+    runs; ``sim_score`` the callback's score of the sim's own session (what the unfused QDQ export and
+    `export_integer`'s exact arithmetic compute, up to near-tie rounding flips); each None when it could not be
+    scored (the message says why). Both are evaluated again at the end as a check (one of them repeats
+    ``score``), and the message warns when either misses a met target."""
 
     sim: QuantizationSimModel
     score: float
@@ -71,6 +73,7 @@ class AutoQuantResult:
     promoted_share: float
     deployed_score: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    sim_score: float | None = None
 
     @property
     def pareto(self) -> list[AutoQuantStep]:
@@ -85,7 +88,8 @@ class AutoQuantResult:
                 "target": self.target, "budget_met": self.budget_met, "score": self.score,
                 "relative_bops": self.relative_bops, "promoted_share": self.promoted_share,
                 "chosen": self.steps.index(self.chosen) if self.chosen in self.steps else None,
-                "deployed_score": self.deployed_score, "message": self.message, "seconds": self.seconds,
+                "deployed_score": self.deployed_score, "sim_score": self.sim_score, "message": self.message,
+                "seconds": self.seconds,
                 "counts": dict(self.counts),
                 "steps": [asdict(s) for s in self.steps]}
 
@@ -101,10 +105,11 @@ class AutoQuantResult:
             lines.append(f"| {i} | {s.stage}{mark} | {settings} | {s.score:.6g} | {s.relative_bops:.4f} | "
                          f"{'yes' if s.met else 'no'} | {s.seconds:.1f}{' (cached)' if s.cached else ''} |")
         deployed = "not scored" if self.deployed_score is None else f"{self.deployed_score:.6g}"
+        own = "not scored" if self.sim_score is None else f"{self.sim_score:.6g}"
         spent = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in self.counts.items())
         lines.append(f"\nTotal {self.seconds:.1f} s{f' ({spent})' if spent else ''}; {100 * self.promoted_share:.1f}% "
                      f"of the quantizers above 8 bits; the chosen QDQ export in onnxruntime's integer kernels scores "
-                     f"{deployed}.")
+                     f"{deployed}, the sim itself {own}.")
         return "\n".join(lines) + "\n"
 
 

@@ -219,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --max-drop: what ranks the layers in the mixed-precision search's phase 1: the "
                              "output SQNR against the float model on the first calibration batch (proxy, default) or "
                              "the --eval function (callback: one full evaluation per layer group and precision)")
-    budget.add_argument("--score-on", choices=("export", "sim"),
+    budget.add_argument("--score-on", choices=("export", "sim", "both"),
                         help="with --max-drop: score each configuration on its QDQ export in onnxruntime's integer "
-                             "kernels (export, default: what deploys) or on the sim's session (sim)")
+                             "kernels (export, default: what deploys), on the sim's session (sim), or on the lower of "
+                             "the two (both: a choice that holds in the fused and the exact integer kernels)")
     budget.add_argument("--resume", action="store_true",
                         help="with --max-drop: reuse the scores an interrupted search left in --out")
     output = quantize.add_argument_group("output")

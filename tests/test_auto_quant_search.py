@@ -102,8 +102,8 @@ def test_no_candidate_meeting_everywhere_searches_no_mix_and_says_so():
     assert "amp" not in stages and "exhaustive" not in stages
     assert [s.settings["precision"] for s in result.steps if s.stage == "uniform"] == ["W8A16", "W16A16"]
     assert not result.budget_met and result.score == max(s.score for s in result.steps)
-    # the float model, one per step, the chosen one's QDQ export: nothing else was evaluated
-    assert score.calls == 1 + len(result.steps) + 1 == result.counts["callback_evaluations"]
+    # the float model, one per step, the chosen one's QDQ export and sim: nothing else was evaluated
+    assert score.calls == 1 + len(result.steps) + 2 == result.counts["callback_evaluations"]
     assert result.counts["proxy_evaluations"] == 0
     assert M.score(result.sim.session) == pytest.approx(result.score, rel=1e-6)
 

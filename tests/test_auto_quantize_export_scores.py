@@ -106,3 +106,28 @@ def test_print_sim_names_the_float_kernel_difference_of_wide_layers(param_type, 
     section = str(sim)[str(sim).index("sim vs deployed"):]
     assert ("float kernels:" in section) is named
     assert "score the export (auto_quantize does" in section
+
+
+def test_score_on_both_scores_the_lower_and_the_result_reports_each():
+    result = auto_quantize(conv_net(), CALIBRATION, score, 1.0, candidates=["W8A8"], score_on="both", **FAST)
+    _require_a_gap(result.sim)
+    own, exported = score(result.sim.session), exported_score(result.sim)
+    assert result.score == min(own, exported)
+    assert result.sim_score == own and result.deployed_score == exported
+    assert result.to_dict()["sim_score"] == own
+
+
+def test_a_target_between_the_sim_and_its_export_is_named_and_both_refuses_it():
+    sim = QuantizationSimModel(conv_net(), progress=False)
+    sim.compute_encodings(CALIBRATION)
+    _require_a_gap(sim)
+    own, exported = score(sim.session), exported_score(sim)
+    reference = score(_FLOAT)
+    drop = reference - (own + exported) / 2  # the target halfway: one of the two meets it, the other not
+    mode, missing = ("export", "the sim itself") if exported > own else ("sim", "its QDQ export")
+    with pytest.warns(RuntimeWarning, match=f"{missing} .*scores .* below the target"):
+        result = auto_quantize(conv_net(), CALIBRATION, score, drop, candidates=["W8A8"], score_on=mode, **FAST)
+    assert result.budget_met and result.score == max(own, exported)
+    with pytest.warns(RuntimeWarning, match="budget not met"):
+        careful = auto_quantize(conv_net(), CALIBRATION, score, drop, candidates=["W8A8"], score_on="both", **FAST)
+    assert not careful.budget_met and careful.score == min(own, exported)
