@@ -92,6 +92,7 @@ from mixed_precision.auto_quant_inputs import (
 )
 from mixed_precision.auto_quant_proxy import OutputSQNR
 from mixed_precision.auto_quant_result import AutoQuantResult, AutoQuantStep, write_auto_quant_report
+from mixed_precision.auto_quant_scoring import OnExport, check_final
 from mixed_precision.bitops import layer_costs, simulated_bit_operations
 from mixed_precision.files import write_text_atomic
 from mixed_precision.presets import Precision, candidate
@@ -129,26 +130,6 @@ class _Timed:
         if time.time() > self.deadline:
             raise _Budget
         return self.evaluate(session)
-
-
-class _OnExport:
-    """AMP's phase-2 callback with ``score_on="export"`` or ``"both"``: the user's callback on the QDQ export
-    of ``sim`` (the sim AMP changes) in onnxruntime's fused kernels, whatever session AMP hands it (the sim's),
-    and with ``"both"`` the lower of that and the sim's own score. Named ``<mode>:<callback>`` for AMP's score
-    cache, so caches of different modes never mix."""
-
-    def __init__(self, evaluate: Callable, sim: QuantizationSimModel, mode: str = "export"):
-        self.evaluate, self.sim, self.mode = evaluate, sim, mode
-        inner = getattr(evaluate, "func", evaluate)
-        self.__module__ = getattr(inner, "__module__", "")
-        self.__qualname__ = f"{mode}:" + getattr(inner, "__qualname__", type(inner).__name__)
-
-    def __call__(self, session: Any) -> Any:
-        exported = self.evaluate(self.sim.fused_session())
-        if self.mode != "both":
-            return exported
-        own = self.evaluate(self.sim.session)
-        return exported if own != own else min(exported, own)  # NaN from the sim: AMP's own check reports it
 
 
 class _Search:
@@ -328,7 +309,7 @@ class _Search:
             phase1 = evaluate if self.phase1 == "callback" else _Timed(phase1, deadline)
         try:
             with tempfile.TemporaryDirectory() as scratch:
-                phase2 = evaluate if self.score_on == "sim" else _OnExport(evaluate, sim, self.score_on)
+                phase2 = evaluate if self.score_on == "sim" else OnExport(evaluate, sim, self.score_on)
                 known = {"float": self.reference, **{n: v for n, v in self.known.items() if n in names}}
                 result = choose_mixed_precision(sim, names, phase1, phase2, self.drop,
                                                 folder or scratch, self.clean_start, self.batches(),
@@ -519,35 +500,6 @@ def _rounded(search: _Search, precision: Precision, scheme: str, model, candidat
     return sim
 
 
-def _final_score(search: _Search, session: Callable[[], Any], what: str) -> float | str:
-    """The callback's score of the chosen configuration's ``session()`` (its QDQ export in onnxruntime's fused
-    kernels, or the sim's own), or a note saying why it could not be scored."""
-    try:
-        return search.call(session(), f"the chosen configuration's {what}")
-    except Exception as error:  # noqa: BLE001 - reported in the result, the search's answer stands
-        return f"its {what} could not be scored ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-
-
-def _check_final(search: _Search, sim: QuantizationSimModel, met: bool) -> tuple[float | None, float | None]:
-    """Score the chosen configuration both ways (QDQ export in fused kernels; the sim, which the unfused
-    export and the integer export's exact arithmetic compute up to near-tie flips) and note, with a warning,
-    each that misses a met target."""
-    found: list[float | None] = []
-    for session, what in ((sim.fused_session, "QDQ export"), (lambda: sim.session, "sim")):
-        scored = _final_score(search, session, what)
-        if isinstance(scored, str):
-            search.notes.append(scored)
-        elif met and scored < search.target:
-            where = ("its QDQ export in onnxruntime's integer kernels" if what == "QDQ export" else
-                     "the sim itself (what export_integer's exact arithmetic computes)")
-            search.notes.append(f"{where} scores {scored:.6g}, below the target: the two round near ties "
-                                "differently (print(result.sim) names the differences; score_on='both' chooses "
-                                "on the lower of the two)")
-            warnings.warn(f"auto_quantize: {search.notes[-1]}", RuntimeWarning, stacklevel=4)
-        found.append(None if isinstance(scored, str) else scored)
-    return found[0], found[1]
-
-
 def _missing_costlier(search: _Search) -> str:
     """"costlier candidates (...) or " naming the usual ones the ladder lacks ("" when it has them all)."""
     missing = [name for name in ("W8A16", "W16A16", "FP16") if name not in {p.name for p in search.ladder}]
@@ -569,7 +521,7 @@ def _finish(search: _Search, results_dir: str | Path | None) -> AutoQuantResult:
         message = (f"budget not met: the best configuration tried, {best.label}, scores {best.score:.6g} < target "
                    f"{search.target:.6g}; it would need an allowed drop of at least "
                    f"{search.reference - best.score:.6g}, or {_missing_costlier(search)}more calibration data")
-    deployed, own = _check_final(search, sim, met)
+    deployed, own = check_final(search, sim, met)
     counts = search.counts
     search.notes.append(f"spent {counts['callback_evaluations']} callback evaluations, "
                         f"{counts['proxy_evaluations']} phase-1 proxy evaluations and {counts['calibration_passes']} "

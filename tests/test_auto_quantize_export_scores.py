@@ -125,8 +125,9 @@ def test_a_target_between_the_sim_and_its_export_is_named_and_both_refuses_it():
     reference = score(_FLOAT)
     drop = reference - (own + exported) / 2  # the target halfway: one of the two meets it, the other not
     mode, missing = ("export", "the sim itself") if exported > own else ("sim", "its QDQ export")
-    with pytest.warns(RuntimeWarning, match=f"{missing} .*scores .* below the target"):
+    with pytest.warns(RuntimeWarning, match=f"{missing} .*scores .* below the target") as caught:
         result = auto_quantize(conv_net(), CALIBRATION, score, drop, candidates=["W8A8"], score_on=mode, **FAST)
+    assert {w.filename for w in caught} == {__file__}  # at the caller's line
     assert result.budget_met and result.score == max(own, exported)
     with pytest.warns(RuntimeWarning, match="budget not met"):
         careful = auto_quantize(conv_net(), CALIBRATION, score, drop, candidates=["W8A8"], score_on="both", **FAST)
