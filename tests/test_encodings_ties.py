@@ -63,6 +63,8 @@ def test_untied_concat_survives_export_and_reload(tmp_path, version):
 
     assert fresh.qc_quantize_op_dict["boxes"] is not fresh.qc_quantize_op_dict["scores"]
     assert _state(fresh) == _state(sim)
+    split = [d for d in fresh.decisions if d.rule == "encodings file"]  # the split is listed, not only logged
+    assert len(split) == 1 and split[0].action == "untied" and {"boxes", "scores"} <= set(split[0].tensors)
     assert not fresh.qc_quantize_op_dict["detections"].enabled
     for feed in _feeds(2, seed=2):
         expected = sim.session.run(None, feed)[0]

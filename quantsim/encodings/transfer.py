@@ -34,6 +34,7 @@ from quantsim.errors import (
     warn_at_caller,
 )
 from quantsim.graph.file_set import FileSet, check_file_name
+from quantsim.sim.decisions import Decision
 from quantsim.sim.quantizer import QcQuantizeOp
 from quantsim.sim.ties import split_tied, tied_encodings_differ
 
@@ -354,9 +355,11 @@ def _untie_where_the_file_does(sim, pending: list, disable_missing: bool, versio
         missing = disable_missing and any(t not in named for t in q.tensors) and not (
             version == "2.0.0" and q.spec.is_float)
         if missing or tied_encodings_differ([(spec, enc) for _, spec, enc, _ in entries]):
-            _log.debug("load_encodings_to_sim: %s untied: the file gives its tensors %s grids of their own",
-                       q.name, ", ".join(q.tensors))
+            tensors = tuple(q.tensors)
             split_tied(sim, q)
+            sim._record_decisions([Decision("encodings file", tensors, "untied",
+                                            "the loaded file gives these tensors, which this sim tied to one "
+                                            "quantizer, grids of their own")])
     return [(sim.qc_quantize_op_dict[name], spec, enc) for _, spec, enc, name in pending]
 
 
