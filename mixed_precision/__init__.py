@@ -25,8 +25,10 @@ from mixed_precision.lite import flip_layers_to_higher_precision
 from mixed_precision.overrides import OverrideConflictError, PrecisionOverrides, apply_precision_overrides, load_overrides
 from mixed_precision.presets import PRESETS, Precision, candidate, preset
 from mixed_precision.quant_analyzer import QuantAnalyzer
+from mixed_precision.sqnr import power_sqnr_db
 
 __all__ = [
+    "power_sqnr_db",
     "Precision",
     "PRESETS",
     "preset",

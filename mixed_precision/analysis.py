@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mixed_precision.amp_executor import Changes, plain_score, run_evaluations
+from mixed_precision.sqnr import power_sqnr_db
 from quantsim import Encoding, QuantizationSimModel, QuantizerGroup, fake_quantize
 from quantsim.errors import warn_if_forking_pool
 
@@ -124,10 +125,6 @@ def tensor_health(sim: QuantizationSimModel, inputs: Iterable[Mapping[str, np.nd
     return sorted(rows, key=lambda r: (r.verdict == "ok", r.sqnr_db))
 
 
-def _sqnr(signal: float, noise: float) -> float:
-    return 10 * math.log10(signal / noise) if noise > 0 and signal > 0 else math.inf
-
-
 class _Stats:
     """One tensor's streamed sums, codes, range and histogram."""
 
@@ -162,7 +159,7 @@ class _Stats:
 
     def result(self, name: str) -> TensorHealth:
         enc, used = self.enc, int(np.count_nonzero(self.counts))
-        grid_sqnr = _sqnr(self.signal, self.grid_noise) if enc is not None else None
+        grid_sqnr = power_sqnr_db(self.signal, self.grid_noise) if enc is not None else None
         verdict = "ok"
         if enc is not None and used and used < FEW_CODES and len(self.distinct) >= 2 * used:
             verdict = f"collapsed onto {used} of {enc.num_steps + 1} codes: give it a 16-bit grid or keep it float"
@@ -170,7 +167,7 @@ class _Stats:
             verdict = (f"its own {enc.bits}-bit grid keeps only {grid_sqnr:.1f} dB of it (a few outliers stretch the "
                        "range): try a percentile or MSE range, a 16-bit grid, or keep it float")
         finite = math.isfinite(self.lo)
-        return TensorHealth(name, _sqnr(self.signal, self.noise), used, enc.num_steps + 1 if enc is not None else 0,
+        return TensorHealth(name, power_sqnr_db(self.signal, self.noise), used, enc.num_steps + 1 if enc is not None else 0,
                             verdict, grid_sqnr, self.lo if finite else None, self.hi if finite else None,
                             self.grid[0] if self.grid else None, self.grid[1] if self.grid else None,
                             _binned(self.counts), (self.below, self.above))

@@ -17,7 +17,6 @@ AMP expects. The object holds plain arrays and output names, so it pickles for p
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 import onnx
 
 from mixed_precision.auto_quant_inputs import float_session
+from mixed_precision.sqnr import power_sqnr_db
 
 __all__ = ["OutputSQNR", "MAX_DB", "sqnr_db"]
 
@@ -43,11 +43,7 @@ def _one(reference: np.ndarray, output: np.ndarray) -> float:
         return -MAX_DB
     signal = float(np.sum(ref[keep] ** 2))
     noise = float(np.sum(difference ** 2))
-    if noise == 0.0:
-        return MAX_DB
-    if signal == 0.0:
-        return -MAX_DB
-    return float(min(MAX_DB, max(-MAX_DB, 10.0 * math.log10(signal / noise))))
+    return float(min(MAX_DB, max(-MAX_DB, power_sqnr_db(signal, noise))))
 
 
 def sqnr_db(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Sequence[np.ndarray]]) -> float:

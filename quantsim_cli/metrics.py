@@ -11,18 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["OutputAgreement", "AgreementAccumulator", "Timings", "median_latency_ms", "sqnr_db", "format_db"]
+from mixed_precision import power_sqnr_db
+
+__all__ = ["OutputAgreement", "AgreementAccumulator", "Timings", "median_latency_ms", "format_db"]
 
 _log = logging.getLogger(__name__)
-
-
-def sqnr_db(signal: float, noise: float) -> float:
-    """``10 log10(signal / noise)``; inf when there is no noise."""
-    if noise <= 0:
-        return math.inf
-    if signal <= 0:
-        return -math.inf
-    return 10 * math.log10(signal / noise)
 
 
 def format_db(value: float | None) -> str:
@@ -47,7 +40,7 @@ class OutputAgreement:
     @property
     def sqnr_db(self) -> float:
         """Reference energy over error energy, in dB."""
-        return sqnr_db(self.signal, self.noise)
+        return power_sqnr_db(self.signal, self.noise)
 
     @property
     def top1_agreement(self) -> float | None:
@@ -93,7 +86,7 @@ class AgreementAccumulator:
 
     def overall_sqnr_db(self) -> float:
         """SQNR over every output together."""
-        return sqnr_db(sum(o.signal for o in self.outputs.values()), sum(o.noise for o in self.outputs.values()))
+        return power_sqnr_db(sum(o.signal for o in self.outputs.values()), sum(o.noise for o in self.outputs.values()))
 
 
 class Timings:
