@@ -1,0 +1,299 @@
+"""Message-passing graph networks in plain torch, as ONNX through both of torch's exporters, for `benchmarks.bench_graph`.
+
+    <python with torch + onnx [+ onnxscript]> -m benchmarks.suite.graph_export [--out DIR] [--exporter ts dynamo]
+        [--models gcn sage ...]
+
+Runs in any Python that has torch and onnx (plus onnxscript for the dynamo exporter), not in quantsim's
+environment: quantsim never imports torch. Nothing is downloaded and torch_geometric is not used: each network
+is written the way users write message passing by hand (``scatter_add_`` / ``index_add_`` for degrees and sums,
+``scatter_reduce`` with ``mean`` / ``amax`` for SAGE and softmax over incoming edges, ``index_select`` and
+``gather`` of node features by edge index, ``topk`` on pairwise distances for EdgeConv, ``index_put_`` for a
+scatter-assign), with weights from a fixed seed. Inputs: node features float32 ``[N, F]``, ``edge_index``
+int64 ``[2, E]`` (and ``batch`` int64 ``[N]`` for the graph-level readout); shapes fixed at export.
+
+Files: ``DIR/<model>.<exporter>.onnx`` (``ts``: TorchScript, opset 17; ``dynamo``: torch.export, opset 18)
+and ``DIR/<model>.feeds.npz``: input feeds with valid indices, arrays named ``<input>__<k>`` for feed ``k``
+(the first six calibrate, the rest evaluate), and torch's own outputs as ``torch_output__<k>``. Input names are the forward's argument names in both exporters.
+Weights are random: use the files for op coverage, placement and export parity, not for accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.suite.exporting import export_each
+
+DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "graph"
+NODES, EDGES, FEATURES, GRAPHS, FEEDS = 64, 256, 16, 4, 10
+REFERENCE = "torch_output"  # the npz key prefix of torch's own outputs (to check the exporters)
+
+
+def _graph_feeds(rng: np.random.Generator, count: int, batch: bool) -> list[dict[str, np.ndarray]]:
+    """Random graphs: N(0, 1) node features, edges between random nodes (with a self-loop per node so every
+    node has an incoming edge), the batch vector splitting the nodes into ``GRAPHS`` contiguous graphs
+    (edges stay inside their graph)."""
+    feeds = []
+    per = NODES // GRAPHS
+    for _ in range(count):
+        x = rng.standard_normal((NODES, FEATURES)).astype(np.float32)
+        extra = EDGES - NODES
+        src = rng.integers(0, NODES, extra)
+        dst = (src // per) * per + rng.integers(0, per, extra)  # the same graph as its source
+        nodes = np.arange(NODES)
+        edge_index = np.stack([np.concatenate([nodes, src]), np.concatenate([nodes, dst])]).astype(np.int64)
+        feed = {"x": x, "edge_index": edge_index}
+        if batch:
+            feed["batch"] = np.repeat(np.arange(GRAPHS), per).astype(np.int64)
+        feeds.append(feed)
+    return feeds
+
+
+def _point_feeds(rng: np.random.Generator, count: int) -> list[dict[str, np.ndarray]]:
+    return [{"points": rng.standard_normal((NODES, 3)).astype(np.float32)} for _ in range(count)]
+
+
+def _models():  # noqa: C901 - one class per network, read as a catalogue
+    import torch
+    from torch import nn
+
+    def degree(index, n: int, dtype):
+        return torch.zeros(n, dtype=dtype).scatter_add_(0, index, torch.ones_like(index, dtype=dtype))
+
+    class GCN(nn.Module):
+        """Two GCN layers: D^-1/2 A D^-1/2 X W, degrees by scatter_add_, sums by index_add_."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin1, self.lin2 = nn.Linear(FEATURES, 32), nn.Linear(32, 8)
+
+        def conv(self, x, edge_index, lin):
+            src, dst = edge_index[0], edge_index[1]
+            deg = degree(dst, x.shape[0], x.dtype)
+            norm = deg.pow(-0.5)
+            weight = norm[src] * norm[dst]
+            h = lin(x)
+            messages = h.index_select(0, src) * weight.unsqueeze(-1)
+            return torch.zeros_like(h).index_add_(0, dst, messages)
+
+        def forward(self, x, edge_index):
+            return self.conv(torch.relu(self.conv(x, edge_index, self.lin1)), edge_index, self.lin2)
+
+    class SAGE(nn.Module):
+        """GraphSAGE with mean aggregation by scatter_reduce(reduce="mean")."""
+
+        def __init__(self):
+            super().__init__()
+            self.self1, self.neigh1 = nn.Linear(FEATURES, 32), nn.Linear(FEATURES, 32, bias=False)
+            self.self2, self.neigh2 = nn.Linear(32, 8), nn.Linear(32, 8, bias=False)
+
+        @staticmethod
+        def mean(x, edge_index):
+            src, dst = edge_index[0], edge_index[1]
+            index = dst.unsqueeze(-1).expand(-1, x.shape[1])
+            return torch.zeros_like(x).scatter_reduce(0, index, x[src], reduce="mean", include_self=False)
+
+        def forward(self, x, edge_index):
+            h = torch.relu(self.self1(x) + self.neigh1(self.mean(x, edge_index)))
+            return self.self2(h) + self.neigh2(self.mean(h, edge_index))
+
+    class SAGECount(nn.Module):
+        """GraphSAGE with the mean written as index_add_ of messages over an index_add_ count."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin_self, self.lin_neigh = nn.Linear(FEATURES, 32), nn.Linear(FEATURES, 32)
+            self.out = nn.Linear(32, 8)
+
+        def forward(self, x, edge_index):
+            src, dst = edge_index[0], edge_index[1]
+            total = torch.zeros_like(x).index_add_(0, dst, x.index_select(0, src))
+            count = torch.zeros(x.shape[0], dtype=x.dtype).index_add_(0, dst, torch.ones_like(dst, dtype=x.dtype))
+            h = self.lin_self(x) + self.lin_neigh(total / count.clamp(min=1).unsqueeze(-1))
+            return self.out(torch.relu(h))
+
+    class GAT(nn.Module):
+        """One multi-head GAT layer: per-edge attention logits, softmax over each node's incoming edges by
+        scatter_reduce(amax) + exp + scatter_add, node features gathered by edge index."""
+
+        heads, width = 4, 8
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(FEATURES, self.heads * self.width, bias=False)
+            self.att_src = nn.Parameter(torch.randn(1, self.heads, self.width) * 0.3)
+            self.att_dst = nn.Parameter(torch.randn(1, self.heads, self.width) * 0.3)
+            self.out = nn.Linear(self.heads * self.width, 8)
+
+        def forward(self, x, edge_index):
+            src, dst = edge_index[0], edge_index[1]
+            n = x.shape[0]
+            h = self.lin(x).view(n, self.heads, self.width)
+            a_src, a_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)  # [N, H]
+            logits = nn.functional.leaky_relu(a_src.index_select(0, src) + a_dst.index_select(0, dst), 0.2)
+            index = dst.unsqueeze(-1).expand(-1, self.heads)
+            peak = torch.full((n, self.heads), -1e9).scatter_reduce(0, index, logits, reduce="amax",
+                                                                    include_self=True)
+            e = torch.exp(logits - torch.gather(peak, 0, index))
+            total = torch.zeros(n, self.heads).scatter_add(0, index, e)
+            alpha = e / torch.gather(total, 0, index)
+            messages = h.index_select(0, src) * alpha.unsqueeze(-1)
+            agg = torch.zeros_like(h).index_add_(0, dst, messages).reshape(n, -1)
+            return self.out(nn.functional.elu(agg))
+
+    class GIN(nn.Module):
+        """Two GIN layers: (1 + eps) x + sum of neighbours (index_add_), then an MLP."""
+
+        def __init__(self):
+            super().__init__()
+            self.mlp1 = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, 32))
+            self.mlp2 = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+            self.eps = nn.Parameter(torch.tensor(0.1))
+
+        def layer(self, x, edge_index, mlp):
+            agg = torch.zeros_like(x).index_add_(0, edge_index[1], x[edge_index[0]])
+            return mlp((1 + self.eps) * x + agg)
+
+        def forward(self, x, edge_index):
+            return self.layer(torch.relu(self.layer(x, edge_index, self.mlp1)), edge_index, self.mlp2)
+
+    class MPNN(nn.Module):
+        """Edge-conditioned message passing: edge features (relative node features) through a Linear gate the
+        messages, summed with scatter_add; a GRU-free update."""
+
+        def __init__(self):
+            super().__init__()
+            self.edge = nn.Linear(FEATURES, 32)
+            self.msg = nn.Linear(FEATURES, 32)
+            self.update = nn.Linear(FEATURES + 32, 8)
+
+        def forward(self, x, edge_index):
+            src, dst = edge_index[0], edge_index[1]
+            x_src, x_dst = x[src], x[dst]
+            gate = torch.sigmoid(self.edge(x_src - x_dst))
+            messages = self.msg(x_src) * gate
+            index = dst.unsqueeze(-1).expand_as(messages)
+            agg = torch.zeros(x.shape[0], 32).scatter_add(0, index, messages)
+            return self.update(torch.cat([x, agg], dim=-1))
+
+    class Readout(nn.Module):
+        """GCN-style layer then per-graph mean and max pooling through the batch vector, and a classifier."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(FEATURES, 32)
+            self.head = nn.Linear(64, 5)
+
+        def forward(self, x, edge_index, batch):
+            src, dst = edge_index[0], edge_index[1]
+            h = self.lin(x)
+            h = torch.relu(torch.zeros_like(h).index_add_(0, dst, h[src]))
+            index = batch.unsqueeze(-1).expand_as(h)
+            count = degree(batch, GRAPHS, h.dtype).clamp(min=1).unsqueeze(-1)
+            mean = torch.zeros(GRAPHS, h.shape[1]).scatter_add(0, index, h) / count
+            peak = torch.zeros(GRAPHS, h.shape[1]).scatter_reduce(0, index, h, reduce="amax", include_self=False)
+            return self.head(torch.cat([mean, peak], dim=-1))
+
+    class EdgeConv(nn.Module):
+        """DGCNN EdgeConv on a point cloud: kNN by topk of negative pairwise distances, neighbours by gather,
+        an MLP on [x_i, x_j - x_i], max over the k neighbours; then a global max."""
+
+        k = 8
+
+        def __init__(self):
+            super().__init__()
+            self.mlp1 = nn.Sequential(nn.Linear(6, 32), nn.LeakyReLU(0.2), nn.Linear(32, 32))
+            self.mlp2 = nn.Sequential(nn.Linear(64, 32), nn.LeakyReLU(0.2))
+            self.head = nn.Linear(32, 10)
+
+        def edge_conv(self, x, mlp):
+            inner = x @ x.transpose(0, 1)
+            square = (x * x).sum(-1, keepdim=True)
+            neg_dist = 2 * inner - square - square.transpose(0, 1)
+            idx = neg_dist.topk(self.k, dim=-1).indices  # [N, k]
+            n, f = x.shape
+            neighbours = torch.gather(x.unsqueeze(0).expand(n, n, f), 1, idx.unsqueeze(-1).expand(n, self.k, f))
+            centre = x.unsqueeze(1).expand(n, self.k, f)
+            return mlp(torch.cat([centre, neighbours - centre], dim=-1)).amax(dim=1)
+
+        def forward(self, points):
+            h = self.edge_conv(points, self.mlp1)
+            h = self.edge_conv(h, self.mlp2)
+            return self.head(h.amax(dim=0, keepdim=True))
+
+    class ScatterAssign(nn.Module):
+        """Scatter-assign written with Tensor.scatter_ and index_put_: each node's last incoming message
+        (scatter_ with one source per destination: the self-loops) and a learned embedding written into the
+        rows of the first node of each graph segment."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(FEATURES, 16)
+            self.token = nn.Parameter(torch.randn(16))
+            self.out = nn.Linear(32, 8)
+
+        def forward(self, x, edge_index):
+            h = self.lin(x)
+            n = x.shape[0]
+            loops = edge_index[:, :n]  # the self-loop edges: dst is a permutation, writes do not collide
+            written = torch.zeros_like(h).scatter_(0, loops[1].unsqueeze(-1).expand(-1, 16), h[loops[0]])
+            rows = torch.arange(0, n, n // GRAPHS)
+            marked = h.clone()
+            marked.index_put_((rows,), self.token.expand(rows.shape[0], 16))
+            return self.out(torch.relu(torch.cat([written, marked], dim=-1)))
+
+    return {"gcn": GCN, "sage_mean": SAGE, "sage_count": SAGECount, "gat": GAT, "gin": GIN, "mpnn": MPNN,
+            "readout": Readout, "edgeconv": EdgeConv, "scatter_assign": ScatterAssign}
+
+
+NAMES = ("gcn", "sage_mean", "sage_count", "gat", "gin", "mpnn", "readout", "edgeconv", "scatter_assign")
+
+
+def feeds(name: str) -> list[dict[str, np.ndarray]]:
+    """The input feeds of model ``name`` (seeded by its name)."""
+    rng = np.random.default_rng(sum(map(ord, name)))
+    if name == "edgeconv":
+        return _point_feeds(rng, FEEDS)
+    return _graph_feeds(rng, FEEDS, batch=name == "readout")
+
+
+def export(name: str, exporter: str, out: Path) -> Path:
+    import torch
+
+    torch.manual_seed(0)
+    model = _models()[name]().eval()
+    inputs = feeds(name)
+    with torch.no_grad():
+        outputs = [model(*(torch.from_numpy(v) for v in feed.values())).numpy() for feed in inputs]
+    np.savez(out / f"{name}.feeds.npz", **{f"{key}__{k}": value for k, feed in enumerate(inputs)
+                                           for key, value in feed.items()},
+             **{f"{REFERENCE}__{k}": value for k, value in enumerate(outputs)})
+    args = tuple(torch.from_numpy(value) for value in inputs[0].values())
+    names = list(inputs[0])
+    target = out / f"{name}.{exporter}.onnx"
+    with torch.no_grad():
+        if exporter == "ts":
+            torch.onnx.export(model, args, str(target), opset_version=17, dynamo=False, input_names=names,
+                              output_names=["output"])
+        else:
+            torch.onnx.export(model, args, str(target), opset_version=18, dynamo=True, external_data=False,
+                              input_names=names, output_names=["output"])
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--exporter", nargs="+", choices=("ts", "dynamo"), default=["ts", "dynamo"])
+    parser.add_argument("--models", nargs="+", choices=NAMES, default=list(NAMES))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    export_each((f"{name} ({exporter})", lambda name=name, exporter=exporter: export(name, exporter, out))
+                for exporter in args.exporter for name in args.models)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
