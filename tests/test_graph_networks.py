@@ -102,3 +102,67 @@ def test_scatter_max_identity_fill_stays_float_and_encodings_round_trip(tmp_path
     quantsim.load_encodings_to_sim(fresh, str(tmp_path / "readout.encodings"))
     for feed in feeds:
         np.testing.assert_array_equal(fresh.session.run(None, feed)[0], sim.session.run(None, feed)[0])
+
+
+def _scatter_model(op: str, reduction: str, fill: float):
+    """Node features scattered onto a ``fill``-initialised table by ``op`` with ``reduction`` (by edge
+    destination), then a Gemm; torch's ``index_put_`` / ``scatter_`` / ``scatter_reduce`` as the exporters spell
+    them."""
+    index_shape = [NODES, FEATURES] if op == "ScatterElements" else [NODES, 1]
+    extra = {"axis": 0} if op == "ScatterElements" else {}
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["h"]),
+        helper.make_node(op, ["table", "index", "h"], ["scattered"], reduction=reduction, **extra),
+        helper.make_node("Gemm", ["scattered", "head_w"], ["logits"]),
+    ]
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.normal(size=(FEATURES, FEATURES)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(FEATURES,)).astype(np.float32), "b"),
+             numpy_helper.from_array(np.full((6, FEATURES), fill, np.float32), "table"),
+             numpy_helper.from_array(rng.normal(size=(FEATURES, 3)).astype(np.float32), "head_w")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [NODES, FEATURES]),
+                              helper.make_tensor_value_info("index", TensorProto.INT64, index_shape)],
+                      [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [6, 3])], inits, opset=18)
+
+
+def _scatter_feeds(op: str, count: int, seed: int):
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(count):
+        rows = np.concatenate([np.arange(6), rng.integers(0, 6, NODES - 6)])  # every row written, some twice
+        index = np.repeat(rows[:, None], FEATURES, 1) if op == "ScatterElements" else rows[:, None]
+        feeds.append({"x": rng.normal(size=(NODES, FEATURES)).astype(np.float32), "index": index.astype(np.int64)})
+    return feeds
+
+
+def _integer_against_sim(model, feeds):
+    sim = QuantizationSimModel(model, quant_scheme="min_max", progress=False)
+    sim.compute_encodings(feeds)
+    integer = sim.export_integer(weight_codes="uint8")
+    session = ort.InferenceSession(integer.model.SerializeToString())
+    for feed in feeds:
+        np.testing.assert_array_equal(session.run(None, feed)[0], sim.session.run(None, feed)[0])
+    return integer
+
+
+def test_selecting_scatters_run_on_codes_exactly():
+    for op, reduction, fill in (("ScatterElements", "max", -1e9), ("ScatterElements", "min", 0.0),
+                                ("ScatterND", "none", 0.0), ("ScatterElements", "none", 0.0)):
+        integer = _integer_against_sim(_scatter_model(op, reduction, fill), _scatter_feeds(op, 3, 0))
+        assert not list(integer.report), (op, reduction, integer.report)  # every node on integer kernels
+        assert [n.op_type for n in integer.model.graph.node].count(op) == 1
+
+
+def test_summing_scatters_stay_float_in_the_integer_export():
+    integer = _integer_against_sim(_scatter_model("ScatterND", "add", 0.0), _scatter_feeds("ScatterND", 3, 1))
+    assert [e.op_type for e in integer.report] == ["ScatterND"]
+
+
+def test_scatter_max_after_its_fill_identity_runs_on_codes():
+    integer = _integer_against_sim(_scatter_max_readout_model(), _graph_feeds(3, 2))
+    # the min-scatter building the identity from two constants stays float; the max-scatter of the features
+    # reads the identity quantized onto its output grid (saturating, as the sim's output quantizer does)
+    assert [e.op_type for e in integer.report] == ["ScatterElements"], integer.report
+    scatters = [n for n in integer.model.graph.node if n.op_type == "ScatterElements"]
+    on_codes = [n for n in scatters if n.output[0].endswith("codes")]
+    assert [helper.get_attribute_value(a) for n in on_codes for a in n.attribute if a.name == "reduction"] == [b"max"]
