@@ -166,3 +166,36 @@ def test_scatter_max_after_its_fill_identity_runs_on_codes():
     scatters = [n for n in integer.model.graph.node if n.op_type == "ScatterElements"]
     on_codes = [n for n in scatters if n.output[0].endswith("codes")]
     assert [helper.get_attribute_value(a) for n in on_codes for a in n.attribute if a.name == "reduction"] == [b"max"]
+
+
+def _knn_model(largest: int):
+    """EdgeConv's neighbour choice: TopK over a quantized score table, the neighbours gathered by its indices."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["scores"]),
+        helper.make_node("TopK", ["scores", "k"], ["best", "picked"], axis=-1, largest=largest),
+        helper.make_node("GatherElements", ["scores", "picked"], ["neighbours"], axis=1),
+        helper.make_node("Add", ["best", "neighbours"], ["total"]),
+    ]
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.normal(size=(FEATURES, NODES)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([5], np.int64), "k")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [NODES, FEATURES])],
+                      [helper.make_tensor_value_info("total", TensorProto.FLOAT, [NODES, 5]),
+                       helper.make_tensor_value_info("picked", TensorProto.INT64, [NODES, 5])], inits, opset=18)
+
+
+def test_topk_runs_on_codes_with_the_sims_choice_among_ties():
+    rng = np.random.default_rng(4)
+    # coarse inputs: many scores share a grid point, so the choice among ties decides the indices
+    feeds = [{"x": rng.integers(-2, 3, (NODES, FEATURES)).astype(np.float32)} for _ in range(3)]
+    for largest in (1, 0):
+        model = _knn_model(largest)
+        sim = QuantizationSimModel(model, quant_scheme="min_max", progress=False)
+        sim.compute_encodings(feeds)
+        integer = sim.export_integer(weight_codes="uint8")
+        assert "TopK" not in [e.op_type for e in integer.report], integer.report
+        session = ort.InferenceSession(integer.model.SerializeToString())
+        for feed in feeds:
+            got, expected = session.run(None, feed), sim.session.run(None, feed)
+            np.testing.assert_array_equal(got[1], expected[1])
+            np.testing.assert_array_equal(got[0], expected[0])

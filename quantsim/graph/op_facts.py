@@ -100,7 +100,7 @@ OP_FACTS: dict[str, OpFacts] = {
     "MaxRoiPool": OpFacts(grid_preserving=True),
     "NonZero": OpFacts(grid_preserving=True),
     "SplitToSequence": OpFacts(grid_preserving=True),
-    "TopK": OpFacts(grid_preserving=True),
+    "TopK": OpFacts(grid_preserving=True, uint8_kernel_opset=11),
     "Shape": OpFacts(grid_preserving=True),
     "Size": OpFacts(grid_preserving=True),
     "Cast": OpFacts(grid_preserving=True),
