@@ -10,7 +10,8 @@ exported float model against torch's own outputs (the exporter's fidelity), a W8
 export (``weight_codes="uint8"``, run with Q/DQ as written), ``export_integer(weight_codes="uint8")``, and
 ``export`` of the encodings reloaded into a fresh sim with ``load_encodings_to_sim``. Columns: the ops of note
 (Scatter*/Gather*/TopK and their reductions), the output's relative error (max |difference| over max |FP32|)
-for the sim against FP32, the worst difference in output steps of the QDQ export, the integer export and the
+and SQNR for the sim against FP32 (random weights, six calibration graphs: the relative error is mostly
+min-max clipping on the evaluation graphs), the worst difference in output steps of the QDQ export, the integer export and the
 reloaded sim against the sim, float compute ops left in the integer export, and index tensors a quantizer
 touches (an index input of Gather*/Scatter* or TopK's indices reached through Q/DQ: must be none).
 """
@@ -87,6 +88,13 @@ def _rel(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> float:
     return max(float(np.abs(g[0] - r[0]).max() / max(float(np.abs(r[0]).max()), 1e-12)) for r, g in zip(ref, got))
 
 
+def _sqnr(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> float:
+    """Signal-to-quantization-noise ratio (dB) of the first output over all feeds."""
+    signal = sum(float(np.sum(np.square(r[0], dtype=np.float64))) for r in ref)
+    noise = sum(float(np.sum(np.square(g[0].astype(np.float64) - r[0]))) for r, g in zip(ref, got))
+    return float("inf") if noise == 0 else 10.0 * np.log10(max(signal, 1e-30) / noise)
+
+
 def bench_file(path: Path, feeds_path: Path) -> dict:
     import quantsim
 
@@ -103,7 +111,7 @@ def bench_file(path: Path, feeds_path: Path) -> dict:
         sim.compute_encodings(calib)
         names = [o.name for o in sim.session.get_outputs()]
         sim_out = _run(sim.session, evaluation)
-        row["sim"] = _rel(fp32, sim_out)
+        row["sim"] = f"{_rel(fp32, sim_out):.3f} / {_sqnr(fp32, sim_out):.1f}"
         stage = "qdq"
         qdq = sim.to_onnx_qdq(weight_codes="uint8")
         row["qdq"] = output_steps(sim, names, sim_out, _run(cpu_session(qdq, fused=False, threads=1), evaluation))
@@ -133,7 +141,7 @@ def render(rows: list[dict]) -> str:
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, load "
         f"{os.getloadavg()[0]:.1f}, onnxruntime {ort.__version__}; W8A8 min-max, uint8 weight codes; "
         f"{CALIBRATION} calibration graphs, the rest evaluated.", "",
-        "| model.exporter | ops of note | ONNX vs torch (rel.) | sim vs FP32 (rel.) | QDQ vs sim (steps) "
+        "| model.exporter | ops of note | ONNX vs torch (rel.) | sim vs FP32 (rel. / SQNR dB) | QDQ vs sim (steps) "
         "| float ops in integer export | integer vs sim (steps) | reloaded vs sim (steps) | index quantized | s |",
         "|---|---|--:|--:|--:|---|--:|--:|---|--:|",
     ]
@@ -142,7 +150,7 @@ def render(rows: list[dict]) -> str:
             lines.append(f"| {r['name']} | {r['ops']} | {r['exporter']:.1e} | error: {r['error']} | | | | | | "
                          f"{r['seconds']:.1f} |")
             continue
-        lines.append(f"| {r['name']} | {r['ops']} | {r['exporter']:.1e} | {r['sim']:.3f} | {r['qdq']} | {r['floats']} "
+        lines.append(f"| {r['name']} | {r['ops']} | {r['exporter']:.1e} | {r['sim']} | {r['qdq']} | {r['floats']} "
                      f"| {r['integer']} | {r['reload']} | {', '.join(r['indices']) or 'none'} | {r['seconds']:.1f} |")
     return "\n".join(lines) + "\n"
 

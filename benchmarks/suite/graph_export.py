@@ -9,11 +9,13 @@ is written the way users write message passing by hand (``scatter_add_`` / ``ind
 ``scatter_reduce`` with ``mean`` / ``amax`` for SAGE and softmax over incoming edges, ``index_select`` and
 ``gather`` of node features by edge index, ``topk`` on pairwise distances for EdgeConv, ``index_put_`` for a
 scatter-assign), with weights from a fixed seed. Inputs: node features float32 ``[N, F]``, ``edge_index``
-int64 ``[2, E]`` (and ``batch`` int64 ``[N]`` for the graph-level readout); shapes fixed at export.
+int64 ``[2, E]`` (and ``batch`` int64 ``[N]`` for the graph-level readout); shapes fixed at export, and a
+``<model>_dyn`` variant with the node and edge counts dynamic (``dynamic_axes``), fed graphs of 32-96 nodes.
 
 Files: ``DIR/<model>.<exporter>.onnx`` (``ts``: TorchScript, opset 17; ``dynamo``: torch.export, opset 18)
 and ``DIR/<model>.feeds.npz``: input feeds with valid indices, arrays named ``<input>__<k>`` for feed ``k``
-(the first six calibrate, the rest evaluate), and torch's own outputs as ``torch_output__<k>``. Input names are the forward's argument names in both exporters.
+(the first six calibrate, the rest evaluate), and torch's own outputs as ``torch_output__<k>``. Input names
+are the forward's argument names in both exporters.
 Weights are random: use the files for op coverage, placement and export parity, not for accuracy.
 """
 from __future__ import annotations
@@ -26,23 +28,24 @@ import numpy as np
 from benchmarks.suite.exporting import export_each
 
 DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "graph"
-NODES, EDGES, FEATURES, GRAPHS, FEEDS = 64, 256, 16, 4, 10
+NODES, FEATURES, GRAPHS, FEEDS = 64, 16, 4, 10
+DYNAMIC_NODES = (64, 48, 80, 32, 96, 56, 72, 40, 88, 64)  # node counts of the dynamic variants' feeds
 REFERENCE = "torch_output"  # the npz key prefix of torch's own outputs (to check the exporters)
 
 
-def _graph_feeds(rng: np.random.Generator, count: int, batch: bool) -> list[dict[str, np.ndarray]]:
-    """Random graphs: N(0, 1) node features, edges between random nodes (with a self-loop per node so every
-    node has an incoming edge), the batch vector splitting the nodes into ``GRAPHS`` contiguous graphs
-    (edges stay inside their graph)."""
+def _graph_feeds(rng: np.random.Generator, sizes: list[int], batch: bool) -> list[dict[str, np.ndarray]]:
+    """Random graphs of ``sizes`` nodes each: N(0, 1) node features, ``4 N`` edges between random nodes of the
+    same graph segment (the first ``N`` of them self-loops, so every node has an incoming edge), and the batch
+    vector splitting the nodes into ``GRAPHS`` contiguous graphs."""
     feeds = []
-    per = NODES // GRAPHS
-    for _ in range(count):
-        x = rng.standard_normal((NODES, FEATURES)).astype(np.float32)
-        extra = EDGES - NODES
-        src = rng.integers(0, NODES, extra)
+    for nodes in sizes:
+        per = nodes // GRAPHS
+        x = rng.standard_normal((nodes, FEATURES)).astype(np.float32)
+        extra = 3 * nodes
+        src = rng.integers(0, nodes, extra)
         dst = (src // per) * per + rng.integers(0, per, extra)  # the same graph as its source
-        nodes = np.arange(NODES)
-        edge_index = np.stack([np.concatenate([nodes, src]), np.concatenate([nodes, dst])]).astype(np.int64)
+        loops = np.arange(nodes)
+        edge_index = np.stack([np.concatenate([loops, src]), np.concatenate([loops, dst])]).astype(np.int64)
         feed = {"x": x, "edge_index": edge_index}
         if batch:
             feed["batch"] = np.repeat(np.arange(GRAPHS), per).astype(np.int64)
@@ -50,8 +53,8 @@ def _graph_feeds(rng: np.random.Generator, count: int, batch: bool) -> list[dict
     return feeds
 
 
-def _point_feeds(rng: np.random.Generator, count: int) -> list[dict[str, np.ndarray]]:
-    return [{"points": rng.standard_normal((NODES, 3)).astype(np.float32)} for _ in range(count)]
+def _point_feeds(rng: np.random.Generator, sizes: list[int]) -> list[dict[str, np.ndarray]]:
+    return [{"points": rng.standard_normal((nodes, 3)).astype(np.float32)} for nodes in sizes]
 
 
 def _models():  # noqa: C901 - one class per network, read as a catalogue
@@ -250,35 +253,45 @@ def _models():  # noqa: C901 - one class per network, read as a catalogue
 NAMES = ("gcn", "sage_mean", "sage_count", "gat", "gin", "mpnn", "readout", "edgeconv", "scatter_assign")
 
 
-def feeds(name: str) -> list[dict[str, np.ndarray]]:
-    """The input feeds of model ``name`` (seeded by its name)."""
+def feeds(name: str, dynamic: bool = False) -> list[dict[str, np.ndarray]]:
+    """The input feeds of model ``name`` (seeded by its name): ``NODES`` nodes each, or with ``dynamic``
+    the node counts of `DYNAMIC_NODES`."""
     rng = np.random.default_rng(sum(map(ord, name)))
+    sizes = list(DYNAMIC_NODES) if dynamic else [NODES] * FEEDS
     if name == "edgeconv":
-        return _point_feeds(rng, FEEDS)
-    return _graph_feeds(rng, FEEDS, batch=name == "readout")
+        return _point_feeds(rng, sizes)
+    return _graph_feeds(rng, sizes, batch=name == "readout")
 
 
-def export(name: str, exporter: str, out: Path) -> Path:
+def _dynamic_axes(inputs: dict[str, np.ndarray]) -> dict[str, dict[int, str]]:
+    """The node and edge dimensions of each input, by name."""
+    return {key: {0: "nodes"} if key != "edge_index" else {1: "edges"} for key in inputs}
+
+
+def export(name: str, exporter: str, out: Path, dynamic: bool = False) -> Path:
+    """``DIR/<name>[_dyn].<exporter>.onnx`` and its feeds (``_dyn``: node and edge counts dynamic)."""
     import torch
 
     torch.manual_seed(0)
     model = _models()[name]().eval()
-    inputs = feeds(name)
+    inputs = feeds(name, dynamic)
+    stem = f"{name}_dyn" if dynamic else name
     with torch.no_grad():
         outputs = [model(*(torch.from_numpy(v) for v in feed.values())).numpy() for feed in inputs]
-    np.savez(out / f"{name}.feeds.npz", **{f"{key}__{k}": value for k, feed in enumerate(inputs)
+    np.savez(out / f"{stem}.feeds.npz", **{f"{key}__{k}": value for k, feed in enumerate(inputs)
                                            for key, value in feed.items()},
              **{f"{REFERENCE}__{k}": value for k, value in enumerate(outputs)})
     args = tuple(torch.from_numpy(value) for value in inputs[0].values())
     names = list(inputs[0])
-    target = out / f"{name}.{exporter}.onnx"
+    target = out / f"{stem}.{exporter}.onnx"
+    axes = _dynamic_axes(inputs[0]) if dynamic else None
     with torch.no_grad():
         if exporter == "ts":
             torch.onnx.export(model, args, str(target), opset_version=17, dynamo=False, input_names=names,
-                              output_names=["output"])
+                              output_names=["output"], dynamic_axes=axes)
         else:
             torch.onnx.export(model, args, str(target), opset_version=18, dynamo=True, external_data=False,
-                              input_names=names, output_names=["output"])
+                              input_names=names, output_names=["output"], dynamic_axes=axes)
     return target
 
 
@@ -287,11 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--exporter", nargs="+", choices=("ts", "dynamo"), default=["ts", "dynamo"])
     parser.add_argument("--models", nargs="+", choices=NAMES, default=list(NAMES))
+    parser.add_argument("--no-dynamic", action="store_true", help="skip the variants with dynamic node/edge counts")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    export_each((f"{name} ({exporter})", lambda name=name, exporter=exporter: export(name, exporter, out))
-                for exporter in args.exporter for name in args.models)
+    variants = (False,) if args.no_dynamic else (False, True)
+    export_each((f"{name}{'_dyn' if dynamic else ''} ({exporter})",
+                 lambda name=name, exporter=exporter, dynamic=dynamic: export(name, exporter, out, dynamic))
+                for dynamic in variants for exporter in args.exporter for name in args.models)
     return 0
 
 
