@@ -246,11 +246,33 @@ def _models():  # noqa: C901 - one class per network, read as a catalogue
             marked.index_put_((rows,), self.token.expand(rows.shape[0], 16))
             return self.out(torch.relu(torch.cat([written, marked], dim=-1)))
 
-    return {"gcn": GCN, "sage_mean": SAGE, "sage_count": SAGECount, "gat": GAT, "gin": GIN, "mpnn": MPNN,
+    class MolGINE(nn.Module):
+        """A molecular GINE (OGB style): atom and bond types through embedding tables, messages
+        relu(x_src + bond) summed by index_add_, an MLP, then a global sum pool per molecule (index_add_ by the
+        batch vector) and a classifier."""
+
+        atoms, bonds = 10, 4
+
+        def __init__(self):
+            super().__init__()
+            self.atom = nn.Embedding(self.atoms, 32)
+            self.bond = nn.Embedding(self.bonds, 32)
+            self.mlp = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+            self.head = nn.Linear(32, 2)
+
+        def forward(self, atom_type, edge_index, bond_type, batch):
+            h = self.atom(atom_type)
+            src, dst = edge_index[0], edge_index[1]
+            messages = torch.relu(h[src] + self.bond(bond_type))
+            h = torch.relu(self.mlp(h + torch.zeros_like(h).index_add_(0, dst, messages)))
+            pooled = torch.zeros(GRAPHS, h.shape[1]).index_add_(0, batch, h)
+            return self.head(pooled)
+
+    return {"mol_gine": MolGINE, "gcn": GCN, "sage_mean": SAGE, "sage_count": SAGECount, "gat": GAT, "gin": GIN, "mpnn": MPNN,
             "readout": Readout, "edgeconv": EdgeConv, "scatter_assign": ScatterAssign}
 
 
-NAMES = ("gcn", "sage_mean", "sage_count", "gat", "gin", "mpnn", "readout", "edgeconv", "scatter_assign")
+NAMES = ("gcn", "sage_mean", "sage_count", "gat", "gin", "mpnn", "readout", "edgeconv", "scatter_assign", "mol_gine")
 
 
 def feeds(name: str, dynamic: bool = False) -> list[dict[str, np.ndarray]]:
@@ -260,12 +282,19 @@ def feeds(name: str, dynamic: bool = False) -> list[dict[str, np.ndarray]]:
     sizes = list(DYNAMIC_NODES) if dynamic else [NODES] * FEEDS
     if name == "edgeconv":
         return _point_feeds(rng, sizes)
-    return _graph_feeds(rng, sizes, batch=name == "readout")
+    graphs = _graph_feeds(rng, sizes, batch=name in ("readout", "mol_gine"))
+    if name == "mol_gine":  # atom and bond types in place of features
+        for feed in graphs:
+            feed["atom_type"] = rng.integers(0, 10, feed["x"].shape[0]).astype(np.int64)
+            feed["bond_type"] = rng.integers(0, 4, feed["edge_index"].shape[1]).astype(np.int64)
+        graphs = [{key: feed[key] for key in ("atom_type", "edge_index", "bond_type", "batch")} for feed in graphs]
+    return graphs
 
 
 def _dynamic_axes(inputs: dict[str, np.ndarray]) -> dict[str, dict[int, str]]:
     """The node and edge dimensions of each input, by name."""
-    return {key: {0: "nodes"} if key != "edge_index" else {1: "edges"} for key in inputs}
+    return {key: {1: "edges"} if key == "edge_index" else {0: "edges"} if key == "bond_type" else {0: "nodes"}
+            for key in inputs}
 
 
 def export(name: str, exporter: str, out: Path, dynamic: bool = False) -> Path:
