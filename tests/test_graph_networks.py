@@ -199,3 +199,44 @@ def test_topk_runs_on_codes_with_the_sims_choice_among_ties():
             got, expected = session.run(None, feed), sim.session.run(None, feed)
             np.testing.assert_array_equal(got[1], expected[1])
             np.testing.assert_array_equal(got[0], expected[0])
+
+
+def _dense_attention_model(fill: float):
+    """A dense GAT layer: scores masked by ``Where(adj == 0, fill, scores)`` (torch's ``masked_fill``), a Softmax
+    over each node's neighbours, the features aggregated by a MatMul."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("MatMul", ["h", "att"], ["scores"]),
+        helper.make_node("Equal", ["adj", "zero"], ["absent"]),
+        helper.make_node("Where", ["absent", "fill", "scores"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["alpha"], axis=-1),
+        helper.make_node("MatMul", ["alpha", "h"], ["y"]),
+    ]
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array(rng.normal(size=(FEATURES, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.normal(size=(8, NODES)) * 0.3).astype(np.float32), "att"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(fill, np.float32), "fill")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [NODES, FEATURES]),
+                              helper.make_tensor_value_info("adj", TensorProto.FLOAT, [NODES, NODES])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [NODES, 8])], inits, opset=18)
+
+
+def test_masked_scores_keep_their_fill_in_the_integer_export():
+    """The sim keeps the masked scores float (-inf where there is no edge); the integer export used to select
+    the fill's saturated code, the lowest score, so absent edges got Softmax weight."""
+    rng = np.random.default_rng(6)
+    feeds = []
+    for _ in range(3):
+        adj = (rng.random((NODES, NODES)) < 0.25).astype(np.float32)
+        np.fill_diagonal(adj, 1.0)
+        feeds.append({"x": rng.normal(size=(NODES, FEATURES)).astype(np.float32), "adj": adj})
+    for fill in (float("-inf"), -1e9):
+        model = _dense_attention_model(fill)
+        sim = QuantizationSimModel(model, quant_scheme="min_max", progress=False)
+        sim.compute_encodings(feeds)
+        integer = sim.export_integer(weight_codes="uint8")
+        session = ort.InferenceSession(integer.model.SerializeToString())
+        assert "Softmax" in [e.op_type for e in integer.report]  # over the float masked scores, as in the sim
+        for feed in feeds:
+            np.testing.assert_array_equal(session.run(None, feed)[0], sim.session.run(None, feed)[0])

@@ -11,7 +11,9 @@ or ties them to the input's quantizer). Two adjustments keep this exact:
 * Resize: only ``mode="nearest"`` (a selection); linear/cubic interpolation is arithmetic.
 * An output with its own, different quantizer is moved to that grid (`regrid`: a requantizing kernel or a table).
 
-Where selects codes of branches moved onto its output grid (a constant branch quantized onto it), and so do
+Where selects codes of branches moved onto its output grid (a constant branch quantized onto it; with no output
+quantizer the constant must be one of the grid's values: a -inf mask fill saturated to the lowest code would give
+masked positions weight in the Softmax after it), and so do
 ScatterElements / ScatterND with reduction none, max or min (`lower_scatter`: a max of grid points is the grid
 point of the max, ``q`` being monotone; add and mul reductions are arithmetic and stay float); IsNaN /
 IsInf of a quantized tensor are false everywhere (grid points are finite). Identity and Dropout (inference)
@@ -159,7 +161,7 @@ def lower_where(ctx: LoweringContext, node: onnx.NodeProto) -> None:
             inputs.append(regrid(ctx, codes[name], grid, f"{out}/branch{slot}").name)
             continue
         values = np.asarray(ctx.constant(name), np.float32)
-        if not ctx.has_quantizer(out) and not all(grid.on_grid(float(v)) for v in values.reshape(-1)):
+        if not ctx.has_quantizer(out) and not all(grid.holds(float(v)) for v in values.reshape(-1)):
             raise Unsupported(f"Where constant {name!r} is not on the grid of the unquantized output")
         constant = np.clip(grid.quantize(values), grid.low, grid.high).astype(np.uint8)
         inputs.append(ctx.add_initializer(constant, f"{out}/branch{slot}_codes"))
@@ -174,7 +176,7 @@ def _codes_on(ctx: LoweringContext, name: str, codes: QTensor | None, grid, base
     if codes is not None:
         return regrid(ctx, codes, grid, base).name
     values = np.asarray(ctx.constant(name), np.float32)
-    if inherited and not all(grid.on_grid(float(v)) for v in values.reshape(-1)):
+    if inherited and not all(grid.holds(float(v)) for v in values.reshape(-1)):
         raise Unsupported(f"constant {name!r} is not on the grid of the unquantized output")
     with np.errstate(over="ignore", invalid="ignore"):  # a fill of finfo.min saturates to the lowest code
         constant = np.clip(grid.quantize(values), grid.low, grid.high)
