@@ -38,8 +38,8 @@ GRAPHS = Path.home() / ".cache" / "quantsim" / "models" / "graph"
 CALIBRATION = 6
 INDEX_SLOTS = {"Gather": 1, "GatherElements": 1, "GatherND": 1, "ScatterElements": 1, "ScatterND": 1, "Scatter": 1}
 NOTE = ("Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND", "TopK")
-SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Equal", "Where",
-             "If", "Slice", "Range", "Size", "Cast"}
+SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Reshape", "Unsqueeze", "Squeeze", "Expand", "If", "Slice",
+             "Range", "Size", "Cast"}
 
 
 def load_feeds(path: Path) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:

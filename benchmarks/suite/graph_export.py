@@ -268,11 +268,28 @@ def _models():  # noqa: C901 - one class per network, read as a catalogue
             pooled = torch.zeros(GRAPHS, h.shape[1]).index_add_(0, batch, h)
             return self.head(pooled)
 
-    return {"mol_gine": MolGINE, "gcn": GCN, "sage_mean": SAGE, "sage_count": SAGECount, "gat": GAT, "gin": GIN, "mpnn": MPNN,
+    class DenseGAT(nn.Module):
+        """GAT on a dense 0/1 adjacency input, as small-graph code writes it: attention logits masked by
+        ``masked_fill(adj == 0, -inf)``, a Softmax over each row, the features aggregated by a matmul."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(FEATURES, 32, bias=False)
+            self.a_src, self.a_dst = nn.Linear(32, 1, bias=False), nn.Linear(32, 1, bias=False)
+            self.out = nn.Linear(32, 8)
+
+        def forward(self, x, adj):
+            h = self.lin(x)
+            e = nn.functional.leaky_relu(self.a_src(h) + self.a_dst(h).transpose(0, 1), 0.2)
+            alpha = torch.softmax(e.masked_fill(adj == 0, float("-inf")), dim=-1)
+            return self.out(torch.relu(alpha @ h))
+
+    return {"dense_gat": DenseGAT, "mol_gine": MolGINE, "gcn": GCN, "sage_mean": SAGE, "sage_count": SAGECount, "gat": GAT, "gin": GIN, "mpnn": MPNN,
             "readout": Readout, "edgeconv": EdgeConv, "scatter_assign": ScatterAssign}
 
 
-NAMES = ("gcn", "sage_mean", "sage_count", "gat", "gin", "mpnn", "readout", "edgeconv", "scatter_assign", "mol_gine")
+NAMES = ("gcn", "sage_mean", "sage_count", "gat", "gin", "mpnn", "readout", "edgeconv", "scatter_assign", "mol_gine",
+         "dense_gat")
 
 
 def feeds(name: str, dynamic: bool = False) -> list[dict[str, np.ndarray]]:
@@ -282,6 +299,14 @@ def feeds(name: str, dynamic: bool = False) -> list[dict[str, np.ndarray]]:
     sizes = list(DYNAMIC_NODES) if dynamic else [NODES] * FEEDS
     if name == "edgeconv":
         return _point_feeds(rng, sizes)
+    if name == "dense_gat":  # the edges as a dense adjacency with self-loops
+        graphs = _graph_feeds(rng, sizes, batch=False)
+        for feed in graphs:
+            n = feed["x"].shape[0]
+            adj = np.zeros((n, n), np.float32)
+            adj[feed.pop("edge_index")[::-1].tolist()] = 1.0  # adj[dst, src]
+            feed["adj"] = adj
+        return graphs
     graphs = _graph_feeds(rng, sizes, batch=name in ("readout", "mol_gine"))
     if name == "mol_gine":  # atom and bond types in place of features
         for feed in graphs:
@@ -293,8 +318,8 @@ def feeds(name: str, dynamic: bool = False) -> list[dict[str, np.ndarray]]:
 
 def _dynamic_axes(inputs: dict[str, np.ndarray]) -> dict[str, dict[int, str]]:
     """The node and edge dimensions of each input, by name."""
-    return {key: {1: "edges"} if key == "edge_index" else {0: "edges"} if key == "bond_type" else {0: "nodes"}
-            for key in inputs}
+    return {key: {1: "edges"} if key == "edge_index" else {0: "edges"} if key == "bond_type"
+            else {0: "nodes", 1: "nodes"} if key == "adj" else {0: "nodes"} for key in inputs}
 
 
 def export(name: str, exporter: str, out: Path, dynamic: bool = False) -> Path:
