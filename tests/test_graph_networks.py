@@ -90,6 +90,7 @@ def test_scatter_max_identity_fill_stays_float_and_encodings_round_trip(tmp_path
     model = _scatter_max_readout_model()
     sim = QuantizationSimModel(model, quant_scheme="min_max", progress=False)
     assert "lowest" not in sim.qc_quantize_op_dict and "identity" not in sim.qc_quantize_op_dict
+    assert [(d.rule, d.tensors) for d in sim.decisions] == [("constant fill", ("identity", "lowest"))]
     assert sim.qc_quantize_op_dict["pooled"].enabled
     feeds = _graph_feeds(4, 0)
     sim.compute_encodings(feeds)  # evaluated on the calibration graphs: rounding, no clipping

@@ -154,6 +154,11 @@ def place_quantizers(
                           f"a fill of magnitude >= {MASK_FILL_MAGNITUDE:.3g} is added to the scores before "
                           f"{m.softmax}: one grid over fill and scores would flatten the attention; the scores "
                           "and the Softmax output stay quantized") for m in masked]
+    if fills:
+        decisions.append(Decision("constant fill", tuple(sorted(fills)), "left float",
+                                  f"built from constants and indices alone and holding a fill of magnitude >= "
+                                  f"{MASK_FILL_MAGNITUDE:.3g} (a max/min reduction's identity, a mask): a grid "
+                                  "over the fill has steps of fill / 255"))
     sites: dict[str, QuantizerPlan] = {}
     left_in_float: list[tuple[str, str]] = [
         (name, "normalization statistic (mean/variance/1-std of a decomposed norm layer)") for name in sorted(statistics)
