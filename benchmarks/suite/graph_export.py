@@ -284,8 +284,9 @@ def _models():  # noqa: C901 - one class per network, read as a catalogue
             alpha = torch.softmax(e.masked_fill(adj == 0, float("-inf")), dim=-1)
             return self.out(torch.relu(alpha @ h))
 
-    return {"dense_gat": DenseGAT, "mol_gine": MolGINE, "gcn": GCN, "sage_mean": SAGE, "sage_count": SAGECount, "gat": GAT, "gin": GIN, "mpnn": MPNN,
-            "readout": Readout, "edgeconv": EdgeConv, "scatter_assign": ScatterAssign}
+    return {"gcn": GCN, "sage_mean": SAGE, "sage_count": SAGECount, "gat": GAT, "gin": GIN, "mpnn": MPNN,
+            "readout": Readout, "edgeconv": EdgeConv, "scatter_assign": ScatterAssign, "mol_gine": MolGINE,
+            "dense_gat": DenseGAT}
 
 
 NAMES = ("gcn", "sage_mean", "sage_count", "gat", "gin", "mpnn", "readout", "edgeconv", "scatter_assign", "mol_gine",

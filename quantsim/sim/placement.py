@@ -48,7 +48,6 @@ import onnx
 from quantsim.core.dtypes import qtype
 from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError
-from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_constant_fills, find_masked_softmaxes
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
@@ -56,6 +55,7 @@ from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
 from quantsim.sim.exception_rules import NORM_PARAM_RULE_OPS, norm_param_rule
+from quantsim.sim.fill_decisions import fill_floats
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
@@ -147,24 +147,11 @@ def place_quantizers(
     statistics = find_normalization_statistics(index, per_layer=linear_ops_in_norm_blocks == "all")
     if linear_ops_in_norm_blocks is True:
         statistics = statistics - linear_op_activations(index, statistics)
-    masked = find_masked_softmaxes(index)
-    masks = frozenset().union(*(m.tensors for m in masked))
-    fills = find_constant_fills(index) - masks
-    decisions = [Decision("attention mask", tuple(sorted(m.tensors)), "left float",
-                          f"a fill of magnitude >= {MASK_FILL_MAGNITUDE:.3g} is added to the scores before "
-                          f"{m.softmax}: one grid over fill and scores would flatten the attention; the scores "
-                          "and the Softmax output stay quantized") for m in masked]
-    if fills:
-        decisions.append(Decision("constant fill", tuple(sorted(fills)), "left float",
-                                  f"built from constants and indices alone and holding a fill of magnitude >= "
-                                  f"{MASK_FILL_MAGNITUDE:.3g} (a max/min reduction's identity, a mask): a grid "
-                                  "over the fill has steps of fill / 255"))
+    fill_held, decisions, fill_reasons = fill_floats(index)
     sites: dict[str, QuantizerPlan] = {}
     left_in_float: list[tuple[str, str]] = [
         (name, "normalization statistic (mean/variance/1-std of a decomposed norm layer)") for name in sorted(statistics)
-    ] + [(name, "attention-mask fill arithmetic (huge fill values)") for name in sorted(masks)] + [
-        (name, "holds a fill value (a max/min reduction's identity or a mask) built from constants and indices")
-        for name in sorted(fills)]
+    ] + fill_reasons
 
     def activation_spec(op_type: str) -> QSpec:
         rule = config.op_rule(op_type) if op_type else None
@@ -172,8 +159,7 @@ def place_quantizers(
         return QSpec(activation_type, PerTensor(), symmetric, config.strict_symmetric, config.unsigned_symmetric)
 
     def quantizable(name: str) -> bool:
-        return (index.is_float(name) and name not in index_tensors and name not in statistics and name not in masks
-                and name not in fills)
+        return index.is_float(name) and name not in index_tensors and name not in statistics and name not in fill_held
 
     # 1. parameters
     bias_of_matmul = _matmul_add_biases(index, config)
