@@ -3,7 +3,7 @@
 Two structural rules of `quantsim.graph.attention_masks`: the masked scores of an additive or ``Where`` attention
 mask with the mask arithmetic feeding them (`find_masked_softmaxes`), and tensors built from constants and indices
 alone that hold a fill (`find_constant_fills`: a scatter max's identity, a ``Where(c, -inf, 0)`` mask). A grid
-over a fill has steps of fill / 255: the scores would be flattened, the identity's file scale is 1.3e36.
+over a fill has steps of fill / 255: the scores would be flattened, an identity of finfo.min gets scale 1.3e36.
 """
 from __future__ import annotations
 
