@@ -241,3 +241,49 @@ def test_masked_scores_keep_their_fill_in_the_integer_export():
         assert "Softmax" in [e.op_type for e in integer.report]  # over the float masked scores, as in the sim
         for feed in feeds:
             np.testing.assert_array_equal(session.run(None, feed)[0], sim.session.run(None, feed)[0])
+
+
+def _gathered_messages_model(op: str):
+    """Messages gathered from node features by edge source (``GatherND`` as the dynamo exporter writes
+    ``x[src]``, or ``GatherElements``), then a Linear with a bias; or a ``ReduceMax`` over the neighbours."""
+    index_input = {"GatherND": helper.make_tensor_value_info("src", TensorProto.INT64, [NODES * 2, 1]),
+                   "GatherElements": helper.make_tensor_value_info("src", TensorProto.INT64, [NODES * 2, FEATURES]),
+                   "ReduceMax": None}[op]
+    moved = {"GatherND": helper.make_node("GatherND", ["x", "src"], ["messages"]),
+             "GatherElements": helper.make_node("GatherElements", ["x", "src"], ["messages"], axis=0),
+             "ReduceMax": helper.make_node("ReduceMax", ["x", "axes"], ["messages"], keepdims=1)}[op]
+    rng = np.random.default_rng(12)
+    inits = [numpy_helper.from_array(rng.normal(size=(FEATURES, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(8,)).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([0], np.int64), "axes")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [NODES, FEATURES])]
+    rows = 1 if op == "ReduceMax" else NODES * 2
+    return make_model([moved, helper.make_node("Gemm", ["messages", "w", "b"], ["y"])],
+                      inputs + ([index_input] if index_input is not None else []),
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 8])], inits, opset=18)
+
+
+def test_selections_carry_their_input_grid_to_the_next_linear_op():
+    """A Gemm after GatherND / GatherElements / ReduceMax reads values on its input's grid: the QDQ export gives
+    the selection a derived Q/DQ (else onnxruntime leaves that Gemm in float), and the sim adds the int32 bias
+    the integer export's QGemm adds (it added the float bias: one output step apart on near-ties)."""
+    rng = np.random.default_rng(13)
+    for op in ("GatherND", "GatherElements", "ReduceMax"):
+        feeds = []
+        for _ in range(3):
+            feed = {"x": rng.normal(size=(NODES, FEATURES)).astype(np.float32)}
+            src = rng.integers(0, NODES, NODES * 2)
+            if op != "ReduceMax":
+                feed["src"] = (src[:, None] if op == "GatherND" else np.repeat(src[:, None], FEATURES, 1)).astype(np.int64)
+            feeds.append(feed)
+        sim = QuantizationSimModel(_gathered_messages_model(op), quant_scheme="min_max", progress=False)
+        sim.compute_encodings(feeds)
+        qdq = sim.to_onnx_qdq(weight_codes="uint8")
+        producer = {o: n.op_type for n in qdq.graph.node for o in n.output}
+        gemm = next(n for n in qdq.graph.node if n.op_type == "Gemm")
+        assert producer[gemm.input[0]] == "DequantizeLinear", op
+        assert producer[gemm.input[2]] == "DequantizeLinear", op  # the int32 bias
+        integer = sim.export_integer(weight_codes="uint8")
+        session = ort.InferenceSession(integer.model.SerializeToString())
+        for feed in feeds:
+            np.testing.assert_array_equal(session.run(None, feed)[0], sim.session.run(None, feed)[0])
