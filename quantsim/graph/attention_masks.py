@@ -38,7 +38,7 @@ from onnx import numpy_helper
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.op_facts import GRID_MOVEMENT_OPS
 
-__all__ = ["MASK_FILL_MAGNITUDE", "MASK_BUILDING_OPS", "MaskedSoftmax", "find_masked_softmaxes"]
+__all__ = ["MASK_FILL_MAGNITUDE", "MASK_BUILDING_OPS", "MaskedSoftmax", "find_masked_softmaxes", "find_constant_fills"]
 
 MASK_FILL_MAGNITUDE = -math.log(float(np.finfo(np.float32).tiny))  # 87.34: exp(-fill) leaves float32's range
 
@@ -50,6 +50,7 @@ MASK_BUILDING_OPS = frozenset({
 })
 _FILL_CARRYING = MASK_BUILDING_OPS - {"Not", "And", "Or", "Equal", "Less", "Greater", "LessOrEqual",
                                       "GreaterOrEqual", "Shape", "Size", "Range", "Div"}
+_SCATTERS = frozenset({"ScatterElements", "ScatterND", "Scatter"})
 _JOINS = frozenset({"Add", "Sub", "Where"})
 _SINKS = frozenset({"Softmax", "LogSoftmax"})
 _MOVES = GRID_MOVEMENT_OPS | {"Cast"}
@@ -79,7 +80,8 @@ def _holds_fill(values: np.ndarray) -> bool:
 def _seeds(index: GraphIndex) -> set[str]:
     found = set()
     for name in index.initializers:
-        if index.is_float(name) and any(u.node.op_type in _FILL_CARRYING for u in index.uses(name)):
+        if index.is_float(name) and any(u.node.op_type in _FILL_CARRYING or u.node.op_type in _SCATTERS
+                                        for u in index.uses(name)):
             if _holds_fill(index.constant_value(name)):
                 found.add(name)
     for node in index.nodes:
@@ -152,3 +154,25 @@ def find_masked_softmaxes(index: GraphIndex) -> list[MaskedSoftmax]:
                 found.append(MaskedSoftmax(node.name, chain[0], frozenset(chain[1])))
     return found
 
+
+
+def find_constant_fills(index: GraphIndex) -> frozenset[str]:
+    """Computed tensors that hold a fill and are built from constants and index (non-float) tensors alone.
+
+    The identity of a max/min reduction spelled as a scatter (torch's ``scatter_reduce("amax",
+    include_self=False)`` through the dynamo exporter resets the touched rows to ``finfo.min`` with a
+    ``ScatterElements(reduction="min")`` of a ``ConstantOfShape`` fill, then takes the maximum with the
+    data), or a mask made by ``Where(condition, -inf, 0)``: no activation flows into them, so what they hold is
+    fixed by the fill and the indices, and one 8-bit grid over ``[finfo.min, 0]`` has steps of 1.3e36. Seeds as
+    for masks; the walk goes through the fill-carrying ops and scatters, each with every float input a
+    constant or fill-carrying (its index inputs may be anything)."""
+    fill = _seeds(index)
+    if not fill:
+        return frozenset()
+    for node in index.nodes:  # topological order
+        if node.op_type not in _FILL_CARRYING and node.op_type not in _SCATTERS:
+            continue
+        floats = _float_data_inputs(index, node)
+        if any(n in fill for n in floats) and all(n in fill or index.is_constant(n) for n in floats):
+            fill.update(o for o in node.output if o)
+    return frozenset(n for n in fill if not index.is_constant(n))

@@ -6,6 +6,11 @@
   embedding table gathered by token ids, or logits ranked by TopK, stay data. Quantizing them would change shapes or counts
   (a float
   Range step of 1.0 rounded to 0.999999 changes the number of anchors).
+  Also float values that become indices: a tensor whose every use converts it to an integer type (``Cast``)
+  or reaches such a use, or an index slot, only through rounding, elementwise arithmetic and data movement
+  (`INDEX_VALUE_OPS`): a voxel or grid cell ``Cast(Floor(pos / size), int64)`` that a Scatter pools by, whose
+  cell 1.0 quantized to 0.99999994 truncates to cell 0. Ranking ops (TopK, ArgMax) end the walk: what they
+  rank is data.
 * **Normalization statistics**: the per-row mean, variance and 1/std inside a decomposed normalization
   layer, i.e. the tensors on a path from a reduction (ReduceMean, ReduceSum, ReduceSumSquare, ReduceL2)
   to a Sqrt or Reciprocal (both ends included), plus what is computed only to be reduced into them
@@ -25,10 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
-from quantsim.graph.index import GraphIndex
+from quantsim.graph.index import GraphIndex, node_attributes
 
-__all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "STATISTIC_REDUCTIONS", "find_index_tensors",
+__all__ = ["SHAPE_SLOTS", "SHAPE_SOURCES", "INDEX_VALUE_OPS", "STATISTIC_REDUCTIONS", "find_index_tensors",
            "find_normalization_statistics", "find_nonnegative_tensors"]
 
 SHAPE_SLOTS: dict[str, frozenset[int]] = {
@@ -44,6 +50,13 @@ SHAPE_SLOTS: dict[str, frozenset[int]] = {
     }.items()
 }
 SHAPE_SOURCES = frozenset({"Shape", "Size"})
+INDEX_VALUE_OPS = frozenset({
+    "Floor", "Ceil", "Round", "Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Clip", "Min", "Max", "Cast",
+    "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand", "Tile", "Concat", "Slice", "Identity",
+})
+"""Ops through which a float value on its way to an integer index stays index arithmetic (`find_index_tensors`)."""
+_INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+                            TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64})
 
 
 def find_index_tensors(index: GraphIndex) -> frozenset[str]:
@@ -60,7 +73,37 @@ def find_index_tensors(index: GraphIndex) -> frozenset[str]:
             inputs and any(n in derived for n in inputs) and all(n in derived or index.is_constant(n) for n in inputs)
         ):
             derived.update(o for o in node.output if o)
-    return frozenset(marked | derived)
+    return frozenset(marked | derived | _values_becoming_indices(index, marked | derived))
+
+
+def _values_becoming_indices(index: GraphIndex, known: set[str]) -> set[str]:
+    """Float tensors whose every use ends as an integer index (module docstring), walked back from the uses
+    in reverse topological order, so a tensor is decided after everything that reads it."""
+    found: set[str] = set()
+
+    def index_use(use) -> bool:
+        node = use.node
+        if use.index < 0:
+            return False
+        if use.index in SHAPE_SLOTS.get(node.op_type, ()):
+            return True
+        if node.op_type == "Cast" and node_attributes(node).get("to") in _INTEGER_TYPES:
+            return True
+        outputs = [o for o in node.output if o]
+        return node.op_type in INDEX_VALUE_OPS and bool(outputs) and all(o in found or o in known for o in outputs)
+
+    def decide(name: str) -> None:
+        uses = index.uses(name)
+        if (name and name not in known and index.is_float(name) and uses and name not in index.graph_outputs
+                and all(index_use(u) for u in uses)):
+            found.add(name)
+
+    for node in reversed(index.nodes):
+        for name in node.output:
+            decide(name)
+    for name in [*index.graph_inputs, *index.initializers]:  # a cell size divided by stays exact too
+        decide(name)
+    return found
 
 
 STATISTIC_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"})

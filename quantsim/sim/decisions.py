@@ -2,7 +2,8 @@
 
 `Decision` records come from two places:
 
-* placement (construction): masked attention scores left float (`quantsim.graph.attention_masks`);
+* placement (construction): masked attention scores, and fills built from constants and indices alone (a
+  scatter max's identity), left float (`quantsim.graph.attention_masks`);
 * calibration (`apply_calibrated_rules`, after every calibration while ``sim.range_health`` is on), from
   the calibrated statistics:
 

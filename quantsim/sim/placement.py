@@ -11,8 +11,9 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
    elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
    (fill values such as -inf before a Max) stay float and are listed as such.
-3. Shape and index arithmetic, normalization statistics (`tensor_roles`) and additive attention masks
-   with the masked scores (`attention_masks`: any fill value and construction) are never quantized; each
+3. Shape and index arithmetic, normalization statistics (`tensor_roles`), additive attention masks
+   with the masked scores (`attention_masks`: any fill value and construction) and fill-holding tensors built
+   from constants and indices alone (a scatter max's identity, `find_constant_fills`) are never quantized; each
    masked Softmax is recorded as a `Decision`. The statistics rule covers the whole span between a
    reduction and the next 1/std, so a Conv/Gemm/MatMul between two decomposed norm layers (magika) runs
    in float; ``linear_ops_in_norm_blocks=True`` quantizes the activation input and output of those ops
@@ -47,7 +48,6 @@ import onnx
 from quantsim.core.dtypes import qtype
 from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError
-from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_masked_softmaxes
 from quantsim.graph.index import GraphIndex
 from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
@@ -55,6 +55,7 @@ from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
 from quantsim.sim.exception_rules import NORM_PARAM_RULE_OPS, norm_param_rule
+from quantsim.sim.fill_decisions import fill_floats
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
@@ -146,16 +147,11 @@ def place_quantizers(
     statistics = find_normalization_statistics(index, per_layer=linear_ops_in_norm_blocks == "all")
     if linear_ops_in_norm_blocks is True:
         statistics = statistics - linear_op_activations(index, statistics)
-    masked = find_masked_softmaxes(index)
-    masks = frozenset().union(*(m.tensors for m in masked))
-    decisions = [Decision("attention mask", tuple(sorted(m.tensors)), "left float",
-                          f"a fill of magnitude >= {MASK_FILL_MAGNITUDE:.3g} is added to the scores before "
-                          f"{m.softmax}: one grid over fill and scores would flatten the attention; the scores "
-                          "and the Softmax output stay quantized") for m in masked]
+    fill_held, decisions, fill_reasons = fill_floats(index)
     sites: dict[str, QuantizerPlan] = {}
     left_in_float: list[tuple[str, str]] = [
         (name, "normalization statistic (mean/variance/1-std of a decomposed norm layer)") for name in sorted(statistics)
-    ] + [(name, "attention-mask fill arithmetic (huge fill values)") for name in sorted(masks)]
+    ] + fill_reasons
 
     def activation_spec(op_type: str) -> QSpec:
         rule = config.op_rule(op_type) if op_type else None
@@ -163,7 +159,7 @@ def place_quantizers(
         return QSpec(activation_type, PerTensor(), symmetric, config.strict_symmetric, config.unsigned_symmetric)
 
     def quantizable(name: str) -> bool:
-        return index.is_float(name) and name not in index_tensors and name not in statistics and name not in masks
+        return index.is_float(name) and name not in index_tensors and name not in statistics and name not in fill_held
 
     # 1. parameters
     bias_of_matmul = _matmul_add_biases(index, config)

@@ -104,6 +104,12 @@ class Grid:
             return True
         return float(self.dequantize(self.quantize(value))) == value
 
+    def holds(self, value: float) -> bool:
+        """True when ``value`` is exactly one of the grid's values (unlike `on_grid`, nothing outside its range:
+        what an unquantized tensor holds must be the codes' value itself, not its saturation)."""
+        value = float(np.float32(value))
+        return self.min <= value <= self.max and float(self.dequantize(self.quantize(value))) == value
+
 
 def exact_grid(values: np.ndarray) -> Grid | None:
     """The coarsest power-of-two uint8 grid on which every float value of an unquantized constant is a code

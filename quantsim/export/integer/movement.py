@@ -11,7 +11,11 @@ or ties them to the input's quantizer). Two adjustments keep this exact:
 * Resize: only ``mode="nearest"`` (a selection); linear/cubic interpolation is arithmetic.
 * An output with its own, different quantizer is moved to that grid (`regrid`: a requantizing kernel or a table).
 
-Where selects codes of branches moved onto its output grid (a constant branch quantized onto it); IsNaN /
+Where selects codes of branches moved onto its output grid (a constant branch quantized onto it; with no output
+quantizer the constant must be one of the grid's values: a -inf mask fill saturated to the lowest code would give
+masked positions weight in the Softmax after it), and so do
+ScatterElements / ScatterND with reduction none, max or min (`lower_scatter`: a max of grid points is the grid
+point of the max, ``q`` being monotone; add and mul reductions are arithmetic and stay float); IsNaN /
 IsInf of a quantized tensor are false everywhere (grid points are finite). Identity and Dropout (inference)
 alias their input codes, and so does a Cast between float types (float32 <->
 float16, `float_types`); Shape and Size read the codes' shape.
@@ -157,12 +161,68 @@ def lower_where(ctx: LoweringContext, node: onnx.NodeProto) -> None:
             inputs.append(regrid(ctx, codes[name], grid, f"{out}/branch{slot}").name)
             continue
         values = np.asarray(ctx.constant(name), np.float32)
-        if not ctx.has_quantizer(out) and not all(grid.on_grid(float(v)) for v in values.reshape(-1)):
+        if not ctx.has_quantizer(out) and not all(grid.holds(float(v)) for v in values.reshape(-1)):
             raise Unsupported(f"Where constant {name!r} is not on the grid of the unquantized output")
         constant = np.clip(grid.quantize(values), grid.low, grid.high).astype(np.uint8)
         inputs.append(ctx.add_initializer(constant, f"{out}/branch{slot}_codes"))
     result = ctx.fresh(f"{out}/codes")
     ctx.emit("Where", inputs, [result], name=node.name)
+    ctx.set_int(out, result, grid)
+
+
+def _codes_on(ctx: LoweringContext, name: str, codes: QTensor | None, grid, base: str, inherited: bool) -> str:
+    """``name``'s codes on ``grid``: moved there (`regrid`), or, for a constant, quantized onto it as the sim's
+    output quantizer quantizes it; with no output quantizer (``inherited``) a constant must lie on the grid."""
+    if codes is not None:
+        return regrid(ctx, codes, grid, base).name
+    values = np.asarray(ctx.constant(name), np.float32)
+    if inherited and not all(grid.holds(float(v)) for v in values.reshape(-1)):
+        raise Unsupported(f"constant {name!r} is not on the grid of the unquantized output")
+    with np.errstate(over="ignore", invalid="ignore"):  # a fill of finfo.min saturates to the lowest code
+        constant = np.clip(grid.quantize(values), grid.low, grid.high)
+    return ctx.add_initializer(constant.astype(np.uint8), f"{base}_codes")
+
+
+def lower_scatter(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """ScatterElements / ScatterND with reduction none, max or min on codes: the data and the updates moved
+    onto the output's grid (constants quantized onto it), then a uint8 scatter. Exact: ``q`` is monotone, so
+    it commutes with overwriting and with max / min, and the writes happen in the same order."""
+    reduction = node_attributes(node).get("reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in ("none", "max", "min"):
+        raise Unsupported(f"{node.op_type} reduction {reduction!r} is arithmetic on the values")
+    if ctx.opset < 11:
+        raise Unsupported(f"no uint8 {node.op_type} kernel before opset 11")
+    out = node.output[0]
+    slots = (0, 2)
+    codes: dict[int, QTensor] = {}
+    unquantized = []  # float inputs without a grid (a max-scatter's identity fill, left float by placement)
+    for slot in slots:
+        if not ctx.index.is_constant(node.input[slot]):
+            try:
+                codes[slot] = ctx.int_input(node.input[slot])
+            except Unsupported:
+                unquantized.append(slot)
+    if not codes:
+        raise Unsupported(f"{node.op_type} without a quantized input stays float")
+    inherited = not ctx.has_quantizer(out)
+    if unquantized and inherited:
+        raise Unsupported(f"{node.op_type} input {node.input[unquantized[0]]!r} has no grid and the output none")
+    grids = {c.grid for c in codes.values()}
+    grid = ctx.output_grid(out, next(iter(grids)) if len(grids) == 1 else None)
+    for slot in unquantized:  # the sim's output quantizer saturates these values: QuantizeLinear does the same
+        source = ctx.float_input(node.input[slot])
+        if not grid.full:
+            source = ctx.float_clip(source, grid.min, grid.max, f"{out}/input{slot}")
+        scale, zp = ctx.grid_inputs(grid, f"{out}/input{slot}")
+        moved = ctx.fresh(f"{out}/input{slot}/codes")
+        ctx.emit("QuantizeLinear", [source, scale, zp], [moved], name=f"{out}/input{slot}/quantize")
+        codes[slot] = QTensor(moved, grid)
+    data, updates = (_codes_on(ctx, node.input[slot], codes.get(slot), grid, f"{out}/input{slot}", inherited)
+                     for slot in slots)
+    result = ctx.fresh(f"{out}/codes")
+    ctx.emit(node.op_type, [data, ctx.float_input(node.input[1]), updates], [result], name=node.name,
+             attributes_of=node)
     ctx.set_int(out, result, grid)
 
 
@@ -180,4 +240,5 @@ def lower_never_special(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 RULES = {op: lower_direct for op in DIRECT_OPS}
 RULES.update({"Cast": lower_float_cast, "Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape,
               "Size": lower_shape, "Relu": lower_clamp, "Clip": lower_clamp, "Where": lower_where,
-              "IsNaN": lower_never_special, "IsInf": lower_never_special})
+              "IsNaN": lower_never_special, "IsInf": lower_never_special, "ScatterElements": lower_scatter,
+              "ScatterND": lower_scatter})
