@@ -1,0 +1,99 @@
+"""What tf2onnx writes at opset 9 (`benchmarks/bench_tf9.py` found these on Keras exports), on small models
+built with onnx.helper at opset 9: the sim computes the float model's function (onnxruntime running the
+opset-9 file is the oracle) and every export handles the old spellings."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import quantsim
+from quantsim.errors import PrepareError, PrepareWarning
+from quantsim.prepare import passes as qp
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTSIM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _model(nodes, x_shape, initializers, opset=9, y_shape=None):
+    graph = helper.make_graph(nodes, "tf2onnx", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=4 if opset < 10 else 5)
+
+
+def _run(model, x):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def _resize_model(op, mode, scales, opset):
+    """Conv -> Upsample/Resize -> Conv, NCHW, the resize's scales a constant."""
+    w1 = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    w2 = RNG.standard_normal((2, 4, 1, 1)).astype(np.float32) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node(op, ["a", "scales"], ["u"], mode=mode, name="resize"),
+             helper.make_node("Conv", ["u", "w2"], ["y"], name="conv2")]
+    return _model(nodes, [1, 3, 5, 7], {"w1": w1, "w2": w2, "scales": np.asarray(scales, np.float32)}, opset)
+
+
+# Upsample (opset 9) and Resize (opset 10): onnx's version converter gave them opset 11's half-pixel defaults --
+@pytest.mark.parametrize("op, opset", [("Upsample", 9), ("Resize", 10)])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [[1, 1, 2, 2], [1, 1, 1.5, 1.34]])
+def test_legacy_upsample_keeps_its_function_through_the_opset_upgrade(op, opset, mode, scales):
+    model = _resize_model(op, mode, scales, opset)
+    x = RNG.standard_normal((1, 3, 5, 7)).astype(np.float32)
+    upgraded, modified = qp.upgrade_opset(onnx.ModelProto.FromString(model.SerializeToString()))
+    assert modified
+    np.testing.assert_array_equal(_run(upgraded, x), _run(model, x))
+    resize = next(n for n in upgraded.graph.node if n.op_type == "Resize")
+    attributes = {a.name: helper.get_attribute_value(a) for a in resize.attribute}
+    assert attributes["coordinate_transformation_mode"] == b"asymmetric"
+    assert attributes.get("nearest_mode") == (b"floor" if mode == "nearest" else None)
+
+
+def test_opset10_nearest_downsampling_rounds_up_as_onnxruntime_does():
+    model = _resize_model("Resize", "nearest", [1, 1, 0.75, 0.6], 10)
+    x = RNG.standard_normal((1, 3, 5, 7)).astype(np.float32)
+    upgraded, _ = qp.upgrade_opset(onnx.ModelProto.FromString(model.SerializeToString()))
+    np.testing.assert_array_equal(_run(upgraded, x), _run(model, x))
+
+
+def test_opset10_nearest_up_and_down_at_once_is_a_clear_error():
+    model = _resize_model("Resize", "nearest", [1, 1, 0.75, 1.5], 10)
+    with pytest.raises(PrepareError, match="'resize'.*upsamples some axes and downsamples others"):
+        quantsim.QuantizationSimModel(model, progress=False)
+
+
+def test_opset10_nearest_with_computed_scales_warns_and_assumes_upsampling():
+    model = _resize_model("Resize", "nearest", [1, 1, 2, 2], 10)
+    model.graph.node.insert(1, helper.make_node("Identity", ["scales"], ["computed"], name="computed"))
+    model.graph.node[2].input[1] = "computed"
+    x = RNG.standard_normal((1, 3, 5, 7)).astype(np.float32)
+    expected = _run(model, x)
+    with pytest.warns(PrepareWarning, match="'resize'.*computed scales.*floor"):
+        upgraded, _ = qp.upgrade_opset(model)
+    np.testing.assert_array_equal(_run(upgraded, x), expected)
+
+
+def test_sim_of_an_opset9_bilinear_upsample_follows_the_float_model():
+    """End to end: with its quantizers off the sim is the float model (it was shifted by half a pixel)."""
+    model = _resize_model("Upsample", "linear", [1, 1, 2, 2], 9)
+    feeds = [{"x": RNG.standard_normal((1, 3, 5, 7)).astype(np.float32)} for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = quantsim.QuantizationSimModel(model, progress=False)
+        sim.compute_encodings(feeds)
+    expected = _run(model, feeds[0]["x"])
+    quantized = sim.session.run(None, feeds[0])[0]
+    steps = np.abs(quantized - expected).max() / sim.qc_quantize_op_dict["y"].get_encodings()[0].delta
+    assert steps <= 3.0  # half a pixel off is dozens of steps
