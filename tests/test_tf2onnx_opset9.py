@@ -97,3 +97,38 @@ def test_sim_of_an_opset9_bilinear_upsample_follows_the_float_model():
     quantized = sim.session.run(None, feeds[0])[0]
     steps = np.abs(quantized - expected).max() / sim.qc_quantize_op_dict["y"].get_encodings()[0].delta
     assert steps <= 3.0  # half a pixel off is dozens of steps
+
+
+# Keras ZeroPadding2D -> strided Conv: the sim's int32 bias did not follow the Pad the QDQ export follows -----
+def _padded_conv_model(mode):
+    w1 = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    w2 = RNG.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["a"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Pad", ["r"], ["p"], pads=[0, 0, 0, 0, 0, 0, 1, 1], mode=mode, name="pad"),
+             helper.make_node("Conv", ["p", "w2", "b2"], ["y"], strides=[2, 2], name="conv2")]
+    constants = {"w1": w1, "w2": w2, "b1": RNG.standard_normal(8).astype(np.float32) * 0.1,
+                 "b2": RNG.standard_normal(4).astype(np.float32) * 0.1}
+    return _model(nodes, [1, 3, 8, 8], constants)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect"])
+def test_bias_after_a_pad_is_on_the_int32_grid_in_the_sim_as_in_the_qdq_export(mode):
+    model = _padded_conv_model(mode)
+    feeds = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings(feeds)
+    qdq = sim.to_onnx_qdq()
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    constants = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    conv2 = [n for n in qdq.graph.node if n.op_type == "Conv"][-1]
+    dequantize = producer[conv2.input[2]]
+    assert constants[dequantize.input[0]].dtype == np.int32  # the export adds it on s_in * s_w
+    exported = constants[dequantize.input[0]].astype(np.float32) * constants[dequantize.input[1]]
+    simulated = next(numpy_helper.to_array(t) for t in sim.sim_model().graph.initializer if t.name == "b2")
+    np.testing.assert_array_equal(simulated, exported)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    session = ort.InferenceSession(qdq.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        np.testing.assert_array_equal(session.run(None, feed)[0], sim.session.run(None, feed)[0])
