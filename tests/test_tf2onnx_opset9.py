@@ -132,3 +132,29 @@ def test_bias_after_a_pad_is_on_the_int32_grid_in_the_sim_as_in_the_qdq_export(m
     session = ort.InferenceSession(qdq.SerializeToString(), options, providers=["CPUExecutionProvider"])
     for feed in feeds:
         np.testing.assert_array_equal(session.run(None, feed)[0], sim.session.run(None, feed)[0])
+
+
+# Keras GlobalMaxPooling2D: GlobalMaxPool stayed float in the integer export ---------------------------------
+def test_global_max_pool_runs_on_codes_in_the_integer_export():
+    w = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    dense = RNG.standard_normal((8, 5)).astype(np.float32) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalMaxPool", ["r"], ["g"], name="pool"),
+             helper.make_node("Squeeze", ["g"], ["s"], axes=[2, 3], name="squeeze"),  # opset-9 axes attribute
+             helper.make_node("MatMul", ["s", "dense"], ["m"], name="dense"),
+             helper.make_node("Add", ["m", "dense_bias"], ["y"], name="dense_bias")]
+    model = _model(nodes, [1, 3, 8, 8], {"w": w, "b": RNG.standard_normal(8).astype(np.float32) * 0.1,
+                                         "dense": dense, "dense_bias": RNG.standard_normal(5).astype(np.float32)})
+    feeds = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings(feeds)
+    integer = sim.export_integer(weight_codes="uint8")
+    assert [e.op_type for e in integer.report if e.op_type == "GlobalMaxPool"] == []
+    reduce_max = next(n for n in integer.model.graph.node if n.op_type == "ReduceMax")
+    producer = {o: n for n in integer.model.graph.node for o in n.output}
+    assert producer[reduce_max.input[0]].op_type == "QLinearConv"  # the Relu is the conv's clamp: uint8 codes
+    session = ort.InferenceSession(integer.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    step = sim.qc_quantize_op_dict["y"].get_encodings()[0].delta
+    for feed in feeds:
+        assert np.abs(session.run(None, feed)[0] - sim.session.run(None, feed)[0]).max() <= step * 1.01

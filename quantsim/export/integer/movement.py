@@ -11,6 +11,7 @@ or ties them to the input's quantizer). Two adjustments keep this exact:
 * Resize: only ``mode="nearest"`` (a selection); linear/cubic interpolation is arithmetic.
 * An output with its own, different quantizer is moved to that grid (`regrid`: a requantizing kernel or a table).
 
+GlobalMaxPool runs as a uint8 ReduceMax over its spatial axes (onnxruntime has no uint8 GlobalMaxPool).
 Where selects codes of branches moved onto its output grid (a constant branch quantized onto it); IsNaN /
 IsInf of a quantized tensor are false everywhere (grid points are finite). Identity and Dropout (inference)
 alias their input codes, and so does a Cast between float types (float32 <->
@@ -166,6 +167,26 @@ def lower_where(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     ctx.set_int(out, result, grid)
 
 
+def lower_global_max_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """GlobalMaxPool on codes as ``ReduceMax`` over the spatial axes with ``keepdims=1`` (the same output
+    shape): a maximum commutes with the monotone quantization, and onnxruntime has a uint8 ReduceMax from
+    opset 12 but no uint8 GlobalMaxPool (Keras' GlobalMaxPooling2D through tf2onnx)."""
+    shape = ctx.index.shape.get(node.input[0])
+    if shape is None or len(shape) < 3:
+        raise Unsupported("GlobalMaxPool input of unknown rank")
+    if ctx.opset < DIRECT_OPS["ReduceMax"]:
+        raise Unsupported(f"no uint8 ReduceMax kernel before opset {DIRECT_OPS['ReduceMax']}")
+    x = ctx.int_input(node.input[0])
+    axes = list(range(2, len(shape)))
+    out = ctx.fresh(f"{node.output[0]}/codes")
+    if ctx.opset >= 18:  # axes became an input
+        ctx.emit("ReduceMax", [x.name, ctx.scalar(axes, np.int64, f"{node.name}/axes")], [out], name=node.name,
+                 keepdims=1)
+    else:
+        ctx.emit("ReduceMax", [x.name], [out], name=node.name, axes=axes, keepdims=1)
+    _settle(ctx, node.output[0], QTensor(out, x.grid))
+
+
 def lower_never_special(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """IsNaN / IsInf of a tensor on an 8-bit grid: its sim values are grid points, never NaN or infinite, so
     the answer is false everywhere (``ConstantOfShape`` of the codes' shape). Transformers' exports guard
@@ -180,4 +201,4 @@ def lower_never_special(ctx: LoweringContext, node: onnx.NodeProto) -> None:
 RULES = {op: lower_direct for op in DIRECT_OPS}
 RULES.update({"Cast": lower_float_cast, "Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape,
               "Size": lower_shape, "Relu": lower_clamp, "Clip": lower_clamp, "Where": lower_where,
-              "IsNaN": lower_never_special, "IsInf": lower_never_special})
+              "IsNaN": lower_never_special, "IsInf": lower_never_special, "GlobalMaxPool": lower_global_max_pool})
