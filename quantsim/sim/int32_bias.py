@@ -22,10 +22,11 @@ are the same in the sim graph and the exports): the bias is a constant read by t
 enabled quantizer of its own (the exports dequantize such a bias from its codes); the op's data
 input has an enabled, calibrated per-tensor integer quantizer (not float8), or comes from one through
 grid-preserving data movement (`op_facts.GRID_MOVEMENT_OPS`, and a Pad writing only values on the grid: the
-outputs the QDQ export gives a derived Q/DQ pair); the weight has an enabled integer quantizer (not float8, not block-wise) whose per-channel axis, if
-any, is the op's output-channel axis; Gemm only with ``alpha = beta = 1`` and no ``transA``; grouped
-ConvTranspose only per tensor. The integer export's float islands use the same values
-(`LoweringContext.sim_constant`), so a Conv it leaves in float (16-bit activations) computes what the sim does.
+outputs the QDQ export gives a derived Q/DQ pair); the weight has an enabled integer quantizer (not float8,
+not block-wise) whose per-channel axis, if any, is the op's output-channel axis; Gemm only with
+``alpha = beta = 1`` and no ``transA``; grouped ConvTranspose only per tensor. The integer export's float
+islands use the same values (`LoweringContext.sim_constant`), so a Conv it leaves in float (16-bit
+activations) computes what the sim does.
 """
 from __future__ import annotations
 
