@@ -158,3 +158,17 @@ def test_global_max_pool_runs_on_codes_in_the_integer_export():
     step = sim.qc_quantize_op_dict["y"].get_encodings()[0].delta
     for feed in feeds:
         assert np.abs(session.run(None, feed)[0] - sim.session.run(None, feed)[0]).max() <= step * 1.01
+
+
+# Hardmax before opset 13 works on the flattened trailing block; the converter adapts Softmax but not Hardmax --
+@pytest.mark.parametrize("axis", [None, 1, 2, 3])
+def test_opset9_hardmax_keeps_its_function_through_the_opset_upgrade(axis):
+    w = RNG.standard_normal((4, 3, 1, 1)).astype(np.float32)
+    kwargs = {} if axis is None else {"axis": axis}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Hardmax", ["c"], ["y"], name="hardmax", **kwargs)]
+    model = _model(nodes, [2, 3, 4, 5], {"w": w})
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    upgraded, _ = qp.upgrade_opset(onnx.ModelProto.FromString(model.SerializeToString()))
+    np.testing.assert_array_equal(_run(upgraded, x), _run(model, x))
+    assert [n.name for n in upgraded.graph.node if n.op_type == "Hardmax"] == ["hardmax"]

@@ -9,7 +9,8 @@ Rules:
    so they stay constants rather than becoming overridable inputs). A conversion failure is a
    ``PrepareError`` naming the model's opset. Upsample (opset 7-9) and opset-10 Resize keep their
    asymmetric coordinates and onnxruntime's rounding (`quantsim.prepare.legacy_resize`: the converter
-   alone gives them opset 11's half-pixel defaults);
+   alone gives them opset 11's half-pixel defaults), and a Hardmax keeps working on the flattened trailing
+   block (`quantsim.prepare.legacy_hardmax`: the converter adapts Softmax and LogSoftmax, not Hardmax);
 2. an opset above onnxruntime's maximum (the newest at which it loads QuantizeLinear/DequantizeLinear,
    found once per process by asking onnxruntime to load one-node models: there is no public API) is
    converted down to that maximum with ``onnx.version_converter``, with a ``PrepareWarning`` (models
@@ -29,6 +30,7 @@ from onnx import helper
 
 from quantsim.errors import PrepareError, PrepareWarning, one_line, warn_at_caller
 from quantsim.graph.edit import default_opset
+from quantsim.prepare.legacy_hardmax import flatten_legacy_hardmax
 from quantsim.prepare.legacy_resize import legacy_resize_modes, restore_resize_modes
 
 __all__ = ["MIN_OPSET", "upgrade_opset", "runtime_limits"]
@@ -67,6 +69,7 @@ def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     if version >= MIN_OPSET:
         return model, False
     resize_modes = legacy_resize_modes(model, version)
+    model = flatten_legacy_hardmax(model, version)
     try:
         converted = onnx.version_converter.convert_version(model, MIN_OPSET)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors
