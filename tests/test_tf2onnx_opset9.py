@@ -172,3 +172,17 @@ def test_opset9_hardmax_keeps_its_function_through_the_opset_upgrade(axis):
     upgraded, _ = qp.upgrade_opset(onnx.ModelProto.FromString(model.SerializeToString()))
     np.testing.assert_array_equal(_run(upgraded, x), _run(model, x))
     assert [n.name for n in upgraded.graph.node if n.op_type == "Hardmax"] == ["hardmax"]
+
+
+def test_integer_export_of_an_opset9_pad_keeps_no_unread_constant():
+    """The converter gives an opset-9 Pad an explicit float value input; its code replaces it in the integer
+    model, which kept the float constant unread (onnxruntime warned about it at every load)."""
+    model = _padded_conv_model("constant")
+    feeds = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings(feeds)
+    integer = sim.export_integer(weight_codes="uint8").model
+    pad = next(n for n in integer.graph.node if n.op_type == "Pad")
+    assert len(pad.input) == 3  # the uint8 code of the value
+    read = {name for node in integer.graph.node for name in node.input}
+    assert [t.name for t in integer.graph.initializer if t.name not in read] == []

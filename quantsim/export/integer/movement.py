@@ -64,19 +64,21 @@ def lower_direct(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     if node.op_type == "Resize" and attrs.get("mode", b"nearest") not in (b"nearest", "nearest"):
         raise Unsupported(f"Resize mode {attrs['mode']!r} interpolates (only nearest moves codes)")
     x = ctx.int_input(node.input[0])
-    inputs = [x.name] + [ctx.float_input(name) for name in node.input[1:]]
-    if node.op_type == "Pad":
-        mode = attrs.get("mode", b"constant")
-        if mode in (b"constant", "constant"):
-            value = 0.0
-            if len(node.input) > 2 and node.input[2]:
-                if not ctx.index.is_constant(node.input[2]):
-                    raise Unsupported("Pad value is not a constant")
-                value = float(np.asarray(ctx.constant(node.input[2])).reshape(-1)[0])
-            if not x.grid.on_grid(value):
-                raise Unsupported(f"Pad value {value} is not on the input grid")
-            code = ctx.scalar(int(x.grid.quantize(value)), np.uint8, "pad/value")
-            inputs = inputs[:2] + [code] + inputs[3:] if len(inputs) > 2 else inputs + [code]
+    mode = attrs.get("mode", b"constant")
+    pad_value = node.op_type == "Pad" and mode in (b"constant", "constant")
+    # a constant Pad's float value is replaced by its code below: not read, so not copied into the model
+    inputs = [x.name] + [ctx.float_input(name) if name and not (pad_value and slot == 2) else name
+                         for slot, name in enumerate(node.input[1:], start=1)]
+    if pad_value:
+        value = 0.0
+        if len(node.input) > 2 and node.input[2]:
+            if not ctx.index.is_constant(node.input[2]):
+                raise Unsupported("Pad value is not a constant")
+            value = float(np.asarray(ctx.constant(node.input[2])).reshape(-1)[0])
+        if not x.grid.on_grid(value):
+            raise Unsupported(f"Pad value {value} is not on the input grid")
+        code = ctx.scalar(int(x.grid.quantize(value)), np.uint8, "pad/value")
+        inputs = inputs[:2] + [code] + inputs[3:] if len(inputs) > 2 else inputs + [code]
     positions = _data_outputs(ctx, node)
     outputs = list(node.output)
     for i in positions:
