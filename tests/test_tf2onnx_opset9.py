@@ -186,3 +186,15 @@ def test_integer_export_of_an_opset9_pad_keeps_no_unread_constant():
     assert len(pad.input) == 3  # the uint8 code of the value
     read = {name for node in integer.graph.node for name in node.input}
     assert [t.name for t in integer.graph.initializer if t.name not in read] == []
+
+
+def test_tensors_the_converter_renamed_keep_their_names_in_the_sim():
+    """onnx's version converter names the outputs of the nodes it rewrites ``_v_<n>``: the sim's quantizer and
+    encodings names then matched nothing in the user's opset-9 model."""
+    model = _resize_model("Upsample", "nearest", [1, 1, 2, 2], 9)
+    feeds = [{"x": RNG.standard_normal((1, 3, 5, 7)).astype(np.float32)} for _ in range(2)]
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings(feeds)
+    assert "u" in sim.activation_names
+    assert not [name for name in sim.activation_names if name.startswith("_v_")]
+    assert [n.name for n in sim.prepared_model.graph.node if n.op_type == "Resize"] == ["resize"]
