@@ -198,3 +198,24 @@ def test_tensors_the_converter_renamed_keep_their_names_in_the_sim():
     assert "u" in sim.activation_names
     assert not [name for name in sim.activation_names if name.startswith("_v_")]
     assert [n.name for n in sim.prepared_model.graph.node if n.op_type == "Resize"] == ["resize"]
+
+
+def test_tables_of_ops_with_4d_scalar_constants_build_without_onnxruntime_warnings(capfd):
+    """tf2onnx writes a scalar operand as a [1, 1, 1, 1] constant (Keras' hard_sigmoid: Add, Min, Max): the
+    lookup-table graph declared a [256] output and onnxruntime printed a shape-merge warning per export."""
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Add", ["c", "half"], ["a"], name="add"),
+             helper.make_node("Min", ["a", "one"], ["m"], name="min"),
+             helper.make_node("Max", ["m", "zero"], ["y"], name="max")]
+    scalar = {"half": 0.5, "one": 1.0, "zero": 0.0}
+    model = _model(nodes, [1, 3, 6, 6], {"w": w, **{k: np.full((1, 1, 1, 1), v, np.float32) for k, v in scalar.items()}})
+    feeds = [{"x": RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)} for _ in range(2)]
+    sim = quantsim.QuantizationSimModel(model, progress=False)
+    sim.compute_encodings(feeds)
+    capfd.readouterr()
+    integer = sim.export_integer(weight_codes="uint8")
+    assert "Error merging shape info" not in capfd.readouterr().err
+    session = ort.InferenceSession(integer.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    step = sim.qc_quantize_op_dict["y"].get_encodings()[0].delta
+    assert np.abs(session.run(None, feeds[0])[0] - sim.session.run(None, feeds[0])[0]).max() <= step * 1.01
