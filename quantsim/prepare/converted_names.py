@@ -14,26 +14,16 @@ back (the converter's own constants) stay as they are.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import onnx
+
+from quantsim.graph.edit import graphs_within
 
 __all__ = ["restore_tensor_names"]
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            for sub in attribute.graphs:
-                yield from _graphs(sub)
-
-
 def _names(model: onnx.ModelProto) -> set[str]:
     names: set[str] = set()
-    for graph in _graphs(model.graph):
+    for graph in graphs_within(model.graph):
         names.update(v.name for v in [*graph.input, *graph.output, *graph.value_info])
         names.update(t.name for t in graph.initializer)
         for node in graph.node:
@@ -48,10 +38,10 @@ def restore_tensor_names(original: onnx.ModelProto, converted: onnx.ModelProto) 
     how many were given their original names back."""
     before, after = _names(original), _names(converted)
     nodes = {(n.name, n.op_type, len(n.input), len(n.output)): n
-             for graph in _graphs(original.graph) for n in graph.node if n.name}
+             for graph in graphs_within(original.graph) for n in graph.node if n.name}
     mapping: dict[str, str] = {}
     refused: set[str] = set()
-    for graph in _graphs(converted.graph):
+    for graph in graphs_within(converted.graph):
         for node in graph.node:
             source = nodes.get((node.name, node.op_type, len(node.input), len(node.output))) if node.name else None
             if source is None:
@@ -72,7 +62,7 @@ def restore_tensor_names(original: onnx.ModelProto, converted: onnx.ModelProto) 
         mapping = {new: old for new, old in mapping.items() if counts[old] == 1}
     if not mapping:
         return 0
-    for graph in _graphs(converted.graph):
+    for graph in graphs_within(converted.graph):
         for node in graph.node:
             node.input[:] = [mapping.get(n, n) for n in node.input]
             node.output[:] = [mapping.get(n, n) for n in node.output]

@@ -13,22 +13,12 @@ and output; the rewrite is exact whatever the rank.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import onnx
 from onnx import helper
 
+from quantsim.graph.edit import graphs_within
+
 __all__ = ["flatten_legacy_hardmax"]
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            for sub in attribute.graphs:
-                yield from _graphs(sub)
 
 
 def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
@@ -40,10 +30,10 @@ def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
 def flatten_legacy_hardmax(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     """``model`` (default-domain ``opset``) with its Hardmax nodes rewritten as the module docstring says:
     a copy when it has any below opset 13, else ``model`` itself."""
-    if opset >= 13 or not any(n.op_type == "Hardmax" for g in _graphs(model.graph) for n in g.node):
+    if opset >= 13 or not any(n.op_type == "Hardmax" for g in graphs_within(model.graph) for n in g.node):
         return model
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    for graph in _graphs(model.graph):
+    for graph in graphs_within(model.graph):
         if not any(n.op_type == "Hardmax" and n.domain in ("", "ai.onnx") for n in graph.node):
             continue
         ranks = _ranks(graph)

@@ -21,30 +21,19 @@ included; the node's name is given back):
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from quantsim.errors import PrepareError, PrepareWarning, warn_at_caller
+from quantsim.graph.edit import graphs_within
 
 __all__ = ["legacy_resize_modes", "restore_resize_modes"]
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            for sub in attribute.graphs:
-                yield from _graphs(sub)
-
-
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     found: dict[str, np.ndarray] = {}
-    for graph in _graphs(model.graph):
+    for graph in graphs_within(model.graph):
         found.update((t.name, numpy_helper.to_array(t)) for t in graph.initializer)
         for node in graph.node:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -78,7 +67,7 @@ def legacy_resize_modes(model: onnx.ModelProto, opset: int) -> list[tuple[str, d
         return []
     constants: dict[str, np.ndarray] | None = None
     modes: list[tuple[str, dict[str, str]]] = []
-    for graph in _graphs(model.graph):
+    for graph in graphs_within(model.graph):
         for node in graph.node:
             if node.domain not in ("", "ai.onnx") or node.op_type not in ("Upsample", "Resize"):
                 continue
@@ -106,7 +95,7 @@ def restore_resize_modes(model: onnx.ModelProto, modes: list[tuple[str, dict[str
     keeps the order of the nodes, so the n-th Resize is the n-th Upsample/Resize of the original."""
     if not modes:
         return
-    converted = [node for graph in _graphs(model.graph) for node in graph.node
+    converted = [node for graph in graphs_within(model.graph) for node in graph.node
                  if node.op_type == "Resize" and node.domain in ("", "ai.onnx")]
     if len(converted) != len(modes):  # better no model than a silently shifted one
         raise PrepareError(f"onnx's version converter turned {len(modes)} Upsample/Resize nodes into "
