@@ -25,11 +25,10 @@ MODELS = {"MobileNetV2": 224, "MobileNetV3Small": 224, "MobileNetV3Large": 224, 
           "Xception": 299, "InceptionV3": 299}
 
 
-def export(name: str, out: Path) -> Path:
+def application(name: str):
+    """Keras application ``name`` with seeded random weights and BatchNorm statistics from one batch."""
     import numpy as np
-    import onnx
     import tensorflow as tf
-    import tf2onnx
 
     tf.keras.utils.set_random_seed(0)
     size = MODELS[name]
@@ -38,9 +37,19 @@ def export(name: str, out: Path) -> Path:
         if isinstance(layer, tf.keras.layers.BatchNormalization):
             layer.momentum = 0.0  # the moving statistics become this batch's
     model(np.random.default_rng(0).standard_normal((8, size, size, 3)).astype(np.float32), training=True)
-    target = out / f"keras_{name}.tf2onnx.onnx"
+    return model
+
+
+def export(name: str, out: Path, opset: int = 17, target: Path | None = None) -> Path:
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+
+    model = application(name)
+    size = MODELS[name]
+    target = target or out / f"keras_{name}.tf2onnx.onnx"
     spec = (tf.TensorSpec((1, size, size, 3), tf.float32, name="input"),)
-    proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
+    proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=opset)
     onnx.checker.check_model(proto)  # tf2onnx writes PartitionedCall where it cannot convert
     onnx.save(proto, str(target))
     return target

@@ -1,12 +1,15 @@
 """Small edits and queries over a ModelProto that preparation, the sim builder and the exports share."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx
 
 from quantsim.graph.index import subgraph_references
 
 __all__ = [
     "default_opset",
+    "graphs_within",
     "constant_names",
     "referenced_names",
     "drop_unused_initializers",
@@ -21,6 +24,18 @@ def default_opset(model: onnx.ModelProto) -> int | None:
         if entry.domain in ("", "ai.onnx"):
             return entry.version
     return None
+
+
+def graphs_within(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph of its nodes (If / Loop / Scan bodies), depth first, each before its
+    own subgraphs."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from graphs_within(attribute.g)
+            for sub in attribute.graphs:
+                yield from graphs_within(sub)
 
 
 def constant_names(model: onnx.ModelProto) -> set[str]:

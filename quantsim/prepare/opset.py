@@ -7,7 +7,11 @@ Rules:
    converted with ``onnx.version_converter``; the IR version is raised to the minimum that opset needs
    (from below IR 4, initializers are dropped from the graph inputs, where that IR had to list them,
    so they stay constants rather than becoming overridable inputs). A conversion failure is a
-   ``PrepareError`` naming the model's opset;
+   ``PrepareError`` naming the model's opset. Upsample (opset 7-9) and opset-10 Resize keep their
+   asymmetric coordinates and onnxruntime's rounding (`quantsim.prepare.legacy_resize`: the converter
+   alone gives them opset 11's half-pixel defaults), and a Hardmax keeps working on the flattened trailing
+   block (`quantsim.prepare.legacy_hardmax`: the converter adapts Softmax and LogSoftmax, not Hardmax);
+   tensors the converter renamed get their names back (`quantsim.prepare.converted_names`);
 2. an opset above onnxruntime's maximum (the newest at which it loads QuantizeLinear/DequantizeLinear,
    found once per process by asking onnxruntime to load one-node models: there is no public API) is
    converted down to that maximum with ``onnx.version_converter``, with a ``PrepareWarning`` (models
@@ -27,6 +31,9 @@ from onnx import helper
 
 from quantsim.errors import PrepareError, PrepareWarning, one_line, warn_at_caller
 from quantsim.graph.edit import default_opset
+from quantsim.prepare.converted_names import restore_tensor_names
+from quantsim.prepare.legacy_hardmax import flatten_legacy_hardmax
+from quantsim.prepare.legacy_resize import legacy_resize_modes, restore_resize_modes
 
 __all__ = ["MIN_OPSET", "upgrade_opset", "runtime_limits"]
 
@@ -63,12 +70,16 @@ def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
                            f"model.ir_version (e.g. to {max_ir}) when building it")
     if version >= MIN_OPSET:
         return model, False
+    resize_modes = legacy_resize_modes(model, version)
+    model = flatten_legacy_hardmax(model, version)
     try:
         converted = onnx.version_converter.convert_version(model, MIN_OPSET)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors
         raise PrepareError(f"the model uses default-domain opset {version}; converting it to opset {MIN_OPSET} "
                            f"with onnx.version_converter failed: {exc}. Export the model at opset "
                            f">= {MIN_OPSET} instead") from exc
+    restore_resize_modes(converted, resize_modes)
+    restore_tensor_names(model, converted)
     needed = helper.find_min_ir_version_for([helper.make_opsetid("", MIN_OPSET)])
     if converted.ir_version < 4:
         initializers = {t.name for t in converted.graph.initializer}

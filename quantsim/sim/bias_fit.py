@@ -55,11 +55,16 @@ def fit_biases_to_int32(sim: QuantizationSimModel) -> list[str]:
     """Widen the weight scales whose int32 bias would overflow (module docstring); the weights changed."""
     changed = []
     table = {t: q for q in sim.quantizers for t in q.tensors}
+    index = sim.graph_index
+
+    def constant_of(name: str):
+        return index.constant_value(name) if index.is_constant(name) else None
+
     for layer in find_weighted_layers(sim):
         # the input's grid may be set upstream of data movement (a Split's output: the Split's input's grid),
         # as the exports find it: an overflowing bias left float there is what onnxruntime's BiasQuantization
         # then casts to int32 without a range check (module docstring)
-        wq, xq = layer.weight_quantizer, input_grid_quantizer(layer.input, sim.graph_index.producer_of, table)
+        wq, xq = layer.weight_quantizer, input_grid_quantizer(layer.input, index.producer_of, table, constant_of)
         if wq is None or xq is None or not (wq.enabled and xq.enabled) or wq.spec.is_float or xq.spec.is_float \
                 or wq.spec.is_fp8 or xq.spec.is_fp8:  # float8: no integer accumulator, no int32 bias
             continue

@@ -21,11 +21,12 @@ Eligibility follows `quantize_biases`, read from the sim's quantizer table over 
 are the same in the sim graph and the exports): the bias is a constant read by this node only, without an
 enabled quantizer of its own (the exports dequantize such a bias from its codes); the op's data
 input has an enabled, calibrated per-tensor integer quantizer (not float8), or comes from one through
-grid-preserving data movement (`op_facts.GRID_MOVEMENT_OPS`, whose outputs the QDQ export gives a derived Q/DQ
-pair); the weight has an enabled integer quantizer (not float8, not block-wise) whose per-channel axis, if
-any, is the op's output-channel axis; Gemm only with ``alpha = beta = 1`` and no ``transA``; grouped
-ConvTranspose only per tensor. The integer export's float islands use the same values
-(`LoweringContext.sim_constant`), so a Conv it leaves in float (16-bit activations) computes what the sim does.
+grid-preserving data movement (`op_facts.GRID_MOVEMENT_OPS`, and a Pad writing only values on the grid: the
+outputs the QDQ export gives a derived Q/DQ pair); the weight has an enabled integer quantizer (not float8,
+not block-wise) whose per-channel axis, if any, is the op's output-channel axis; Gemm only with
+``alpha = beta = 1`` and no ``transA``; grouped ConvTranspose only per tensor. The integer export's float
+islands use the same values (`LoweringContext.sim_constant`), so a Conv it leaves in float (16-bit
+activations) computes what the sim does.
 """
 from __future__ import annotations
 
@@ -53,25 +54,69 @@ def _integer_encoding(q: QcQuantizeOp | None):
 
 
 def input_grid_quantizer(name: str, producer_of: Callable[[str], onnx.NodeProto | None],
-                         table: dict[str, QcQuantizeOp]) -> QcQuantizeOp | None:
+                         table: dict[str, QcQuantizeOp],
+                         constant_of: Callable[[str], np.ndarray | None] | None = None) -> QcQuantizeOp | None:
     """The enabled quantizer whose grid the activation ``name`` is on: its own, or through data movement
     (`GRID_MOVEMENT_OPS`: Split, Reshape, Transpose, ...) its source's; None when no quantizer sets it.
+    A Pad is followed too when every value it writes lies on that grid, as the QDQ export's derived Q/DQ
+    pair after it requires (`quantsim.export.qdq.add_derived_qdq`): reflect / edge / wrap modes, a constant
+    0 (the default), or another constant that a round trip through the grid keeps (read with
+    ``constant_of``: name -> value, None when not a constant; without it only 0 qualifies). Keras'
+    ``ZeroPadding2D`` before a strided convolution (ResNet, MobileNet through tf2onnx) is such a Pad.
     ``producer_of``: tensor name -> the node writing it; ``table``: tensor name -> quantizer."""
+    pad_values: list[float] = []
     for _ in range(64):
         q = table.get(name)
         if q is not None and q.enabled:
-            return q
+            return q if all(_on_grid(value, q) for value in pad_values) else None
         node = producer_of(name)
-        if node is None or node.op_type not in GRID_MOVEMENT_OPS or not node.input:
+        if node is None or not node.input:
+            return None
+        if node.op_type == "Pad":
+            value = _pad_value(node, constant_of)
+            if value is None:
+                return None
+            if value != 0.0:
+                pad_values.append(value)
+        elif node.op_type not in GRID_MOVEMENT_OPS:
             return None
         name = node.input[0]
     return None
 
 
-def _input_scale(name: str, producer: dict[str, onnx.NodeProto], table: dict[str, QcQuantizeOp]) -> np.ndarray | None:
+def _pad_value(pad: onnx.NodeProto, constant_of: Callable[[str], np.ndarray | None] | None) -> float | None:
+    """The one new value a Pad writes (0.0 for the modes that copy input values); None when unknown."""
+    attrs = _attrs(pad)
+    mode = attrs.get("mode", b"constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+        return 0.0
+    if len(pad.input) > 2 and pad.input[2]:
+        value = constant_of(pad.input[2]) if constant_of is not None else None
+        return None if value is None or np.size(value) != 1 else float(np.asarray(value).reshape(-1)[0])
+    return float(attrs.get("value", 0.0))  # opset < 11 keeps it in an attribute
+
+
+def _on_grid(value: float, q: QcQuantizeOp) -> bool:
+    """True when ``value`` survives a round trip through ``q``'s per-tensor integer grid."""
+    enc = _integer_encoding(q)
+    if enc is None or not enc.is_per_tensor or not np.isfinite(value):
+        return False
+    scale, zero_point = np.float32(enc.scale), int(np.asarray(enc.zero_point))
+    code = np.clip(np.rint(np.float32(value) / scale) + zero_point, enc.qmin, enc.qmax)
+    return bool(np.float32((code - zero_point) * scale) == np.float32(value))
+
+
+def _initializer_values(graph: onnx.GraphProto) -> Callable[[str], np.ndarray | None]:
+    """name -> value of a small initializer of ``graph`` (a Pad's constant), None for others."""
+    small = {t.name: t for t in graph.initializer if not t.external_data and np.prod(t.dims) <= 1}
+    return lambda name: numpy_helper.to_array(small[name]) if name in small else None
+
+
+def _input_scale(name: str, producer: dict[str, onnx.NodeProto], table: dict[str, QcQuantizeOp],
+                 constant_of: Callable[[str], np.ndarray | None] | None = None) -> np.ndarray | None:
     """The per-tensor scale of the activation grid ``name`` is on (`input_grid_quantizer`), or None when it is
     not on an integer grid."""
-    enc = _integer_encoding(input_grid_quantizer(name, producer.get, table))
+    enc = _integer_encoding(input_grid_quantizer(name, producer.get, table, constant_of))
     return None if enc is None or not enc.is_per_tensor else np.asarray(enc.scale, np.float32)
 
 
@@ -131,6 +176,7 @@ def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_c
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
     table = {t: q for q in quantizers for t in q.tensors}
+    constant_of = _initializer_values(graph)
     found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for node, bias, axis in biased_ops(graph, is_constant) if ops is None else ops:
         if node.op_type == "MatMul" and (out := table.get(node.output[0])) is not None and out.enabled:
@@ -142,7 +188,7 @@ def eligible_biases(graph: onnx.GraphProto, quantizers: list[QcQuantizeOp], is_c
         enc = _integer_encoding(q)
         if q is None or enc is None or enc.block_size is not None:
             continue
-        x_scale = _input_scale(node.input[0], producer, table)
+        x_scale = _input_scale(node.input[0], producer, table, constant_of)
         if x_scale is None or axis is None:
             continue
         w_scale = np.asarray(enc.scale, np.float32)

@@ -88,7 +88,9 @@ def lut_table(ctx: LoweringContext, grid_in: Grid, grid_out: Grid, node: onnx.No
             opsets[node.domain] = ctx.index.opset(node.domain) or 1
     nodes.append(helper.make_node("QuantizeLinear", [result, "s_out", "z_out"], ["table"]))
     graph = helper.make_graph(nodes, "lut", [helper.make_tensor_value_info("codes", TensorProto.UINT8, [256])],
-                              [helper.make_tensor_value_info("table", TensorProto.UINT8, [256])], inits)
+                              # no declared shape: a constant operand of shape [1, 1, 1, 1] (tf2onnx's spelling of a
+                              # scalar) broadcasts the table to [1, 1, 1, 256], and onnxruntime warned at each export
+                              [helper.make_tensor_value_info("table", TensorProto.UINT8, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
     model.ir_version = ctx.index.model.ir_version
     try:

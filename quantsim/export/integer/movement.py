@@ -11,6 +11,7 @@ or ties them to the input's quantizer). Two adjustments keep this exact:
 * Resize: only ``mode="nearest"`` (a selection); linear/cubic interpolation is arithmetic.
 * An output with its own, different quantizer is moved to that grid (`regrid`: a requantizing kernel or a table).
 
+GlobalMaxPool runs as a uint8 ReduceMax over its spatial axes (onnxruntime has no uint8 GlobalMaxPool).
 Where selects codes of branches moved onto its output grid (a constant branch quantized onto it; with no output
 quantizer the constant must be one of the grid's values: a -inf mask fill saturated to the lowest code would give
 masked positions weight in the Softmax after it), and so do
@@ -67,19 +68,21 @@ def lower_direct(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     if node.op_type == "Resize" and attrs.get("mode", b"nearest") not in (b"nearest", "nearest"):
         raise Unsupported(f"Resize mode {attrs['mode']!r} interpolates (only nearest moves codes)")
     x = ctx.int_input(node.input[0])
-    inputs = [x.name] + [ctx.float_input(name) for name in node.input[1:]]
-    if node.op_type == "Pad":
-        mode = attrs.get("mode", b"constant")
-        if mode in (b"constant", "constant"):
-            value = 0.0
-            if len(node.input) > 2 and node.input[2]:
-                if not ctx.index.is_constant(node.input[2]):
-                    raise Unsupported("Pad value is not a constant")
-                value = float(np.asarray(ctx.constant(node.input[2])).reshape(-1)[0])
-            if not x.grid.on_grid(value):
-                raise Unsupported(f"Pad value {value} is not on the input grid")
-            code = ctx.scalar(int(x.grid.quantize(value)), np.uint8, "pad/value")
-            inputs = inputs[:2] + [code] + inputs[3:] if len(inputs) > 2 else inputs + [code]
+    mode = attrs.get("mode", b"constant")
+    pad_value = node.op_type == "Pad" and mode in (b"constant", "constant")
+    # a constant Pad's float value is replaced by its code below: not read, so not copied into the model
+    inputs = [x.name] + [ctx.float_input(name) if name and not (pad_value and slot == 2) else name
+                         for slot, name in enumerate(node.input[1:], start=1)]
+    if pad_value:
+        value = 0.0
+        if len(node.input) > 2 and node.input[2]:
+            if not ctx.index.is_constant(node.input[2]):
+                raise Unsupported("Pad value is not a constant")
+            value = float(np.asarray(ctx.constant(node.input[2])).reshape(-1)[0])
+        if not x.grid.on_grid(value):
+            raise Unsupported(f"Pad value {value} is not on the input grid")
+        code = ctx.scalar(int(x.grid.quantize(value)), np.uint8, "pad/value")
+        inputs = inputs[:2] + [code] + inputs[3:] if len(inputs) > 2 else inputs + [code]
     positions = _data_outputs(ctx, node)
     outputs = list(node.output)
     for i in positions:
@@ -226,6 +229,26 @@ def lower_scatter(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     ctx.set_int(out, result, grid)
 
 
+def lower_global_max_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """GlobalMaxPool on codes as ``ReduceMax`` over the spatial axes with ``keepdims=1`` (the same output
+    shape): a maximum commutes with the monotone quantization, and onnxruntime has a uint8 ReduceMax from
+    opset 12 but no uint8 GlobalMaxPool (Keras' GlobalMaxPooling2D through tf2onnx)."""
+    shape = ctx.index.shape.get(node.input[0])
+    if shape is None or len(shape) < 3:
+        raise Unsupported("GlobalMaxPool input of unknown rank")
+    if ctx.opset < DIRECT_OPS["ReduceMax"]:
+        raise Unsupported(f"no uint8 ReduceMax kernel before opset {DIRECT_OPS['ReduceMax']}")
+    x = ctx.int_input(node.input[0])
+    axes = list(range(2, len(shape)))
+    out = ctx.fresh(f"{node.output[0]}/codes")
+    if ctx.opset >= 18:  # axes became an input
+        ctx.emit("ReduceMax", [x.name, ctx.scalar(axes, np.int64, f"{node.name}/axes")], [out], name=node.name,
+                 keepdims=1)
+    else:
+        ctx.emit("ReduceMax", [x.name], [out], name=node.name, axes=axes, keepdims=1)
+    _settle(ctx, node.output[0], QTensor(out, x.grid))
+
+
 def lower_never_special(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """IsNaN / IsInf of a tensor on an 8-bit grid: its sim values are grid points, never NaN or infinite, so
     the answer is false everywhere (``ConstantOfShape`` of the codes' shape). Transformers' exports guard
@@ -241,4 +264,4 @@ RULES = {op: lower_direct for op in DIRECT_OPS}
 RULES.update({"Cast": lower_float_cast, "Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape,
               "Size": lower_shape, "Relu": lower_clamp, "Clip": lower_clamp, "Where": lower_where,
               "IsNaN": lower_never_special, "IsInf": lower_never_special, "ScatterElements": lower_scatter,
-              "ScatterND": lower_scatter})
+              "ScatterND": lower_scatter, "GlobalMaxPool": lower_global_max_pool})
