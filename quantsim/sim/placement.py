@@ -9,8 +9,9 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    normalization follow their output quantizer), applied after step 4's supergroups.
 2. Activations are the model's float inputs (``model_input``), float node outputs (default ops rule;
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
-   elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
-   (fill values such as -inf before a Max) stay float and are listed as such.
+   elementwise ops or gathered by indices (an embedding table: `CONSTANT_TABLE_SLOTS`; aimet-onnx quantizes
+   every constant input of a node), quantized like model inputs, encoded from their values. Constants
+   holding inf/NaN (fill values such as -inf before a Max) stay float and are listed as such.
 3. Shape and index arithmetic, normalization statistics (`tensor_roles`) and additive attention masks
    with the masked scores (`attention_masks`: any fill value and construction) are never quantized; each
    masked Softmax is recorded as a `Decision`. The statistics rule covers the whole span between a
@@ -59,6 +60,8 @@ from quantsim.sim.exception_rules import NORM_PARAM_RULE_OPS, norm_param_rule
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
 CONSTANT_INPUT_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Concat", "Where"})
+# the data slot of a lookup: a constant table gathered by indices (an embedding) is a value on a grid of its own
+CONSTANT_TABLE_SLOTS = {"Gather": 0, "GatherElements": 0, "GatherND": 0}
 FORWARD_TIED = frozenset({"Relu", "AveragePool", "Resize", "Upsample"})
 BACKWARD_TIED = frozenset({"Concat"})
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
@@ -206,8 +209,10 @@ def place_quantizers(
                 enabled = True
             sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(node.op_type), enabled,
                                         op_type=node.op_type, fixed_range=rule.encoding_constraints)
-        if node.op_type in CONSTANT_INPUT_OPS:
+        if node.op_type in CONSTANT_INPUT_OPS or node.op_type in CONSTANT_TABLE_SLOTS:
             for slot, name in enumerate(node.input):
+                if node.op_type in CONSTANT_TABLE_SLOTS and slot != CONSTANT_TABLE_SLOTS[node.op_type]:
+                    continue
                 if (node.op_type == "Where" and slot == 0) or not index.is_constant(name) or name in sites:
                     continue
                 if quantizable(name) and _finite_constant(index, name, left_in_float):
