@@ -98,3 +98,46 @@ def test_argmax_of_quantized_logits_runs_on_codes_and_picks_the_sims_token_ties_
             np.testing.assert_array_equal(got[1], want[1])  # the token: the same index, ties broken alike
             np.testing.assert_array_equal(got[0], want[0])  # the gathered row: codes of the same table row
         assert session.run(None, {"x": np.zeros((3, DIM), np.float32)})[1].tolist() == [(VOCAB - 1) * select_last] * 3
+
+
+def _lstm_step(op: str = "LSTM") -> onnx.ModelProto:
+    """One decoding step of a stacked-state recurrent layer: x (1, 1, 4), h (2, 1, 8) of which layer 0's slice
+    is the initial state, c (1, 1, 8); outputs the head's logits, the new hidden state and (LSTM) cell state."""
+    rng = np.random.default_rng(5)
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    inits = {"W": (0.4 * rng.standard_normal((1, gates * 8, 4))).astype(np.float32),
+             "R": (0.4 * rng.standard_normal((1, gates * 8, 8))).astype(np.float32),
+             "B": (0.1 * rng.standard_normal((1, 2 * gates * 8))).astype(np.float32),
+             "head": (0.5 * rng.standard_normal((8, 5))).astype(np.float32),
+             "starts": np.array([0], np.int64), "ends": np.array([1], np.int64), "axes": np.array([0], np.int64),
+             "squeeze_axes": np.array([0, 1], np.int64)}
+    state_inputs = ["h0"] + (["c"] if op == "LSTM" else [])
+    outputs = ["Y", "h_out"] + (["c_out"] if op == "LSTM" else [])
+    nodes = [helper.make_node("Slice", ["h", "starts", "ends", "axes"], ["h0"]),
+             helper.make_node(op, ["x", "W", "R", "B", "", *state_inputs], outputs, hidden_size=8),
+             helper.make_node("Squeeze", ["Y", "squeeze_axes"], ["y"]),
+             helper.make_node("MatMul", ["y", "head"], ["logits"])]
+    inputs = [helper.make_tensor_value_info("x", F, [1, 1, 4]), helper.make_tensor_value_info("h", F, [2, 1, 8])]
+    graph_outputs = [helper.make_tensor_value_info("logits", F, [1, 5]), helper.make_tensor_value_info("h_out", F, [1, 1, 8])]
+    if op == "LSTM":
+        inputs.append(helper.make_tensor_value_info("c", F, [1, 1, 8]))
+        graph_outputs.append(helper.make_tensor_value_info("c_out", F, [1, 1, 8]))
+    return _model(nodes, inputs, graph_outputs, inits)
+
+
+def test_recurrent_state_input_and_outputs_share_one_grid_like_aimet():
+    for op in ("LSTM", "GRU", "RNN"):
+        sim = QuantizationSimModel(_lstm_step(op), quant_scheme="min_max", progress=False)
+        rng = np.random.default_rng(6)
+        feeds = [{"x": (2 * rng.standard_normal((1, 1, 4))).astype(np.float32),
+                  "h": (0.5 * rng.standard_normal((2, 1, 8))).astype(np.float32),
+                  **({"c": rng.standard_normal((1, 1, 8)).astype(np.float32)} if op == "LSTM" else {})} for _ in range(4)]
+        sim.compute_encodings(feeds)
+        qs = sim.qc_quantize_op_dict
+        assert qs["h"] is qs["h_out"] is qs["Y"], op  # the state fed back is read on the grid it was written on
+        assert qs["x"] is not qs["Y"], op  # the sequence input keeps its own grid (aimet-onnx ties it too)
+        if op == "LSTM":
+            assert qs["c"] is qs["c_out"] and qs["c"] is not qs["h"]
+        integer = sim.export_integer(integer_io=True, weight_codes="uint8")
+        grid = {k: v for k, v in integer.io["h"].items() if k not in ("role", "shape")}
+        assert grid and grid == {k: v for k, v in integer.io["h_out"].items() if k not in ("role", "shape")}, op

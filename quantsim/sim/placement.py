@@ -36,7 +36,8 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
    share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
-   other consumers keeps its own). Tied tensors form one `QuantizerPlan`.
+   other consumers keeps its own); an LSTM/GRU/RNN's ``Y``, ``Y_h`` and ``initial_h`` share one quantizer, its
+   ``Y_c`` and ``initial_c`` another (`quantsim.sim.recurrent_ties`). Tied tensors form one `QuantizerPlan`.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
 from quantsim.sim.exception_rules import NORM_PARAM_RULE_OPS, norm_param_rule
+from quantsim.sim.recurrent_ties import recurrent_state_ties
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
@@ -271,6 +273,8 @@ def place_quantizers(
                 source = _closest_quantized_source(index, name, enabled_act)
                 if source is not None:
                     ties.union(node.output[0], source)
+    for keep, other in recurrent_state_ties(index, enabled_act):  # LSTM/GRU/RNN hidden and cell states
+        ties.union(keep, other)
     groups: dict[str, QuantizerPlan] = {}
     for name, plan in sites.items():
         root = ties.find(name) if plan.role == "activation" and plan.enabled else name
