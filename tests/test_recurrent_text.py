@@ -6,7 +6,14 @@ them: ``nn.Embedding`` + ``nn.LSTM``/``nn.GRU``/``nn.RNN``, an ``LSTMCell`` loop
 * the embedding table (a float constant gathered by token ids) had no quantizer, so its rows left the Gather
   in float and every op they reached before the next quantizer stayed float in the integer export (an
   unrolled ``LSTMCell`` loop: all 12 input Gemms). aimet-onnx quantizes the table like any constant input of
-  a node: an asymmetric per-tensor grid on the activation type, encoded from its values.
+  a node: an asymmetric per-tensor grid on the activation type, encoded from its values;
+* the QDQ export then wrote the table as its fake-quantized floats: the MatMul reading the gathered rows had no
+  DequantizeLinear input, so it kept a float bias where the sim adds it on the int32 grid (the unfused QDQ
+  model was no longer the sim bit for bit, a torch-dynamo char RNN 0.017 relative) and onnxruntime ran it in
+  float. The table is now codes behind a DequantizeLinear, the gathered rows get derived Q/DQ pairs;
+* a greedy decoder's ArgMax stayed float in the integer export (it runs on the codes);
+* LSTM/GRU/RNN state inputs and outputs had grids of their own (aimet-onnx ties them), so a step-by-step
+  decoder exported with integer I/O returned state codes that the next call read on another grid.
 """
 from __future__ import annotations
 
@@ -141,3 +148,39 @@ def test_recurrent_state_input_and_outputs_share_one_grid_like_aimet():
         integer = sim.export_integer(integer_io=True, weight_codes="uint8")
         grid = {k: v for k, v in integer.io["h"].items() if k not in ("role", "shape")}
         assert grid and grid == {k: v for k, v in integer.io["h_out"].items() if k not in ("role", "shape")}, op
+
+
+def _embedding_matmul() -> onnx.ModelProto:
+    """ids (2, STEPS) -> Gather(table) -> Transpose -> MatMul(W) + b -> Tanh: torch-dynamo's spelling of an
+    RNN's input projection over an embedding."""
+    rng = np.random.default_rng(8)
+    inits = {"table": rng.standard_normal((VOCAB, DIM)).astype(np.float32),
+             "W": (0.3 * rng.standard_normal((DIM, 6))).astype(np.float32),
+             "b": (0.1 * rng.standard_normal(6)).astype(np.float32)}
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("Transpose", ["emb"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("MatMul", ["t", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Tanh", ["a"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("ids", I64, [2, STEPS])],
+                  [helper.make_tensor_value_info("y", F, [STEPS, 2, 6])], inits)
+
+
+def test_qdq_export_of_a_gathered_table_is_the_sim_bit_for_bit_and_fuses():
+    sim = QuantizationSimModel(_embedding_matmul(), quant_scheme="min_max", progress=False)
+    feeds = [{"ids": f["ids"].reshape(1, -1).repeat(2, 0)} for f in _ids(3)]
+    sim.compute_encodings(feeds)
+    qdq = sim.to_onnx_qdq()
+    producers = {o: n for n in qdq.graph.node for o in n.output}
+    gather = next(n for n in qdq.graph.node if n.op_type == "Gather")
+    matmul = next(n for n in qdq.graph.node if n.op_type == "MatMul")
+    assert producers[gather.input[0]].op_type == "DequantizeLinear"  # the table's codes
+    assert producers[matmul.input[0]].op_type == "DequantizeLinear"  # the gathered rows reach the MatMul on the grid
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    exact = ort.InferenceSession(qdq.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(sim.sim_model().SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        np.testing.assert_array_equal(exact.run(None, feed)[0], reference.run(None, feed)[0])
+    back = QuantizationSimModel.from_onnx_qdq(qdq)  # the table's encoding reads back
+    read, written = (s.qc_quantize_op_dict["table"].get_encodings()[0] for s in (back, sim))
+    assert np.float32(read.delta) == np.float32(written.delta) and read.offset == written.offset

@@ -9,7 +9,7 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    normalization follow their output quantizer), applied after step 4's supergroups.
 2. Activations are the model's float inputs (``model_input``), float node outputs (default ops rule;
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
-   elementwise ops or gathered by indices (an embedding table: `CONSTANT_TABLE_SLOTS`; aimet-onnx quantizes
+   elementwise ops or gathered by indices (an embedding table, `GATHER_OPS`; aimet-onnx quantizes
    every constant input of a node), quantized like model inputs, encoded from their values. Constants
    holding inf/NaN (fill values such as -inf before a Max) stay float and are listed as such.
 3. Shape and index arithmetic, normalization statistics (`tensor_roles`) and additive attention masks
@@ -51,7 +51,8 @@ from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError
 from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_masked_softmaxes
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
+from quantsim.graph.op_facts import (GATHER_OPS, GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS,
+                                     channel_axis_of)
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites
@@ -62,8 +63,6 @@ from quantsim.sim.recurrent_ties import recurrent_state_ties
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
 CONSTANT_INPUT_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Concat", "Where"})
-# the data slot of a lookup: a constant table gathered by indices (an embedding) is a value on a grid of its own
-CONSTANT_TABLE_SLOTS = {"Gather": 0, "GatherElements": 0, "GatherND": 0}
 FORWARD_TIED = frozenset({"Relu", "AveragePool", "Resize", "Upsample"})
 BACKWARD_TIED = frozenset({"Concat"})
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
@@ -211,9 +210,9 @@ def place_quantizers(
                 enabled = True
             sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(node.op_type), enabled,
                                         op_type=node.op_type, fixed_range=rule.encoding_constraints)
-        if node.op_type in CONSTANT_INPUT_OPS or node.op_type in CONSTANT_TABLE_SLOTS:
+        if node.op_type in CONSTANT_INPUT_OPS or node.op_type in GATHER_OPS:
             for slot, name in enumerate(node.input):
-                if node.op_type in CONSTANT_TABLE_SLOTS and slot != CONSTANT_TABLE_SLOTS[node.op_type]:
+                if node.op_type in GATHER_OPS and slot != 0:  # a table gathered by indices (an embedding)
                     continue
                 if (node.op_type == "Where" and slot == 0) or not index.is_constant(name) or name in sites:
                     continue
