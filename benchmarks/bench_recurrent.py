@@ -4,17 +4,23 @@
 
 Takes the ``*.onnx`` files and ``*.npz`` feeds that `benchmarks.suite.recurrent_export` wrote (default folder
 ``~/.cache/quantsim/models/recurrent``; ``--models`` filters by file-name prefix). Per model, in one process:
-the W8A8 sim (``quant_scheme="min_max"``, default config) calibrated and evaluated on its six feeds (random
-weights: the comparison measures quantization noise, not held-out ranges); its outputs against FP32 (relative error: max |difference| over max |FP32|, and argmax agreement over
-the last axis, per token where the output is per token); ``to_onnx_qdq(weight_codes="uint8")`` in onnxruntime,
-fused (default optimizations) against the sim's session, and unfused (``ORT_DISABLE_ALL``) against the sim's
-model in the same session options (should be equal bit for bit); ``export_integer(weight_codes="uint8")`` against the sim (and the ops it leaves in float); the encodings
-round trip (``sim.export`` then ``load_encodings_to_sim`` into a fresh sim: its outputs equal the first's);
-W8A16 and W16A16 sims against FP32; for a model with a state input and output of one shape (step-by-step
-decoding), four steps of the integer export with integer inputs and outputs, its state codes fed back, against the
-sim with its float state fed back, and whether state input and output share one grid. Also lists quantizers on tensors that are not float values (token ids,
-lengths, indices) and on tensors that feed index inputs. Crashes are recorded per column, not fatal.
-The Markdown table is printed and written to ``benchmarks/results/recurrent.md``.
+
+* the W8A8 sim (``quant_scheme="min_max"``, default config) calibrated and evaluated on its six feeds (random
+  weights: the comparison measures quantization noise, not held-out ranges); its outputs against FP32
+  (relative error: max |difference| over max |FP32|, and argmax agreement over the last axis, per token where
+  the output is per token);
+* ``to_onnx_qdq(weight_codes="uint8")`` in onnxruntime, fused (default optimizations) against the sim's
+  session, and unfused (``ORT_DISABLE_ALL``) against the sim's model in the same session options (equal bit
+  for bit when the export is right);
+* ``export_integer(weight_codes="uint8")`` against the sim, and the ops it leaves in float;
+* the encodings round trip (``sim.export`` then ``load_encodings_to_sim`` into a fresh sim: its outputs equal
+  the first's); W8A16 and W16A16 sims against FP32;
+* for a model with a state input and output of one shape (step-by-step decoding), four steps of the integer
+  export with integer inputs and outputs, its state codes fed back, against the sim with its float state fed
+  back, and whether state input and output share one grid;
+* quantizers on tensors that are not float values (token ids, lengths, indices) or that feed index inputs.
+
+Crashes are recorded per column, not fatal. The Markdown table is printed and written to ``benchmarks/results/recurrent.md``.
 """
 from __future__ import annotations
 

@@ -82,8 +82,7 @@ from quantsim.export.readiness import check_activations_calibrated
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers, referenced_names
 from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.graph.op_facts import (BIAS_SLOT, GATHER_OPS, GRID_MOVEMENT_OPS, PARAM_SLOTS, RECURRENT_OPS, WEIGHTED_OPS,
-                                     facts_of)
+from quantsim.graph.op_facts import BIAS_SLOT, GATHER_OPS, GRID_MOVEMENT_OPS, PARAM_SLOTS, RECURRENT_OPS, WEIGHTED_OPS, facts_of
 
 __all__ = [
     "to_qdq_model",

@@ -51,8 +51,7 @@ from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError
 from quantsim.graph.attention_masks import MASK_FILL_MAGNITUDE, find_masked_softmaxes
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.op_facts import (GATHER_OPS, GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS,
-                                     channel_axis_of)
+from quantsim.graph.op_facts import GATHER_OPS, GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites

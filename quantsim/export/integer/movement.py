@@ -12,10 +12,10 @@ or ties them to the input's quantizer). Two adjustments keep this exact:
 * An output with its own, different quantizer is moved to that grid (`regrid`: a requantizing kernel or a table).
 
 Where selects codes of branches moved onto its output grid (a constant branch quantized onto it); IsNaN /
-IsInf of a quantized tensor are false everywhere (grid points are finite). ArgMax / ArgMin read the codes: the
-index of the largest code is the index of the largest value, ties included (a greedy decoder's next token). Identity and Dropout (inference)
-alias their input codes, and so does a Cast between float types (float32 <->
-float16, `float_types`); Shape and Size read the codes' shape.
+IsInf of a quantized tensor are false everywhere (grid points are finite). ArgMax / ArgMin read the codes:
+the index of the largest code is the index of the largest value, ties included (a greedy decoder's next
+token). Identity and Dropout (inference) alias their input codes, and so does a Cast between float types
+(float32 <-> float16, `float_types`); Shape and Size read the codes' shape.
 
 Relu / Clip not absorbed by their producer (`epilogue`): when the output grid equals the input grid (the
 sim ties a Relu output to its input quantizer) the op is ``clip(q, q(lo), q(hi))`` on codes, exact by
