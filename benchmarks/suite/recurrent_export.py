@@ -8,7 +8,8 @@ environment: quantsim never imports torch. Nothing is downloaded: every model is
 seeded random weights (embeddings N(0, 1), torch's default initialisation elsewhere). The models: an LSTM
 sentiment classifier on the last hidden state; a bidirectional 2-layer LSTM with masked mean pooling over time
 (a float padding mask input); a BiGRU tagger (per-token logits); a char-level ``nn.RNN`` (tanh) language model;
-the same with an explicit hidden-state input and output for step-by-step decoding; an LSTM over
+the same with an explicit hidden-state input and output for step-by-step decoding; torch's word language
+model example (2-layer LSTM, decoder weight tied to the embedding); an LSTM over
 ``pack_padded_sequence`` (token ids + lengths); an ``LSTMCell`` loop unrolled in Python; a GRU encoder-decoder
 with Luong (dot, ``bmm`` + softmax over the encoder states) and with Bahdanau (additive) attention, greedy for a
 few steps (the argmax token is fed back through the embedding); a CNN + BiLSTM + CTC-style text-recogniser head
@@ -108,6 +109,20 @@ def _modules():  # noqa: C901 - one place holding every model's class
             _, (h, _) = self.rnn(packed)
             return self.head(h[-1])
 
+    class WordLm(nn.Module):
+        """torch's word_language_model example: Embedding + 2-layer LSTM + Linear decoder whose weight is the
+        embedding's (``tie_weights``), per-token logits over the vocabulary."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, 64)
+            self.rnn = nn.LSTM(64, 64, num_layers=2, batch_first=True)
+            self.decoder = nn.Linear(64, VOCAB)
+            self.decoder.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.decoder(self.rnn(self.embed(ids))[0])
+
     class CellLoop(nn.Module):
         """An ``LSTMCell`` stepped in a Python loop (unrolled by the exporter) + Linear on the last state."""
 
@@ -179,12 +194,12 @@ def _modules():  # noqa: C901 - one place holding every model's class
             return torch.log_softmax(self.head(self.rnn(features)[0]), -1)
 
     return {"lstm_cls_last": LstmLast, "bilstm_cls_mean": BiLstmMean, "bigru_tagger": BiGruTagger,
-            "char_rnn_lm": CharRnn, "char_rnn_step": CharRnnStep, "lstm_packed": LstmPacked,
+            "char_rnn_lm": CharRnn, "char_rnn_step": CharRnnStep, "word_lm_tied": WordLm, "lstm_packed": LstmPacked,
             "lstmcell_loop": CellLoop, "seq2seq_luong": lambda: Seq2Seq(False), "seq2seq_bahdanau": lambda: Seq2Seq(True),
             "crnn_ctc": CrnnCtc}
 
 
-MODELS = ("lstm_cls_last", "bilstm_cls_mean", "bigru_tagger", "char_rnn_lm", "char_rnn_step", "lstm_packed",
+MODELS = ("lstm_cls_last", "bilstm_cls_mean", "bigru_tagger", "char_rnn_lm", "char_rnn_step", "word_lm_tied", "lstm_packed",
           "lstmcell_loop", "seq2seq_luong", "seq2seq_bahdanau", "crnn_ctc")
 
 
