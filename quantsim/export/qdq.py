@@ -15,8 +15,9 @@ integer kernels and other toolchains expect:
   tensor in 8 bits (AIMET's export adds the same derived encodings). A Pad gets one too when every value
   it writes is on that grid (reflect/edge modes, or a constant that survives the round trip, 0 always
   does): without it the Conv after a Pad read a float input and ran in FP32 (Silero's STFT Conv: 70%
-  of its QDQ model's time). A chain of them (attention's
-  Transpose -> Reshape head merge) gets a pair after every op, so the MatMul after it still fuses.
+  of its QDQ model's time). Rows gathered from a table's codes (an embedding) get one too. A chain of
+  them (attention's Transpose -> Reshape head merge) gets a pair after every op, so the MatMul after it
+  still fuses.
 * **bool inputs as codes**: a Conv / Gemm / MatMul whose activation input is ``Cast(bool, to=float)``
   (a one-hot encoding, a mask) and whose weight is 8-bit reads ``DequantizeLinear(Cast(bool, to=uint8),
   scale 1)`` instead: 0 and 1 are the codes 0 and 1 of that grid, so the input values are unchanged, and
@@ -81,7 +82,7 @@ from quantsim.export.readiness import check_activations_calibrated
 from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers, referenced_names
 from quantsim.graph.index import GraphIndex, node_attributes
-from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, PARAM_SLOTS, RECURRENT_OPS, WEIGHTED_OPS, facts_of
+from quantsim.graph.op_facts import BIAS_SLOT, GATHER_OPS, GRID_MOVEMENT_OPS, PARAM_SLOTS, RECURRENT_OPS, WEIGHTED_OPS, facts_of
 
 __all__ = [
     "to_qdq_model",
@@ -238,7 +239,8 @@ def add_derived_qdq(model: onnx.ModelProto, weights: DeferredWeights | None = No
         params = derived.get(node.input[0])
         if params is None:
             source = index.producer_of(node.input[0])
-            if source is None or source.op_type != "DequantizeLinear" or index.is_constant(source.input[0]):
+            table = node.op_type in GATHER_OPS  # rows of a constant table's codes (an embedding)
+            if source is None or source.op_type != "DequantizeLinear" or (index.is_constant(source.input[0]) and not table):
                 continue
             if any(a.name in ("axis", "block_size") for a in source.attribute):
                 continue

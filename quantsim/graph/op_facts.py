@@ -35,6 +35,7 @@ __all__ = [
     "UINT8_KERNEL_OPSET",
     "WEIGHTED_OPS",
     "RECURRENT_OPS",
+    "GATHER_OPS",
     "NORM_OPS",
     "BOUNDED_OUTPUT_OPS",
     "channel_axis_of",
@@ -123,6 +124,8 @@ UINT8_KERNEL_OPSET: dict[str, int] = {
 }
 WEIGHTED_OPS = frozenset(op for op, f in OP_FACTS.items() if f.weighted)
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND"})
+"""Lookups: input 0 is the data (a constant one is a table, e.g. an embedding), input 1 the indices."""
 NORM_OPS = frozenset({"BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization"})
 BOUNDED_OUTPUT_OPS = frozenset({"Softmax", "Sigmoid", "HardSigmoid", "Tanh", "Softsign"})
 """Ops whose output range is the function's own ([0, 1] or [-1, 1]), not set by a few values of the data."""

@@ -14,6 +14,7 @@
 * parameters and other constants: ``weights="fake"`` bakes the fake-quantized float values into the
   initializer (the fastest exact sim: no runtime weight QDQ); ``weights="qdq"`` stores the integer codes
   as an initializer of the storage type followed by ``DequantizeLinear`` (the standard QDQ form).
+  A constant activation read only as a Gather's table (an embedding) takes the ``qdq`` form too.
   ``integer_weights=True`` (sessions of large models) keeps the fake form's values but holds big float32
   weights of grids up to 8 bits as int8/uint8 codes, computed back as ``Mul(Cast(codes) - zero_point,
   scale)`` just before their layer: a quarter of the memory, and exactly the fake-quantized floats
@@ -46,6 +47,7 @@ from quantsim.graph.index import GraphIndex
 from quantsim.graph.large_models import converted_skeleton, copy_without_initializers, is_external_candidate, is_large
 from quantsim.graph.mapped import is_mapped
 from quantsim.graph.model_io import IN_MEMORY_ELEM_TYPES
+from quantsim.graph.op_facts import GATHER_OPS
 from quantsim.graph.wrapped import as_model_proto
 from quantsim.sim.deferral import WeightDeferral
 from quantsim.sim.fake_values import FakeValues
@@ -217,7 +219,7 @@ class _SimBuilder:
         if enc is not None and self._integer_weight(name, q, enc):
             return
         tensor, read = self.initializers[name], self.values
-        if enc is None or self.weights == "fake" or q.role != "param":
+        if enc is None or self.weights == "fake" or (q.role != "param" and not self._lookup_table(name)):
             compute = FakeValues(read(name), enc)  # whole, or in blocks of rows for a session's weight file
             placeholder = self.deferral.defer(name, tensor.data_type, tensor, ("quantized", *_constant_key(q)), compute)
             if placeholder is None:
@@ -243,6 +245,13 @@ class _SimBuilder:
         ]
         self.replaced[name] = None
         self._dequantize_weight(name, codes_name, tensor.data_type, attrs)
+
+    def _lookup_table(self, name: str) -> bool:
+        """A constant every reader gathers rows from (an embedding): the QDQ form stores its codes, so the rows
+        stay on the grid through the Gather (the export adds derived Q/DQ pairs after it) and a MatMul reading
+        them gets an int32 bias, as the sim adds it, and an integer kernel."""
+        uses = self.index.uses(name)
+        return bool(uses) and all(use.node.op_type in GATHER_OPS and use.index == 0 for use in uses)
 
     def _dequantize_weight(self, name: str, codes_name: str, elem_type: int, attrs: dict) -> None:
         """``DequantizeLinear`` of ``codes_name`` (with its scale and zero point) writing weight ``name`` of

@@ -9,8 +9,9 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    normalization follow their output quantizer), applied after step 4's supergroups.
 2. Activations are the model's float inputs (``model_input``), float node outputs (default ops rule;
    op types listed in `GRID_PRESERVING` or configured off are not quantized) and float constants feeding
-   elementwise ops (quantized like model inputs, encoded from their values). Constants holding inf/NaN
-   (fill values such as -inf before a Max) stay float and are listed as such.
+   elementwise ops or gathered by indices (an embedding table, `GATHER_OPS`; aimet-onnx quantizes
+   every constant input of a node), quantized like model inputs, encoded from their values. Constants
+   holding inf/NaN (fill values such as -inf before a Max) stay float and are listed as such.
 3. Shape and index arithmetic, normalization statistics (`tensor_roles`), additive attention masks
    with the masked scores (`attention_masks`: any fill value and construction) and fill-holding tensors built
    from constants and indices alone (a scatter max's identity, `find_constant_fills`) are never quantized; each
@@ -36,7 +37,8 @@ Rules, in order (AIMET's configurator order, reference §1.3 and §4.2):
    An op type's ``encoding_constraints`` fix its output quantizer's range (``fixed_range``).
 5. Ties: Relu/AveragePool/Resize outputs share the quantizer of their quantized input; Concat inputs
    share the output's quantizer (walking up through single-consumer grid-preserving ops; a source with
-   other consumers keeps its own). Tied tensors form one `QuantizerPlan`.
+   other consumers keeps its own); an LSTM/GRU/RNN's ``Y``, ``Y_h`` and ``initial_h`` share one quantizer, its
+   ``Y_c`` and ``initial_c`` another (`quantsim.sim.recurrent_ties`). Tied tensors form one `QuantizerPlan`.
 """
 from __future__ import annotations
 
@@ -49,13 +51,14 @@ from quantsim.core.dtypes import qtype
 from quantsim.core.spec import PerChannel, PerTensor, QSpec
 from quantsim.errors import InvalidArgumentError
 from quantsim.graph.index import GraphIndex
-from quantsim.graph.op_facts import GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
+from quantsim.graph.op_facts import GATHER_OPS, GRID_MOVEMENT_OPS, GRID_PRESERVING, PARAM_SLOTS, WEIGHTED_OPS, channel_axis_of
 from quantsim.graph.tensor_roles import find_index_tensors, find_normalization_statistics
 from quantsim.sim.config import QuantsimConfig
 from quantsim.sim.config_passes import norm_pass_sites
 from quantsim.sim.decisions import Decision
 from quantsim.sim.exception_rules import NORM_PARAM_RULE_OPS, norm_param_rule
 from quantsim.sim.fill_decisions import fill_floats
+from quantsim.sim.recurrent_ties import recurrent_state_ties
 
 __all__ = ["QuantizerPlan", "Placement", "place_quantizers", "checked_norm_block_option", "is_depthwise_or_3d_conv"]
 
@@ -202,8 +205,10 @@ def place_quantizers(
                 enabled = True
             sites[name] = QuantizerPlan(name, "activation", [name], activation_spec(node.op_type), enabled,
                                         op_type=node.op_type, fixed_range=rule.encoding_constraints)
-        if node.op_type in CONSTANT_INPUT_OPS:
+        if node.op_type in CONSTANT_INPUT_OPS or node.op_type in GATHER_OPS:
             for slot, name in enumerate(node.input):
+                if node.op_type in GATHER_OPS and slot != 0:  # a table gathered by indices (an embedding)
+                    continue
                 if (node.op_type == "Where" and slot == 0) or not index.is_constant(name) or name in sites:
                     continue
                 if quantizable(name) and _finite_constant(index, name, left_in_float):
@@ -262,6 +267,8 @@ def place_quantizers(
                 source = _closest_quantized_source(index, name, enabled_act)
                 if source is not None:
                     ties.union(node.output[0], source)
+    for keep, other in recurrent_state_ties(index, enabled_act):  # LSTM/GRU/RNN hidden and cell states
+        ties.union(keep, other)
     groups: dict[str, QuantizerPlan] = {}
     for name, plan in sites.items():
         root = ties.find(name) if plan.role == "activation" and plan.enabled else name

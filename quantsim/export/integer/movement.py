@@ -17,9 +17,10 @@ quantizer the constant must be one of the grid's values: a -inf mask fill satura
 masked positions weight in the Softmax after it), and so do
 ScatterElements / ScatterND with reduction none, max or min (`lower_scatter`: a max of grid points is the grid
 point of the max, ``q`` being monotone; add and mul reductions are arithmetic and stay float); IsNaN /
-IsInf of a quantized tensor are false everywhere (grid points are finite). Identity and Dropout (inference)
-alias their input codes, and so does a Cast between float types (float32 <->
-float16, `float_types`); Shape and Size read the codes' shape.
+IsInf of a quantized tensor are false everywhere (grid points are finite). ArgMax / ArgMin read the codes:
+the index of the largest code is the index of the largest value, ties included (a greedy decoder's next
+token). Identity and Dropout (inference) alias their input codes, and so does a Cast between float types
+(float32 <-> float16, `float_types`); Shape and Size read the codes' shape.
 
 Relu / Clip not absorbed by their producer (`epilogue`): when the output grid equals the input grid (the
 sim ties a Relu output to its input quantizer) the op is ``clip(q, q(lo), q(hi))`` on codes, exact by
@@ -260,8 +261,19 @@ def lower_never_special(ctx: LoweringContext, node: onnx.NodeProto) -> None:
              value=onnx.helper.make_tensor("false", TensorProto.BOOL, [1], [False]))
 
 
+def lower_arg_extreme(ctx: LoweringContext, node: onnx.NodeProto) -> None:
+    """ArgMax / ArgMin of a tensor on a per-tensor grid: the same op on its uint8 codes. Exact: dequantizing
+    ``s (q - z)`` with ``s > 0`` is strictly increasing in ``q``, so the codes order and tie as the sim's values
+    do (``select_last_index`` breaks ties alike); the int64 index output is the model's own."""
+    if ctx.opset < 11:
+        raise Unsupported(f"no uint8 {node.op_type} kernel before opset 11")
+    x = ctx.int_input(node.input[0])
+    ctx.emit(node.op_type, [x.name], list(node.output), name=node.name, attributes_of=node)
+
+
 RULES = {op: lower_direct for op in DIRECT_OPS}
 RULES.update({"Cast": lower_float_cast, "Identity": lower_alias, "Dropout": lower_alias, "Shape": lower_shape,
               "Size": lower_shape, "Relu": lower_clamp, "Clip": lower_clamp, "Where": lower_where,
               "IsNaN": lower_never_special, "IsInf": lower_never_special, "ScatterElements": lower_scatter,
-              "ScatterND": lower_scatter, "GlobalMaxPool": lower_global_max_pool})
+              "ScatterND": lower_scatter, "GlobalMaxPool": lower_global_max_pool, "ArgMax": lower_arg_extreme,
+              "ArgMin": lower_arg_extreme})
