@@ -38,6 +38,37 @@ _FIRST, _SECOND = "gmk,gkl->gml", "gml,gml->gm"  # the two contractions of `_FOR
 _PAIR = ["einsum_path", (0, 1)]  # a two-operand einsum's only path (`optimize=True` would search for it each time)
 
 
+def _first(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``einsum(_FIRST, a, s, optimize=_PAIR)`` exactly as numpy (2.x) computes it, without its per-call path
+    finding and parsing (about half of Sequential MSE's scoring time on small layers): ``(s^T a^T)^T`` by one
+    ``matmul`` of the same views, with a single group or row squeezed as numpy squeezes it. Tested equal to
+    ``np.einsum`` bit for bit."""
+    groups, rows, k = a.shape
+    if groups == 1:
+        if rows == 1:
+            return np.matmul(s[0].T, a.reshape(k, 1)).reshape(1, 1, s.shape[2])
+        return np.matmul(s[0].T, a[0].T).reshape(1, s.shape[2], rows).transpose(0, 2, 1)
+    if rows == 1:
+        return np.matmul(np.swapaxes(s, 1, 2), a.reshape(groups, k, 1)).reshape(1, groups, s.shape[2]
+                                                                                  ).transpose(1, 0, 2)
+    return np.matmul(np.swapaxes(s, 1, 2), np.swapaxes(a, 1, 2)).transpose(0, 2, 1)
+
+
+def _second(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``einsum(_SECOND, a, b, optimize=_PAIR)`` (one dot product per group and row) exactly as numpy computes
+    it: a batched ``matmul`` of ``[G*M, 1, L]`` by ``[G*M, L, 1]`` made from the same views. Tested equal to
+    ``np.einsum`` bit for bit."""
+    groups, rows, length = a.shape
+    if groups == 1 and rows == 1:
+        return np.matmul(a[0, 0].reshape(1, length), b[0, 0].reshape(length, 1)).reshape(1, 1)
+    if groups == 1:
+        a, b = a[0], b[0]
+    elif rows == 1:
+        a, b = a[:, 0], b[:, 0]
+    n = groups * rows
+    return np.matmul(a.reshape(n, 1, length), b.reshape(n, length, 1)).reshape(groups, rows)
+
+
 def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray, *,
                path: list | None = None, const: np.ndarray | None = None) -> np.ndarray:
     """Mean over columns of the squared output error per output channel (rows of ``W_mat``, all groups).
@@ -52,9 +83,9 @@ def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray
         # one moment for both terms (both sides read the same input): the product ``candidate S`` that both
         # einsums would form first is formed once, by the same contraction (bmm_einsum), so the terms are
         # the same numbers (tested) for half the work
-        product = np.einsum(_FIRST, candidate, data.s_qq, optimize=_PAIR)
-        quad = np.einsum(_SECOND, product, candidate, optimize=_PAIR)
-        cross = np.einsum(_SECOND, product, reference, optimize=_PAIR)
+        product = _first(candidate, data.s_qq)
+        quad = _second(product, candidate)
+        cross = _second(product, reference)
     else:
         quad = np.einsum(_FORM, candidate, data.s_qq, candidate, optimize=path)
         cross = np.einsum(_FORM, candidate, data.s_qf, reference, optimize=path)

@@ -13,7 +13,7 @@ from adaround.layer_data import ColumnSample, SecondMoments, output_columns, sec
 from adaround.layer_rounding import WeightGrid, _WindowSteps
 from adaround.linear_form import linear_form
 from adaround.rounding import Adam, init_alpha
-from adaround.seq_mse_losses import _FORM, row_errors
+from adaround.seq_mse_losses import _FIRST, _FORM, _PAIR, _SECOND, _first, _second, row_errors
 from adaround.soft_rounding import SoftRounding
 from quantsim import encoding_from_range
 from quantsim.sim import capture
@@ -124,6 +124,26 @@ def test_shared_candidate_product_gives_the_three_operand_losses(shape):
         const = np.einsum(_FORM, r64, moment, r64, optimize=path)
         expected = np.maximum((quad - 2 * cross + const) / data.columns, 0.0).reshape(-1)
         np.testing.assert_array_equal(row_errors(data, candidate, reference), expected)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 9), (1, 1, 300), (1, 64, 576), (128, 1, 9), (4, 8, 9), (32, 2, 27),
+                                   (1, 3, 5), (2, 1, 1), (1, 17, 1), (3, 1, 300)])
+def test_candidate_contractions_are_numpys_pairwise_einsum_bit_for_bit(shape):
+    """`_first` / `_second` skip np.einsum's per-call parsing; they must compute what it computes."""
+    rng = np.random.default_rng(8)
+    g, m, k = shape
+    a = rng.standard_normal(shape).astype(np.float32).astype(np.float64)
+    r = rng.standard_normal(shape)
+    s = rng.standard_normal((g, k, k))
+    s = s + np.swapaxes(s, 1, 2)
+    expected = np.einsum(_FIRST, a, s, optimize=_PAIR)
+    product = _first(a, s)
+    np.testing.assert_array_equal(product, expected)
+    assert product.shape == expected.shape
+    for other in (a, r):
+        got, want = _second(product, other), np.einsum(_SECOND, expected, other, optimize=_PAIR)
+        np.testing.assert_array_equal(got, want)
+        assert got.shape == want.shape
 
 
 def test_one_sided_moments_are_one_sum_of_the_same_numbers():
