@@ -183,3 +183,28 @@ def test_kept_graph_biases_after_a_weight_change_are_those_of_a_fresh_build():
         for name in expected:
             np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     assert layer.bias in kept.patches  # the changed layer's bias moved to its new grid
+
+
+@pytest.mark.parametrize("shape, x_shape, attrs", [
+    ((64, 256, 3, 3), (2, 256, 5, 5), {"pads": [1, 1, 1, 1]}),  # deep: 50 positions, K = 2,304 (direct)
+    ((16, 1, 3, 3), (1, 16, 6, 6), {"group": 16, "pads": [1, 1, 1, 1]}),  # depthwise, K = 9 (moments)
+])
+def test_direct_candidate_errors_equal_the_moment_form(shape, x_shape, attrs):
+    """Sequential MSE scores layers with fewer positions than their moments would cost by multiplying each
+    candidate's error out: the same quantity (to rounding) and the same choice per channel."""
+    from adaround.seq_mse_losses import _direct_errors, _direct_is_cheaper, _positions, _scored, candidate_losses
+    rng = np.random.default_rng(9)
+    form = linear_form("Conv", attrs, shape)
+    w = rng.standard_normal(shape).astype(np.float32)
+    batches = [{"x": rng.standard_normal(x_shape).astype(np.float32)} for _ in range(2)]
+    candidates = [form.to_matrix(np.round(w * 4 / f) * f / 4).astype(np.float32) for f in np.linspace(0.3, 1.5, 20)]
+    reference = form.to_matrix(w)
+    direct = _direct_errors(form, "x", batches, candidates, reference)
+    moments = np.stack(_scored(second_moments(form, iter(batches), None, "x"), candidates, reference))
+    np.testing.assert_allclose(direct, moments, rtol=1e-9, atol=1e-12 * np.abs(moments).max())
+    np.testing.assert_array_equal(direct.argmin(axis=0), moments.argmin(axis=0))
+    m, k = candidates[0].shape[1:]
+    chosen = _direct_is_cheaper(k, m, sum(_positions(form, b["x"]) for b in batches), len(candidates))
+    assert chosen == (shape[1] > 1)
+    table = candidate_losses(form, "x", iter(batches), None, candidates, reference, "mse")
+    np.testing.assert_array_equal(table, direct if chosen else moments)
