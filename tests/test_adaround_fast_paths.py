@@ -201,7 +201,7 @@ def test_direct_candidate_errors_equal_the_moment_form(shape, x_shape, attrs):
     reference = form.to_matrix(w)
     direct = _direct_errors(form, "x", batches, candidates, reference)
     moments = np.stack(_scored(second_moments(form, iter(batches), None, "x"), candidates, reference))
-    np.testing.assert_allclose(direct, moments, rtol=1e-9, atol=1e-12 * np.abs(moments).max())
+    np.testing.assert_allclose(direct, moments, rtol=1e-5, atol=1e-7 * np.abs(moments).max())
     np.testing.assert_array_equal(direct.argmin(axis=0), moments.argmin(axis=0))
     m, k = candidates[0].shape[1:]
     chosen = _direct_is_cheaper(k, m, sum(_positions(form, b["x"]) for b in batches), len(candidates))
