@@ -6,7 +6,11 @@ the error of output channel ``m`` at column ``p`` is ``e = (W_c c_q - W c_f)[m, 
 are AIMET's (``SeqMseParams.loss_fn``), each reduced to one number per channel:
 
 * ``"mse"``: mean over all columns of ``e^2``. Quadratic in ``W_c``: one pass builds the second moments
-  and every candidate is scored exactly from them (`adaround.layer_data.SecondMoments`).
+  and every candidate is scored exactly from them (`adaround.layer_data.SecondMoments`). Where that costs
+  more than multiplying each candidate's error out (one input for both sides, few positions and long
+  columns: deep layers; `_direct_is_cheaper` compares the operation counts), the errors are multiplied out
+  in float32 products summed in float64: the same quantity to about 1e-6, not bit for bit (the chosen
+  encodings on the suite's real models: see benchmarks/README.md, issue 31 whole-model table).
 * ``"l1"``: mean over all columns of ``|e|``; no moment form, each batch's columns are multiplied out
   for every candidate (what AIMET does, one candidate pass at a time).
 * ``"sqnr"``: AIMET's negative SQNR in dB, **per batch** and summed over batches:
@@ -38,6 +42,37 @@ _FIRST, _SECOND = "gmk,gkl->gml", "gml,gml->gm"  # the two contractions of `_FOR
 _PAIR = ["einsum_path", (0, 1)]  # a two-operand einsum's only path (`optimize=True` would search for it each time)
 
 
+def _first(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``einsum(_FIRST, a, s, optimize=_PAIR)`` exactly as numpy (2.x) computes it, without its per-call path
+    finding and parsing (about half of Sequential MSE's scoring time on small layers): ``(s^T a^T)^T`` by one
+    ``matmul`` of the same views, with a single group or row squeezed as numpy squeezes it. Tested equal to
+    ``np.einsum`` bit for bit."""
+    groups, rows, k = a.shape
+    if groups == 1:
+        if rows == 1:
+            return np.matmul(s[0].T, a.reshape(k, 1)).reshape(1, 1, s.shape[2])
+        return np.matmul(s[0].T, a[0].T).reshape(1, s.shape[2], rows).transpose(0, 2, 1)
+    if rows == 1:
+        return np.matmul(np.swapaxes(s, 1, 2), a.reshape(groups, k, 1)).reshape(1, groups, s.shape[2]
+                                                                                  ).transpose(1, 0, 2)
+    return np.matmul(np.swapaxes(s, 1, 2), np.swapaxes(a, 1, 2)).transpose(0, 2, 1)
+
+
+def _second(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``einsum(_SECOND, a, b, optimize=_PAIR)`` (one dot product per group and row) exactly as numpy computes
+    it: a batched ``matmul`` of ``[G*M, 1, L]`` by ``[G*M, L, 1]`` made from the same views. Tested equal to
+    ``np.einsum`` bit for bit."""
+    groups, rows, length = a.shape
+    if groups == 1 and rows == 1:
+        return np.matmul(a[0, 0].reshape(1, length), b[0, 0].reshape(length, 1)).reshape(1, 1)
+    if groups == 1:
+        a, b = a[0], b[0]
+    elif rows == 1:
+        a, b = a[:, 0], b[:, 0]
+    n = groups * rows
+    return np.matmul(a.reshape(n, 1, length), b.reshape(n, length, 1)).reshape(groups, rows)
+
+
 def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray, *,
                path: list | None = None, const: np.ndarray | None = None) -> np.ndarray:
     """Mean over columns of the squared output error per output channel (rows of ``W_mat``, all groups).
@@ -52,9 +87,9 @@ def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray
         # one moment for both terms (both sides read the same input): the product ``candidate S`` that both
         # einsums would form first is formed once, by the same contraction (bmm_einsum), so the terms are
         # the same numbers (tested) for half the work
-        product = np.einsum(_FIRST, candidate, data.s_qq, optimize=_PAIR)
-        quad = np.einsum(_SECOND, product, candidate, optimize=_PAIR)
-        cross = np.einsum(_SECOND, product, reference, optimize=_PAIR)
+        product = _first(candidate, data.s_qq)
+        quad = _second(product, candidate)
+        cross = _second(product, reference)
     else:
         quad = np.einsum(_FORM, candidate, data.s_qq, candidate, optimize=path)
         cross = np.einsum(_FORM, candidate, data.s_qf, reference, optimize=path)
@@ -71,6 +106,44 @@ def _scored(data: SecondMoments, candidates: list[np.ndarray], reference: np.nda
     return [row_errors(data, c, ref64, path=path, const=const) for c in candidates]
 
 
+def _direct_is_cheaper(k: int, rows: int, columns: int, num_candidates: int) -> bool:
+    """Whether multiplying each candidate's error out over the ``P = columns`` (``2 M K P`` operations per
+    candidate and group of ``M = rows`` rows and ``K`` inputs) costs less than the second moments (``K^2 P``,
+    a symmetric product) plus each candidate's product with them (``2 M K^2``): layers deep in a network, with
+    few positions and long columns."""
+    direct = num_candidates * 2 * rows * k * columns
+    return direct < k * k * columns + num_candidates * 2 * rows * k * k
+
+
+def _positions(form: LinearForm, x: np.ndarray) -> int:
+    """The input's positions (``N * spatial`` for convolutions, the rows of a MatMul/Gemm input): the number of
+    columns for stride 1 with "same" padding, an estimate otherwise (cost estimates only)."""
+    x = np.asarray(x)
+    if form.op_type in ("Conv", "ConvTranspose"):
+        return x.size // max(1, x.shape[1])
+    return x.size // max(1, x.shape[-1])
+
+
+def _direct_errors(form: LinearForm, tensor: str, batches: list[Mapping[str, np.ndarray]],
+                   candidates: list[np.ndarray], reference: np.ndarray) -> np.ndarray:
+    """`row_errors` of every candidate multiplied out over the columns: the mean over columns of the squared
+    output error ``((W_c - W) c)^2`` per row. The products run in float32 (as the layer does; the weight
+    difference is small and the squared errors are summed in float64, so no terms cancel as in the moment
+    form); the same quantity as the moment form's to about 1e-6, not bit for bit."""
+    reference32 = np.asarray(reference, dtype=np.float32)
+    differences = [np.subtract(c, reference32, dtype=np.float32) for c in candidates]
+    table = np.zeros((len(candidates), form.rows), dtype=np.float64)
+    columns = 0
+    for batch in batches:
+        cols = form.columns(batch[tensor])[0]
+        for i, difference in enumerate(differences):
+            error = np.matmul(difference, cols)
+            np.square(error, out=error)
+            table[i] += error.sum(axis=2, dtype=np.float64).reshape(-1)
+        columns += cols.shape[2]
+    return table / columns
+
+
 def _pairs(quantized, floating):
     return zip(quantized, floating) if floating is not None else ((batch, None) for batch in quantized)
 
@@ -84,6 +157,12 @@ def candidate_losses(form: LinearForm, tensor: str, quantized: Iterator[Mapping[
     if loss_fn not in LOSS_FUNCTIONS:
         raise InvalidArgumentError(f"loss_fn must be one of {LOSS_FUNCTIONS}, got {loss_fn!r}")
     if loss_fn == "mse":
+        if floating is None and candidates:
+            batches = list(quantized)
+            if batches and _direct_is_cheaper(candidates[0].shape[2], candidates[0].shape[1],
+                                              sum(_positions(form, b[tensor]) for b in batches), len(candidates)):
+                return _direct_errors(form, tensor, batches, candidates, reference)
+            quantized = iter(batches)
         data = second_moments(form, quantized, floating, tensor)
         return np.stack(_scored(data, candidates, reference))
     table = np.zeros((len(candidates), form.rows), dtype=np.float64)

@@ -6,7 +6,9 @@ For each model: W8A8 and W4A8 with nearest rounding, W4A8 + AdaRound, W4A8 + Seq
 W8A8 + CLE (+ AdaRound) (weights per channel, activations min-max, the suite's calibration and held-out
 data and metric, plus the SQNR of the first output against FP32).
 Then seconds per 1,000 AdaRound iterations for typical layer shapes; when ``aimet_onnx`` is importable
-(it is not a dependency) the same layers go through its AdaRound for the ratio.
+(it is not a dependency) the same layers go through its AdaRound for the ratio. ``--whole-model KEYS``
+times whole-model AdaRound and Sequential MSE against aimet-onnx in interleaved rounds, with output SQNR and
+the task metric on the held-out feeds (`benchmarks.adaround_whole_model`).
 """
 from __future__ import annotations
 
@@ -154,51 +156,6 @@ def _builder(key: str):
     raise SystemExit(f"unknown model {key!r}: one of {sorted(C.BUILDERS) + sorted(W.BUILDERS)}")
 
 
-def whole_model_rows(key: str, model_dirs, size, iterations: int, aimet_python: str | None) -> list[str]:
-    """Whole-model W4A8 AdaRound and Sequential MSE (20 candidates) times, ours and (when ``aimet_python``
-    is given) aimet-onnx's, on the same model file and calibration feeds (each on a freshly calibrated sim);
-    wall and CPU seconds."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    import quantsim
-    from adaround import apply_adaround, apply_seq_mse
-
-    src, build = _builder(key)
-    case = build(model_dirs[src], size)
-    ours = {}
-    for label, run in (("adaround", lambda sim: apply_adaround(sim, case.calib, num_iterations=iterations)),
-                       ("seq_mse", lambda sim: apply_seq_mse(sim, case.calib))):
-        sim = quantsim.QuantizationSimModel(onnx.load(str(case.model_path)), param_type="int4", progress=False)
-        sim.compute_encodings(case.calib)
-        start, cpu = time.perf_counter(), time.process_time()
-        run(sim)
-        ours[label] = (time.perf_counter() - start, time.process_time() - cpu)
-    theirs = dict.fromkeys(ours, "n/a (aimet-onnx not run)")
-    if aimet_python:
-        with tempfile.TemporaryDirectory() as tmp:
-            feeds = Path(tmp) / "feeds.npz"
-            np.savez(feeds, **{f"batch{i}/{k}": v for i, feed in enumerate(case.calib) for k, v in feed.items()})
-            done = subprocess.run([aimet_python, "-m", "benchmarks.aimet_adaround_timing", str(iterations),
-                                   str(case.model_path), str(feeds)], cwd=Path(__file__).resolve().parents[1],
-                                  capture_output=True, text=True, check=False)
-        measured = {line.split("\t")[0]: line.split("\t") for line in done.stdout.splitlines()}
-        for label, tag in (("adaround", "model"), ("seq_mse", "seq_mse")):
-            if tag in measured:
-                wall, cpu_s = float(measured[tag][1]), float(measured[tag][2])
-                theirs[label] = f"{wall:.1f} / {cpu_s:.1f} ({cpu_s / ours[label][1]:.1f}x)"
-            else:
-                theirs[label] = f"failed: {done.stderr.strip().splitlines()[-1:]}"
-    rows = [f"| {case.name} W4A8 AdaRound, {iterations} it | {ours['adaround'][0]:.1f} / {ours['adaround'][1]:.1f} "
-            f"| {theirs['adaround']} |",
-            f"| {case.name} W4A8 Sequential MSE, 20 candidates | {ours['seq_mse'][0]:.1f} / {ours['seq_mse'][1]:.1f} "
-            f"| {theirs['seq_mse']} |"]
-    for row in rows:
-        print(f"[adaround] whole model {row}", file=sys.stderr)
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="cls,rec")
@@ -209,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed-only", action="store_true")
     ap.add_argument("--whole-model", default=None,
                     help="also time AdaRound and Sequential MSE on these whole models (comma list, e.g. cls,orientation)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the whole-model runs")
+    ap.add_argument("--skip-layers", action="store_true", help="leave out the per-layer speed table")
+    ap.add_argument("--aimet-timeout", type=float, default=900.0, help="seconds before an aimet-onnx run is given up")
     args = ap.parse_args(argv)
     size = C.QUICK if args.quick else C.FULL
     model_dirs = fetch_all()
@@ -216,12 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     for key in [] if args.speed_only else args.models.split(","):
         rows, case = _quality_rows(key, model_dirs, size, args.iterations)
         lines += [f"| {m} | {v} | {case.primary} | {val} | {q} | {s:.1f} |" for m, v, val, q, s in rows]
-    lines += ["", "| layer | quantsim s / 1000 it, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
-    lines += [f"| {n} | {w:.2f} / {c:.2f} | {a} |" for n, w, c, a in speed_rows(args.speed_iterations, args.aimet_python)]
+    if not args.skip_layers:
+        lines += ["", "| layer | quantsim s / 1000 it, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
+        lines += [f"| {n} | {w:.2f} / {c:.2f} | {a} |"
+                  for n, w, c, a in speed_rows(args.speed_iterations, args.aimet_python)]
     if args.whole_model:
-        lines += ["", "| whole model | quantsim s, wall / CPU | aimet-onnx wall / CPU (CPU ratio) |", "|---|--:|--:|"]
-        for key in args.whole_model.split(","):
-            lines += whole_model_rows(key, model_dirs, size, args.speed_iterations, args.aimet_python)
+        from benchmarks import adaround_whole_model
+
+        keys = args.whole_model.split(",")
+        cases = {key: _builder(key)[1](model_dirs[_builder(key)[0]], size) for key in keys}
+        lines += [""] + adaround_whole_model.run(keys, cases, args.speed_iterations, args.rounds, args.aimet_python,
+                                                 args.aimet_timeout)
     lines.append(f"(load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())})")
     print("\n".join(lines))
     return 0

@@ -13,7 +13,7 @@ from adaround.layer_data import ColumnSample, SecondMoments, output_columns, sec
 from adaround.layer_rounding import WeightGrid, _WindowSteps
 from adaround.linear_form import linear_form
 from adaround.rounding import Adam, init_alpha
-from adaround.seq_mse_losses import _FORM, row_errors
+from adaround.seq_mse_losses import _FIRST, _FORM, _PAIR, _SECOND, _first, _second, row_errors
 from adaround.soft_rounding import SoftRounding
 from quantsim import encoding_from_range
 from quantsim.sim import capture
@@ -126,6 +126,26 @@ def test_shared_candidate_product_gives_the_three_operand_losses(shape):
         np.testing.assert_array_equal(row_errors(data, candidate, reference), expected)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 9), (1, 1, 300), (1, 64, 576), (128, 1, 9), (4, 8, 9), (32, 2, 27),
+                                   (1, 3, 5), (2, 1, 1), (1, 17, 1), (3, 1, 300)])
+def test_candidate_contractions_are_numpys_pairwise_einsum_bit_for_bit(shape):
+    """`_first` / `_second` skip np.einsum's per-call parsing; they must compute what it computes."""
+    rng = np.random.default_rng(8)
+    g, m, k = shape
+    a = rng.standard_normal(shape).astype(np.float32).astype(np.float64)
+    r = rng.standard_normal(shape)
+    s = rng.standard_normal((g, k, k))
+    s = s + np.swapaxes(s, 1, 2)
+    expected = np.einsum(_FIRST, a, s, optimize=_PAIR)
+    product = _first(a, s)
+    np.testing.assert_array_equal(product, expected)
+    assert product.shape == expected.shape
+    for other in (a, r):
+        got, want = _second(product, other), np.einsum(_SECOND, expected, other, optimize=_PAIR)
+        np.testing.assert_array_equal(got, want)
+        assert got.shape == want.shape
+
+
 def test_one_sided_moments_are_one_sum_of_the_same_numbers():
     form = linear_form("Gemm", {"transB": 1}, (4, 6))
     rng = np.random.default_rng(7)
@@ -163,3 +183,28 @@ def test_kept_graph_biases_after_a_weight_change_are_those_of_a_fresh_build():
         for name in expected:
             np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     assert layer.bias in kept.patches  # the changed layer's bias moved to its new grid
+
+
+@pytest.mark.parametrize("shape, x_shape, attrs", [
+    ((64, 256, 3, 3), (2, 256, 5, 5), {"pads": [1, 1, 1, 1]}),  # deep: 50 positions, K = 2,304 (direct)
+    ((16, 1, 3, 3), (1, 16, 6, 6), {"group": 16, "pads": [1, 1, 1, 1]}),  # depthwise, K = 9 (moments)
+])
+def test_direct_candidate_errors_equal_the_moment_form(shape, x_shape, attrs):
+    """Sequential MSE scores layers with fewer positions than their moments would cost by multiplying each
+    candidate's error out: the same quantity (to rounding) and the same choice per channel."""
+    from adaround.seq_mse_losses import _direct_errors, _direct_is_cheaper, _positions, _scored, candidate_losses
+    rng = np.random.default_rng(9)
+    form = linear_form("Conv", attrs, shape)
+    w = rng.standard_normal(shape).astype(np.float32)
+    batches = [{"x": rng.standard_normal(x_shape).astype(np.float32)} for _ in range(2)]
+    candidates = [form.to_matrix(np.round(w * 4 / f) * f / 4).astype(np.float32) for f in np.linspace(0.3, 1.5, 20)]
+    reference = form.to_matrix(w)
+    direct = _direct_errors(form, "x", batches, candidates, reference)
+    moments = np.stack(_scored(second_moments(form, iter(batches), None, "x"), candidates, reference))
+    np.testing.assert_allclose(direct, moments, rtol=1e-5, atol=1e-7 * np.abs(moments).max())
+    np.testing.assert_array_equal(direct.argmin(axis=0), moments.argmin(axis=0))
+    m, k = candidates[0].shape[1:]
+    chosen = _direct_is_cheaper(k, m, sum(_positions(form, b["x"]) for b in batches), len(candidates))
+    assert chosen == (shape[1] > 1)
+    table = candidate_losses(form, "x", iter(batches), None, candidates, reference, "mse")
+    np.testing.assert_array_equal(table, direct if chosen else moments)

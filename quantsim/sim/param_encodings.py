@@ -26,9 +26,9 @@ __all__ = ["compute_constant_encodings"]
 def compute_constant_encodings(sim: QuantizationSimModel, only_missing: bool) -> None:
     """Set the encoding of every enabled, unfrozen integer quantizer of constants (those without one only, with
     ``only_missing``) from the constants' values, or from the entry's store where it holds them."""
-    todo = [q for q in sim.quantizers
-            if q.enabled and not q.spec.is_float and not q.is_encoding_frozen() and sim._is_constant_quantizer(q)
-            and not (only_missing and q.encoding is not None)]
+    todo = [q for q in sim.quantizers  # the cheap test first: every capture asks for the missing ones only
+            if not (only_missing and q.encoding is not None)
+            and q.enabled and not q.spec.is_float and not q.is_encoding_frozen() and sim._is_constant_quantizer(q)]
     store = fake_quant_store(sim._weights.folder) if sim._weights is not None and todo else None
     names: dict[str, str] = {}
     if store is not None:

@@ -117,7 +117,7 @@ class QcQuantizeOp(QuantizerAimetSurface):
         return self._encoding
 
     def is_initialized(self) -> bool:
-        return self._spec.is_float or self._encoding is not None
+        return self._encoding is not None or self._spec.is_float  # the cheap test first (asked per capture)
 
     def set_qspec(self, spec: QSpec) -> None:
         """Replace the spec; the encoding is dropped (recomputed at the next calibration). A frozen quantizer
