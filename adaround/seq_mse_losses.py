@@ -73,6 +73,34 @@ def _second(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.reshape(n, 1, length), b.reshape(n, length, 1)).reshape(groups, rows)
 
 
+def _matmul_is_einsum() -> bool:
+    """Whether `_first` / `_second` compute exactly what this numpy's pairwise ``np.einsum`` does (numpy 2.4
+    does; 2.0's einsum sums in another order): probed once, on small operands of every branch; where they do
+    not, the losses go through ``np.einsum`` itself, so they never depend on which form ran."""
+    rng = np.random.default_rng(0)
+    for groups, rows, k in ((1, 1, 5), (1, 3, 7), (3, 1, 6), (2, 4, 9)):
+        a = rng.standard_normal((groups, rows, k))
+        s = rng.standard_normal((groups, k, k))
+        want = np.einsum(_FIRST, a, s, optimize=_PAIR)
+        got = _first(a, s)
+        if got.shape != want.shape or not np.array_equal(got, want):
+            return False
+        if not np.array_equal(_second(got, a), np.einsum(_SECOND, want, a, optimize=_PAIR)):
+            return False
+    return True
+
+
+_MATMUL_IS_EINSUM = _matmul_is_einsum()
+
+
+def _product(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+    return _first(a, s) if _MATMUL_IS_EINSUM else np.einsum(_FIRST, a, s, optimize=_PAIR)
+
+
+def _dots(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _second(a, b) if _MATMUL_IS_EINSUM else np.einsum(_SECOND, a, b, optimize=_PAIR)
+
+
 def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray, *,
                path: list | None = None, const: np.ndarray | None = None) -> np.ndarray:
     """Mean over columns of the squared output error per output channel (rows of ``W_mat``, all groups).
@@ -87,9 +115,9 @@ def row_errors(data: SecondMoments, candidate: np.ndarray, reference: np.ndarray
         # one moment for both terms (both sides read the same input): the product ``candidate S`` that both
         # einsums would form first is formed once, by the same contraction (bmm_einsum), so the terms are
         # the same numbers (tested) for half the work
-        product = _first(candidate, data.s_qq)
-        quad = _second(product, candidate)
-        cross = _second(product, reference)
+        product = _product(candidate, data.s_qq)
+        quad = _dots(product, candidate)
+        cross = _dots(product, reference)
     else:
         quad = np.einsum(_FORM, candidate, data.s_qq, candidate, optimize=path)
         cross = np.einsum(_FORM, candidate, data.s_qf, reference, optimize=path)
