@@ -1,4 +1,5 @@
-"""One loop for the model-export scripts (`torch_export`, `keras_export`), which run outside quantsim's environment."""
+"""One loop for the model-export scripts (`torch_export`, `keras_export`, ...), which run outside quantsim's
+environment, and one call of torch's two exporters."""
 from __future__ import annotations
 
 import time
@@ -15,3 +16,19 @@ def export_each(jobs: Iterable[tuple[str, Callable[[], Path]]]) -> None:
             print(f"{export().name}: {time.perf_counter() - start:.1f} s", flush=True)
         except Exception as error:  # noqa: BLE001 - any exporter failure is the model's, reported
             print(f"{label}: not exported: {type(error).__name__}: {str(error)[:200]}", flush=True)
+
+
+def torch_onnx_export(model, args: tuple, target: Path, exporter: str, input_names: list[str],
+                      output_names: list[str], dynamic_axes: dict | None = None) -> Path:
+    """``model(*args)`` written to ``target`` by torch's TorchScript exporter (``exporter="ts"``, opset 17) or
+    its dynamo exporter (``"dynamo"``, opset 18, weights inside the file), under ``torch.no_grad()``."""
+    import torch
+
+    with torch.no_grad():
+        if exporter == "ts":
+            torch.onnx.export(model, args, str(target), opset_version=17, dynamo=False, input_names=input_names,
+                              output_names=output_names, dynamic_axes=dynamic_axes)
+        else:
+            torch.onnx.export(model, args, str(target), opset_version=18, dynamo=True, external_data=False,
+                              input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
+    return target

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.suite.exporting import export_each
+from benchmarks.suite.exporting import export_each, torch_onnx_export
 
 DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "graph"
 NODES, FEATURES, GRAPHS, FEEDS = 64, 16, 4, 10
@@ -340,14 +340,7 @@ def export(name: str, exporter: str, out: Path, dynamic: bool = False) -> Path:
     names = list(inputs[0])
     target = out / f"{stem}.{exporter}.onnx"
     axes = _dynamic_axes(inputs[0]) if dynamic else None
-    with torch.no_grad():
-        if exporter == "ts":
-            torch.onnx.export(model, args, str(target), opset_version=17, dynamo=False, input_names=names,
-                              output_names=["output"], dynamic_axes=axes)
-        else:
-            torch.onnx.export(model, args, str(target), opset_version=18, dynamo=True, external_data=False,
-                              input_names=names, output_names=["output"], dynamic_axes=axes)
-    return target
+    return torch_onnx_export(model, args, target, exporter, names, ["output"], axes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.suite.exporting import export_each
+from benchmarks.suite.exporting import export_each, torch_onnx_export
 
 DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "recurrent"
 VOCAB, CHARS, PAD = 1000, 80, 0
@@ -257,14 +257,7 @@ def export(name: str, exporter: str, out: Path) -> Path:
     names = list(examples[0])
     outputs = ["logits", "hidden_out"] if name == "char_rnn_step" else ["output"]
     target = out / f"{name}.{exporter}.onnx"
-    with torch.no_grad():
-        if exporter == "ts":
-            torch.onnx.export(model, args, str(target), opset_version=17, dynamo=False, input_names=names,
-                              output_names=outputs)
-        else:
-            torch.onnx.export(model, args, str(target), opset_version=18, dynamo=True, external_data=False,
-                              input_names=names, output_names=outputs)
-    return target
+    return torch_onnx_export(model, args, target, exporter, names, outputs)
 
 
 def main(argv: list[str] | None = None) -> int:
