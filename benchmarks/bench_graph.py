@@ -31,7 +31,7 @@ import onnx
 import onnxruntime as ort
 
 from benchmarks.bench_agreement import output_steps
-from benchmarks.common import cpu_session, print_and_save
+from benchmarks.common import cpu_session, numbered_feeds, print_and_save
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS = Path.home() / ".cache" / "quantsim" / "models" / "graph"
@@ -43,17 +43,10 @@ SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Reshape", "Unsqueeze", "Sq
 
 
 def load_feeds(path: Path) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
-    """The input feeds and torch's outputs of a ``.feeds.npz`` (arrays ``<name>__<k>``)."""
-    arrays = np.load(path)
-    feeds: dict[int, dict[str, np.ndarray]] = collections.defaultdict(dict)
-    torch_out: dict[int, np.ndarray] = {}
-    for key in arrays.files:
-        name, k = key.rsplit("__", 1)
-        if name == "torch_output":
-            torch_out[int(k)] = arrays[key]
-        else:
-            feeds[int(k)][name] = arrays[key]
-    return [feeds[k] for k in sorted(feeds)], [torch_out[k] for k in sorted(torch_out)]
+    """The input feeds and torch's outputs of a ``.feeds.npz`` (arrays ``<name>__<k>``, torch's as
+    ``torch_output__<k>``)."""
+    feeds = numbered_feeds(path)
+    return feeds, [feed.pop("torch_output") for feed in feeds if "torch_output" in feed]
 
 
 def ops_of_note(model: onnx.ModelProto) -> str:

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.common import print_and_save
+from benchmarks.common import numbered_feeds, print_and_save
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_DIR = Path.home() / ".cache" / "quantsim" / "models" / "recurrent"
@@ -47,12 +47,7 @@ CALIBRATION = 6
 
 def load_feeds(path: Path) -> list[dict[str, np.ndarray]]:
     """The feeds of ``<model>.npz`` (keys ``<input>__<i>``) as a list of feed dicts, in order."""
-    data = np.load(path)
-    feeds: dict[int, dict[str, np.ndarray]] = collections.defaultdict(dict)
-    for key in data.files:
-        name, index = key.rsplit("__", 1)
-        feeds[int(index)][name] = data[key]
-    return [feeds[i] for i in sorted(feeds)]
+    return numbered_feeds(path)
 
 
 def _session(model, optimize: bool = True) -> ort.InferenceSession:

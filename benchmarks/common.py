@@ -57,6 +57,17 @@ def interleaved_best(fns: Mapping[str, Callable[[], object]], repeats: int = 3, 
     return best
 
 
+def numbered_feeds(path: str | os.PathLike) -> list[dict[str, np.ndarray]]:
+    """The feeds of an ``.npz`` whose arrays are named ``<input>__<k>`` (the sidecars `suite.graph_export` and
+    `suite.recurrent_export` write), as a list of feed dicts in order of ``k``."""
+    feeds: dict[int, dict[str, np.ndarray]] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            name, index = key.rsplit("__", 1)
+            feeds.setdefault(int(index), {})[name] = data[key]
+    return [feeds[i] for i in sorted(feeds)]
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
     t0 = time.perf_counter()
     r = fn()
