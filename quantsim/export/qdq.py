@@ -83,6 +83,7 @@ from quantsim.graph.deferred import DeferredWeights
 from quantsim.graph.edit import drop_unused_initializers, referenced_names
 from quantsim.graph.index import GraphIndex, node_attributes
 from quantsim.graph.op_facts import BIAS_SLOT, GATHER_OPS, GRID_MOVEMENT_OPS, PARAM_SLOTS, RECURRENT_OPS, WEIGHTED_OPS, facts_of
+from quantsim.graph.pad_fill import on_integer_grid, pad_fill_value
 
 __all__ = [
     "to_qdq_model",
@@ -205,16 +206,9 @@ def _pad_value_on_grid(index: GraphIndex, pad: onnx.NodeProto, params: list[str]
     """True when every value ``pad`` writes is on the grid of ``params`` (scale, zero point): reflect /
     edge / wrap modes copy input values; constant mode adds its constant value (0 by default, always on
     a grid whose range includes zero), on the grid when a Q/DQ round trip keeps it."""
-    attrs = node_attributes(pad)
-    mode = attrs.get("mode", b"constant")
-    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
-        return True
-    if len(pad.input) > 2 and pad.input[2]:
-        if not index.is_constant(pad.input[2]):
-            return False
-        value = float(np.asarray(index.constant_value(pad.input[2])).reshape(-1)[0])
-    else:
-        value = float(attrs.get("value", 0.0))  # opset < 11 keeps it in an attribute
+    value = pad_fill_value(pad, lambda name: index.constant_value(name) if index.is_constant(name) else None)
+    if value is None:
+        return False
     if value == 0.0:
         return True
     if not all(n and index.is_constant(n) for n in params):
@@ -222,10 +216,9 @@ def _pad_value_on_grid(index: GraphIndex, pad: onnx.NodeProto, params: list[str]
     scale = np.float32(index.constant_value(params[0]))
     zp_array = index.constant_value(params[1]) if len(params) > 1 else np.zeros((), np.uint8)
     info = np.iinfo(zp_array.dtype) if zp_array.dtype.kind in "iu" else None
-    if scale.ndim or zp_array.ndim or info is None or not np.isfinite(value):
+    if scale.ndim or zp_array.ndim or info is None:
         return False
-    code = np.clip(np.rint(np.float32(value) / scale) + int(zp_array), info.min, info.max)
-    return bool(np.float32((code - int(zp_array)) * scale) == np.float32(value))
+    return on_integer_grid(value, float(scale), int(zp_array), int(info.min), int(info.max))
 
 
 def add_derived_qdq(model: onnx.ModelProto, weights: DeferredWeights | None = None) -> onnx.ModelProto:

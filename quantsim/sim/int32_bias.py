@@ -38,6 +38,7 @@ from onnx import numpy_helper
 
 from quantsim.core.bias import fits_int32, quantize_bias
 from quantsim.graph.op_facts import BIAS_SLOT, GRID_MOVEMENT_OPS, facts_of
+from quantsim.graph.pad_fill import on_integer_grid, pad_fill_value
 from quantsim.sim.quantizer import QcQuantizeOp
 
 __all__ = ["int32_bias_values", "sim_bias_values", "eligible_biases", "on_int32_grid", "matmul_bias", "biased_ops",
@@ -73,7 +74,7 @@ def input_grid_quantizer(name: str, producer_of: Callable[[str], onnx.NodeProto 
         if node is None or not node.input:
             return None
         if node.op_type == "Pad":
-            value = _pad_value(node, constant_of)
+            value = pad_fill_value(node, constant_of or _no_constants)
             if value is None:
                 return None
             if value != 0.0:
@@ -84,26 +85,16 @@ def input_grid_quantizer(name: str, producer_of: Callable[[str], onnx.NodeProto 
     return None
 
 
-def _pad_value(pad: onnx.NodeProto, constant_of: Callable[[str], np.ndarray | None] | None) -> float | None:
-    """The one new value a Pad writes (0.0 for the modes that copy input values); None when unknown."""
-    attrs = _attrs(pad)
-    mode = attrs.get("mode", b"constant")
-    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
-        return 0.0
-    if len(pad.input) > 2 and pad.input[2]:
-        value = constant_of(pad.input[2]) if constant_of is not None else None
-        return None if value is None or np.size(value) != 1 else float(np.asarray(value).reshape(-1)[0])
-    return float(attrs.get("value", 0.0))  # opset < 11 keeps it in an attribute
+def _no_constants(name: str) -> None:
+    return None
 
 
 def _on_grid(value: float, q: QcQuantizeOp) -> bool:
     """True when ``value`` survives a round trip through ``q``'s per-tensor integer grid."""
     enc = _integer_encoding(q)
-    if enc is None or not enc.is_per_tensor or not np.isfinite(value):
+    if enc is None or not enc.is_per_tensor:
         return False
-    scale, zero_point = np.float32(enc.scale), int(np.asarray(enc.zero_point))
-    code = np.clip(np.rint(np.float32(value) / scale) + zero_point, enc.qmin, enc.qmax)
-    return bool(np.float32((code - zero_point) * scale) == np.float32(value))
+    return on_integer_grid(value, float(np.float32(enc.scale)), int(np.asarray(enc.zero_point)), enc.qmin, enc.qmax)
 
 
 def _initializer_values(graph: onnx.GraphProto) -> Callable[[str], np.ndarray | None]:
