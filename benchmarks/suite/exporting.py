@@ -32,3 +32,21 @@ def torch_onnx_export(model, args: tuple, target: Path, exporter: str, input_nam
             torch.onnx.export(model, args, str(target), opset_version=18, dynamo=True, external_data=False,
                               input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
     return target
+
+
+def torch_exports_main(argv: list[str] | None, description: str, default_out: Path, names: list[str],
+                       export: Callable[[str, str, Path], Path]) -> int:
+    """The command line of a script writing models through torch's two exporters: ``--out``, ``--exporter``
+    (ts, dynamo), ``--models`` (of ``names``); ``export(name, exporter, out)`` writes one file."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=str(default_out))
+    parser.add_argument("--exporter", nargs="+", choices=("ts", "dynamo"), default=["ts", "dynamo"])
+    parser.add_argument("--models", nargs="+", choices=names, default=names)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    export_each((f"{name} ({exporter})", lambda name=name, exporter=exporter: export(name, exporter, out))
+                for exporter in args.exporter for name in args.models)
+    return 0

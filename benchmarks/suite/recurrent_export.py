@@ -20,12 +20,11 @@ sim/export agreement, not accuracy.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.suite.exporting import export_each, torch_onnx_export
+from benchmarks.suite.exporting import torch_exports_main, torch_onnx_export
 
 DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "recurrent"
 VOCAB, CHARS, PAD = 1000, 80, 0
@@ -261,16 +260,7 @@ def export(name: str, exporter: str, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--exporter", nargs="+", choices=("ts", "dynamo"), default=["ts", "dynamo"])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    export_each((f"{name} ({exporter})", lambda name=name, exporter=exporter: export(name, exporter, out))
-                for exporter in args.exporter for name in args.models)
-    return 0
+    return torch_exports_main(argv, __doc__.split("\n")[0], DEFAULT_OUT, list(MODELS), export)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ Weights are random: use the files for op coverage, float-op counts and latency, 
 """
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.suite.exporting import export_each
+from benchmarks.suite.exporting import torch_exports_main
 
 DEFAULT_OUT = Path.home() / ".cache" / "quantsim" / "models" / "torch"
 IMAGE = (1, 3, 224, 224)
@@ -113,17 +112,8 @@ def export(name: str, exporter: str, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--exporter", nargs="+", choices=("ts", "dynamo"), default=["ts", "dynamo"])
     names = [*sorted(SPECS), *(f"timm_{arch}" for arch in TIMM)]
-    parser.add_argument("--models", nargs="+", choices=names, default=names)
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    export_each((f"{name} ({exporter})", lambda name=name, exporter=exporter: export(name, exporter, out))
-                for exporter in args.exporter for name in args.models)
-    return 0
+    return torch_exports_main(argv, __doc__.split("\n")[0], DEFAULT_OUT, names, export)
 
 
 if __name__ == "__main__":
